@@ -1,0 +1,1 @@
+"""HDF5 run files: atomic writes and the layouts other tools rely on."""
