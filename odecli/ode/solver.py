@@ -1,0 +1,272 @@
+"""The batched solver loop: every sample steps independently, the arithmetic stays batched.
+
+Each sample has its own time, step size, accept/reject decision, controller history, evaluation
+pointer, status and counters. One loop iteration attempts one step for every *active* sample.
+Finished and failed samples are dropped from the working set (compaction) once they make up half
+of it, so they stop costing RHS evaluations. The loop synchronises with the host once per step
+(how many evaluation times fell into this step, and how many samples are still running); all
+other decisions are per-sample ``torch.where`` masks.
+
+Dense output is recorded as (row, column, value) triples and scattered into the result once at
+the end, which keeps the loop free of in-place writes so autograd can differentiate through it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from odecli.ode.controllers import ControllerState, PIDController, make_controller
+from odecli.ode.initial_step import select_initial_step
+from odecli.ode.interpolation import Interpolant, dop853_dense, hermite, polynomial
+from odecli.ode.methods import ExplicitRK, get_method
+from odecli.ode.stages import rk_step
+from odecli.ode.status import Status
+
+RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
+"""``f(t, y, p) -> dy/dt`` with t (A,), y (A, n) and p the per-sample parameters of those rows."""
+
+STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
+COMPACT_BELOW = 0.5  # compact the working set when fewer than this fraction of it is active
+
+
+@dataclass
+class Solution:
+    """Result of a batched solve; every tensor has the batch as its first dimension."""
+
+    t: Tensor  # (B, n_eval) evaluation times
+    y: Tensor  # (B, n_eval, n_states); NaN where a failed sample never reached the time
+    status: Tensor  # (B,) int64, see odecli.ode.status.Status
+    stats: dict[str, Tensor]  # (B,) int64 counters, plus dt0 / dt_final (B,) floats
+    t_final: Tensor  # (B,) time each sample stopped at
+    y_final: Tensor  # (B, n_states) state there
+    wall_time_s: float = 0.0
+    method: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def success(self) -> Tensor:
+        return self.status == Status.SUCCESS
+
+
+def _as_batch_vector(value: Tensor | float, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    vec = torch.as_tensor(value, dtype=dtype, device=device)
+    return vec.expand(batch).clone() if vec.dim() == 0 else vec.reshape(batch).clone()
+
+
+def _eval_grid(t_eval, t_start: Tensor, t_end: Tensor) -> Tensor:
+    batch = t_start.shape[0]
+    if t_eval is None:
+        return torch.stack([t_start, t_end], dim=1)
+    grid = torch.as_tensor(t_eval, dtype=t_start.dtype, device=t_start.device)
+    if grid.dim() == 1:
+        grid = grid.expand(batch, -1)
+    if grid.dim() != 2 or grid.shape[0] != batch:
+        raise ValueError(f"t_eval must have shape (n_eval,) or (batch, n_eval), got {tuple(grid.shape)}")
+    return grid.contiguous()
+
+
+def _split_params(params: Mapping[str, Tensor] | None, batch: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Per-sample parameters (leading dimension == batch) are compacted with the samples; the rest are shared."""
+    per_sample, shared = {}, {}
+    for name, value in (params or {}).items():
+        value = torch.as_tensor(value)
+        (per_sample if value.dim() >= 1 and value.shape[0] == batch else shared)[name] = value
+    return per_sample, shared
+
+
+class _Working:
+    """Tensors of the samples currently in the working set (rows map to samples via ``idx``)."""
+
+    def __init__(self, **tensors: Tensor):
+        self.__dict__.update(tensors)
+
+    def take(self, rows: Tensor) -> "_Working":
+        return _Working(**{k: (v.index(rows) if isinstance(v, ControllerState) else
+                               {n: p[rows] for n, p in v.items()} if isinstance(v, dict) else v[rows])
+                           for k, v in self.__dict__.items()})
+
+
+def solve(
+    f: RHS,
+    y0: Tensor,
+    t_start: Tensor | float,
+    t_end: Tensor | float,
+    t_eval: Tensor | None = None,
+    *,
+    params: Mapping[str, Tensor] | None = None,
+    method: str | ExplicitRK = "dopri5",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    controller: str | PIDController = "integral",
+    dt0: float | Tensor | None = None,
+    max_steps: int = 100_000,
+    compact: bool = True,
+) -> Solution:
+    """Solve ``dy/dt = f(t, y, p)`` for a batch of independent samples.
+
+    ``y0`` is (B, n). ``t_start``/``t_end`` are scalars or (B,) tensors (either direction).
+    ``t_eval`` is None (start and end), a shared (n_eval,) grid or a per-sample (B, n_eval) grid,
+    monotone in the direction of integration and inside each span. Per-sample parameters go in
+    ``params`` with a leading batch dimension so that ``f`` always sees the rows it is given;
+    anything else in ``params`` is passed through unchanged (shared, e.g. for gradients).
+    ``dt0`` is the initial step (the fixed step for fixed-step methods); by default it is chosen
+    per sample. Returns a :class:`Solution` with per-sample status and statistics.
+    """
+    started = time.perf_counter()
+    method = get_method(method) if isinstance(method, str) else method
+    ctrl = make_controller(controller) if isinstance(controller, str) else controller
+    if y0.dim() != 2:
+        raise ValueError(f"y0 must have shape (batch, n_states), got {tuple(y0.shape)}")
+    if not method.adaptive and dt0 is None:
+        raise ValueError(f"method {method.name!r} has a fixed step: pass dt0")
+    if max_steps < 1:
+        raise ValueError("max_steps must be >= 1")
+    batch, n_states = y0.shape
+    dtype, device = y0.dtype, y0.device
+    t0 = _as_batch_vector(t_start, batch, dtype, device)
+    t1 = _as_batch_vector(t_end, batch, dtype, device)
+    grid = _eval_grid(t_eval, t0, t1)
+    n_eval = grid.shape[1]
+    per_sample, shared = _split_params(params, batch)
+    rtol_t = torch.as_tensor(rtol, dtype=dtype, device=device)
+    atol_t = torch.as_tensor(atol, dtype=dtype, device=device)
+    direction = torch.where(t1 >= t0, 1.0, -1.0).to(dtype)
+
+    def bound(p_rows: dict[str, Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+        merged = {**shared, **p_rows}
+        return lambda t, y: f(t, y, merged)
+
+    zeros_i = torch.zeros(batch, dtype=torch.int64, device=device)
+    f_init = bound(per_sample)(t0, y0)
+    n_f_evals = zeros_i + 1
+    if dt0 is None:
+        h_abs = select_initial_step(bound(per_sample), t0, y0, f_init, direction, method.error_order or method.order, rtol_t, atol_t)
+        n_f_evals = n_f_evals + 1
+    else:
+        h_abs = _as_batch_vector(dt0, batch, dtype, device).abs()
+    h_abs = torch.clamp(torch.minimum(h_abs, (t1 - t0).abs()), max=ctrl.dt_max).detach()
+
+    w = _Working(
+        idx=torch.arange(batch, device=device), t=t0, y=y0, f0=f_init, h=direction * h_abs,
+        t_end=t1, direction=direction, grid=grid * direction[:, None],
+        ptr=zeros_i.clone(), status=zeros_i.clone(), active=t1 != t0,
+        n_steps=zeros_i.clone(), n_accepted=zeros_i.clone(), n_rejected=zeros_i.clone(), n_f_evals=n_f_evals,
+        ctrl=ControllerState.initial(batch, dtype, device), p=per_sample,
+    )
+    full = {
+        "t": t0.clone(), "y": y0, "status": zeros_i.clone(), "h": w.h.detach().clone(),
+        **{name: zeros_i.clone() for name in STAT_NAMES},
+    }
+    records: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def record(rows_valid: Tensor, cols: Tensor, values: Tensor) -> None:
+        cols = torch.where(rows_valid, cols, n_eval)  # invalid entries go to a discarded column
+        records.append((w.idx, cols, values))
+
+    # Evaluation times equal to the start time take y0 directly.
+    at_start = torch.searchsorted(w.grid, (w.direction * w.t)[:, None], right=True).squeeze(1)
+    for j in range(int(at_start.max())):
+        record(j < at_start, torch.full_like(at_start, j), w.y)
+    w.ptr = at_start
+
+    n_active = int(w.active.sum())
+    while n_active > 0:
+        remaining = (w.t_end - w.t).abs()
+        last = w.h.abs() >= remaining
+        h = torch.where(w.active, w.direction * torch.minimum(w.h.abs(), remaining), torch.zeros_like(w.h))
+        rhs = bound(w.p)
+        y_new, f_new, K, err = rk_step(method, rhs, w.t, w.y, w.f0, h, rtol_t, atol_t)
+        w.n_steps = w.n_steps + w.active
+        w.n_f_evals = w.n_f_evals + w.active * method.n_stages
+        if err is None:
+            finite = torch.isfinite(y_new).all(dim=-1)
+            accept = w.active & finite
+            factor = torch.ones_like(h)
+        else:
+            err = err.detach()
+            finite = torch.isfinite(err)
+            ok, factor, new_ctrl = ctrl.adapt(err, w.ctrl, method.error_order)
+            accept = w.active & ok & finite
+            w.ctrl = new_ctrl.where(w.active, w.ctrl)
+        t_new = torch.where(last, w.t_end, w.t + h)
+        done = accept & last
+
+        # Evaluation times inside (t, t_new] of accepted steps, by the step's interpolant.
+        upto = torch.searchsorted(w.grid, (w.direction * t_new)[:, None], right=True).squeeze(1)
+        count = torch.where(accept, upto - w.ptr, torch.zeros_like(upto))
+
+        h_next = torch.clamp((h.detach() * factor).abs(), max=ctrl.dt_max) * w.direction
+        h_next = torch.where(done | ~w.active, w.h, h_next)
+        status = w.status
+        status = torch.where(w.active & ~finite, int(Status.INFINITE_NORM), status)
+        running = w.active & ~done & (status == Status.SUCCESS)
+        t_after = torch.where(accept, t_new, w.t)
+        too_small = (h_next.abs() < ctrl.dt_min) | (t_after + h_next == t_after)
+        status = torch.where(running & too_small, int(Status.REACHED_DT_MIN), status)
+        status = torch.where(running & (w.n_steps >= max_steps) & (status == Status.SUCCESS),
+                             int(Status.REACHED_MAX_STEPS), status)
+        still_active = w.active & ~done & (status == Status.SUCCESS)
+
+        max_count, n_active = torch.stack([count.max(), still_active.sum()]).tolist()
+        if max_count > 0:
+            interp = _interpolant(method, rhs, w, h, y_new, f_new, K)
+            if method.interpolant == "dop853":
+                w.n_f_evals = w.n_f_evals + 3 * (count > 0)
+            for j in range(max_count):
+                valid = j < count
+                col = torch.clamp(w.ptr + j, max=n_eval - 1)
+                t_at = w.grid.gather(1, col[:, None]).squeeze(1) * w.direction
+                theta = (t_at - w.t) / torch.where(h == 0, torch.ones_like(h), h)
+                value = torch.where((t_at == t_new)[:, None], y_new, interp(theta))
+                record(valid, col, value)
+            w.ptr = w.ptr + count
+
+        w.t = t_after
+        w.y = torch.where(accept[:, None], y_new, w.y)
+        w.f0 = torch.where(accept[:, None], f_new, w.f0)
+        w.h = h_next
+        w.status = status
+        w.n_accepted = w.n_accepted + accept
+        w.n_rejected = w.n_rejected + (w.active & ~accept)
+        w.active = still_active
+
+        if compact and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
+            _store(full, w)
+            w = w.take(w.active.nonzero().squeeze(1))
+    _store(full, w)
+
+    y_out = torch.full((batch, n_eval + 1, n_states), math.nan, dtype=dtype, device=device)
+    if records:
+        rows, cols, values = (torch.cat(parts) for parts in zip(*records))
+        y_out = y_out.index_put((rows, cols), values)
+    stats = {name: full[name] for name in STAT_NAMES}
+    stats["dt0"] = h_abs
+    stats["dt_final"] = full["h"].abs()
+    return Solution(
+        t=grid, y=y_out[:, :n_eval], status=full["status"], stats=stats,
+        t_final=full["t"], y_final=full["y"], wall_time_s=time.perf_counter() - started, method=method.name,
+    )
+
+
+def _interpolant(method: ExplicitRK, rhs, w: _Working, h: Tensor, y_new: Tensor, f_new: Tensor, K: list[Tensor]) -> Interpolant:
+    if method.interpolant == "polynomial":
+        return polynomial(method, w.y, K, h)
+    if method.interpolant == "dop853":
+        return dop853_dense(rhs, w.t, w.y, y_new, K, h)
+    return hermite(w.y, y_new, w.f0, f_new, h)
+
+
+def _store(full: dict[str, Tensor], w: _Working) -> None:
+    """Copy the working rows' current values into the full-batch results (out of place)."""
+    full["t"] = full["t"].index_put((w.idx,), w.t.detach())
+    full["y"] = full["y"].index_put((w.idx,), w.y)
+    full["h"] = full["h"].index_put((w.idx,), w.h.detach())
+    full["status"] = full["status"].index_put((w.idx,), w.status)
+    for name in STAT_NAMES:
+        full[name] = full[name].index_put((w.idx,), getattr(w, name))
