@@ -1,0 +1,20 @@
+"""Spec files: safe YAML loading, validation into frozen dataclasses, safe equation compilation."""
+
+from odecli.spec.expr import compile_expression
+from odecli.spec.loader import load_yaml, parse_yaml, spec_kind
+from odecli.spec.ode import OdeSpec, SolverSpec, load_ode_spec, parse_ode_spec, validate_ode_spec_all
+from odecli.spec.rhs import build_rhs, param_tensors
+
+__all__ = [
+    "OdeSpec",
+    "SolverSpec",
+    "build_rhs",
+    "compile_expression",
+    "load_ode_spec",
+    "load_yaml",
+    "param_tensors",
+    "parse_ode_spec",
+    "parse_yaml",
+    "spec_kind",
+    "validate_ode_spec_all",
+]
