@@ -310,9 +310,9 @@ def _identifier(value: Any, field: str, what: str, taken: Mapping[str, str], rep
     if not isinstance(value, str) or not value.isidentifier() or keyword.iskeyword(value) or value.startswith("__"):
         report(field, f"{what} must be an identifier such as 'x' or 'theta_1', got {describe(value)}")
         return None
-    reserved = "time" if value == "t" else "a constant" if value in CONSTANTS else "a function" if value in FUNCTIONS else None
-    if reserved:
-        report(field, f"{what} '{value}' is reserved ({reserved})")
+    if value == "t" or value in CONSTANTS or value in FUNCTIONS:
+        role = "time" if value == "t" else "a constant" if value in CONSTANTS else "a function"
+        report(field, f"{what} '{value}' is reserved ({role})")
         return None
     if value in taken:
         report(field, f"{what} '{value}' is already used as {taken[value]}")
@@ -396,16 +396,17 @@ def _equations(
             report(field, "missing; every state needs an equation d(state)/dt = expression")
             continue
         raw = value[state]
-        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-            report(field, f"expected an expression string or a number, got {describe(raw)}")
-            continue
-        text = raw if isinstance(raw, str) else repr(float(raw))
+        if not isinstance(raw, str):
+            number = _number(raw, field, report, expected="an expression string or a number")
+            if number is None:
+                continue
+            raw = repr(number)
         try:
-            compile_expression(text, names, file, field)
+            compile_expression(raw, names, file, field)
         except SpecError as exc:
             report(exc.field, exc.message)
             continue
-        equations[state] = text
+        equations[state] = raw
     return equations
 
 
@@ -454,7 +455,8 @@ def _initial(value: Any, states: tuple[str, ...] | None, report: _Problems) -> d
         for state in states:
             if state not in value:
                 report(f"initial.{state}", "missing; every state needs an initial value")
-    return {key: _per_sample(raw, f"initial.{key}", report) for key, raw in value.items() if not states or key in states}
+    wanted = value.keys() if states is None else [key for key in value if key in states]
+    return {key: _per_sample(value[key], f"initial.{key}", report) for key in wanted}
 
 
 def _batch(value: Any, lists: Mapping[str, list[float] | None], report: _Problems) -> int | None:
@@ -483,7 +485,8 @@ def _expand(values: list[float] | None, field: str, batch: int | None, report: _
 def _check_spans(start: list[float], end: list[float], end_is_list: bool, report: _Problems) -> None:
     for i, (a, b) in enumerate(zip(start, end)):
         if a == b:
-            report(f"time.end[{i}]" if end_is_list else "time.end", f"must differ from time.start, both are {a:g} (sample {i})")
+            field = f"time.end[{i}]" if end_is_list else "time.end"
+            report(field, f"must differ from time.start, both are {a:g} (sample {i})")
             return
 
 
@@ -528,7 +531,8 @@ def _explicit_eval(
         previous, current = times[j - 1], times[j]
         if (current <= previous) if forward else (current >= previous):  # type: ignore[operator]
             word = "increase" if forward else "decrease"
-            report(f"time.eval[{j}]", f"times must strictly {word} (direction of integration), got {current:g} after {previous:g}")
+            message = f"times must strictly {word} (direction of integration), got {current:g} after {previous:g}"
+            report(f"time.eval[{j}]", message)
             return None
     for j, x in enumerate(times):
         for i, (a, b) in enumerate(zip(start, end)):
