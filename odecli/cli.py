@@ -1,0 +1,160 @@
+"""The ``odecli`` command line: thin Typer commands over the library.
+
+Commands parse flags, call one library function and turn its result into text and an exit code.
+Errors become ``error: <file>: <field>: <what was expected>`` on stderr and a documented exit
+code (0 ok, 2 invalid input, 3 completed with failed samples, 1 internal error), never a traceback
+(set ODECLI_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+from rich.console import Console
+
+from odecli import __version__
+from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_INTERNAL, EXIT_OK, InputError, OdecliError
+
+app = typer.Typer(
+    name="odecli",
+    help="Batched ODE solving and MPI-parallel PDE inverse problems on CPU or GPU.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+stdout = Console(highlight=False)
+stderr = Console(stderr=True, highlight=False)
+
+
+def _mpi_rank() -> int:
+    """This process's MPI rank from the launcher's environment (no MPI import needed)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def _clean_errors(command: Callable) -> Callable:
+    """Run a command; report errors as one line with the right exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except OdecliError as exc:
+            if not isinstance(exc, InputError) or _mpi_rank() == 0:
+                prefix = f"[rank {_mpi_rank()}] " if _mpi_rank() else ""
+                stderr.print(f"{prefix}error: {exc}", markup=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted; no output was written", markup=False)
+            raise typer.Exit(130) from None
+        except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+            if os.environ.get("ODECLI_DEBUG"):
+                raise
+            stderr.print(f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
+                         markup=False, soft_wrap=True)
+            raise typer.Exit(EXIT_INTERNAL) from None
+
+    return wrapper
+
+
+def _version(value: bool) -> None:
+    if value:
+        stdout.print(f"odecli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Batched ODE solving and MPI-parallel PDE inverse problems."""
+
+
+@app.command()
+@_clean_errors
+def solve(
+    spec: Path = typer.Argument(..., help="YAML spec with kind: ode."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: spec's output or <name>.h5)."),
+    method: Optional[str] = typer.Option(None, "--method", help="Override solver.method."),
+    rtol: Optional[float] = typer.Option(None, "--rtol", help="Override solver.rtol."),
+    atol: Optional[float] = typer.Option(None, "--atol", help="Override solver.atol."),
+    device: Optional[str] = typer.Option(None, "--device", help="Override solver.device (cpu, cuda, auto)."),
+) -> None:
+    """Solve every sample of an ODE batch and write trajectories and statistics to HDF5.
+
+    Example: odecli solve examples/vdp-sweep.yaml -o vdp.h5
+    """
+    from odecli.io.atomic import check_writable
+    from odecli.io.ode_run import write_ode_run
+    from odecli.runner import default_output, solve_spec, with_overrides
+    from odecli.spec import load_ode_spec
+
+    ode_spec = with_overrides(load_ode_spec(spec), method=method, rtol=rtol, atol=atol, device=device)
+    target = output or default_output(ode_spec)
+    check_writable(target)
+    solution = solve_spec(ode_spec)
+    write_ode_run(target, ode_spec, solution)
+    status = solution.status.cpu()
+    failed = int((status != 0).sum())
+    steps = solution.stats["n_steps"].cpu().double()
+    stdout.print(
+        f"{ode_spec.name}: {status.numel()} samples, {status.numel() - failed} succeeded, {failed} failed; "
+        f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}",
+        markup=False, soft_wrap=True,
+    )
+    raise typer.Exit(EXIT_FAILED_SAMPLES if failed else EXIT_OK)
+
+
+@app.command()
+@_clean_errors
+def stats(
+    run: Path = typer.Argument(..., help="A run file written by odecli."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    per_sample: bool = typer.Option(False, "--per-sample", help="List every sample (ODE runs)."),
+) -> None:
+    """Report what happened in a run: status counts, steps, f-evals, timings, loss histories.
+
+    Example: odecli stats vdp.h5 --json
+    """
+    from odecli.report.stats import render, summarize
+
+    summary = summarize(run, per_sample=per_sample)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        render(summary, stdout)
+
+
+@app.command("train-inverse")
+@_clean_errors
+def train_inverse(
+    spec: Path = typer.Argument(..., help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file."),
+    iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output."),
+    force: bool = typer.Option(True, "--force/--no-force", help="Overwrite an existing output file."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
+) -> None:
+    """Fit unknown fields or parameters to data; run under mpirun for domain decomposition.
+
+    Example: mpirun -n 2 odecli train-inverse examples/acoustic-anomaly.yaml -o fwi.h5
+    """
+    from odecli.spec import load_yaml, spec_kind
+
+    data, _ = load_yaml(spec)
+    kind = spec_kind(data, str(spec))
+    if kind == "pde-inverse":
+        from odecli.pde.train import train_inverse as run
+    else:
+        raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse, got {kind!r}")
+    raise typer.Exit(run(spec, output, iterations, resume, force, quiet))

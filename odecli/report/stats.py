@@ -1,0 +1,117 @@
+"""``odecli stats``: what happened in a run file, as a dict (for --json) and as rich tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from odecli.errors import InputError
+from odecli.ode.status import STATUS_NAMES
+
+
+def open_run(path: Path) -> h5py.File:
+    """Open a run file read-only; a missing or foreign file is an input error, not a crash."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: file not found")
+    try:
+        handle = h5py.File(path, "r")
+    except OSError:
+        raise InputError(f"{path}: not an HDF5 file") from None
+    if "kind" not in handle.attrs:
+        handle.close()
+        raise InputError(f"{path}: not an odecli run file (no 'kind' attribute)")
+    return handle
+
+
+def summarize(path: Path, per_sample: bool = False) -> dict[str, Any]:
+    """Summary of any run file, dispatched on its ``kind`` attribute."""
+    with open_run(path) as h5:
+        kind = str(h5.attrs["kind"])
+        if kind == "ode":
+            return ode_summary(h5, per_sample)
+        if kind == "pde-inverse":
+            from odecli.report.pde_stats import pde_summary
+
+            return pde_summary(h5)
+        raise InputError(f"{path}: unknown run kind {kind!r}")
+
+
+def render(summary: dict[str, Any], console: Console) -> None:
+    if summary["kind"] == "ode":
+        render_ode_summary(summary, console)
+    else:
+        from odecli.report.pde_stats import render_pde_summary
+
+        render_pde_summary(summary, console)
+
+
+def _describe(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {"mean": 0.0, "min": 0.0, "max": 0.0, "total": 0.0}
+    return {"mean": float(values.mean()), "min": float(values.min()), "max": float(values.max()), "total": float(values.sum())}
+
+
+def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
+    status = h5["status"][...].astype(int)
+    stats = {name: h5["stats"][name][...] for name in h5["stats"]}
+    counts = {STATUS_NAMES.get(code, str(code)): int((status == code).sum()) for code in np.unique(status)}
+    attempted = stats["n_steps"].sum()
+    summary: dict[str, Any] = {
+        "kind": "ode",
+        "name": str(h5.attrs.get("name", "")),
+        "samples": int(status.size),
+        "status_counts": counts,
+        "method": str(h5.attrs["method"]),
+        "controller": str(h5.attrs.get("controller", "")),
+        "rtol": float(h5.attrs["rtol"]),
+        "atol": float(h5.attrs["atol"]),
+        "device": str(h5.attrs.get("device", "")),
+        "wall_time_s": float(h5.attrs["wall_time_s"]),
+        "python_rhs": str(h5.attrs.get("python_rhs", "")),
+        "steps": _describe(stats["n_steps"]),
+        "accepted": _describe(stats["n_accepted"]),
+        "rejected": _describe(stats["n_rejected"]),
+        "f_evals": _describe(stats["n_f_evals"]),
+        "rejected_fraction": float(stats["n_rejected"].sum() / attempted) if attempted else 0.0,
+    }
+    if per_sample:
+        names = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
+        summary["per_sample"] = [
+            {"sample": i, "status": STATUS_NAMES.get(int(status[i]), str(status[i])),
+             **{n: int(stats[n][i]) for n in names}}
+            for i in range(status.size)
+        ]
+    return summary
+
+
+def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
+    head = Table(title=f"ODE run {summary['name']}", show_header=False)
+    head.add_row("samples", str(summary["samples"]))
+    head.add_row("status", ", ".join(f"{name}: {n}" for name, n in summary["status_counts"].items()))
+    head.add_row("method", f"{summary['method']} ({summary['controller']} controller)")
+    head.add_row("tolerances", f"rtol={summary['rtol']:g} atol={summary['atol']:g}")
+    head.add_row("wall time", f"{summary['wall_time_s']:.3f} s on {summary['device']}")
+    head.add_row("rejected fraction", f"{summary['rejected_fraction']:.3f}")
+    if summary["python_rhs"]:
+        head.add_row("python RHS", summary["python_rhs"])
+    console.print(head)
+    counters = Table(title="per-sample counters")
+    for column in ("", "mean", "min", "max", "total"):
+        counters.add_column(column, justify="right")
+    for label in ("steps", "accepted", "rejected", "f_evals"):
+        d = summary[label]
+        counters.add_row(label, f"{d['mean']:.1f}", f"{d['min']:.0f}", f"{d['max']:.0f}", f"{d['total']:.0f}")
+    console.print(counters)
+    if "per_sample" in summary:
+        rows = Table(title="samples")
+        for column in ("sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals"):
+            rows.add_column(column, justify="right")
+        for row in summary["per_sample"]:
+            rows.add_row(*(str(row[c]) for c in ("sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals")))
+        console.print(rows)

@@ -1,0 +1,85 @@
+"""Turn a validated spec into tensors, call the engine, and hand back the result.
+
+This is the layer between files and numerics: the CLI calls it, and so can a library user who
+wants spec-driven runs without the command line. The engines never see a spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import torch
+
+from odecli.errors import InputError
+from odecli.ode.controllers import make_controller
+from odecli.ode.methods import METHODS
+from odecli.ode.solver import Solution, solve
+from odecli.spec import OdeSpec, build_rhs, param_tensors
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present; asking for CUDA without it is a user error, not a crash."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError(f"device {name!r} requested but CUDA is not available; use cpu or auto")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise InputError(f"unknown device {name!r}; expected cpu, cuda or auto") from None
+
+
+def with_overrides(
+    spec: OdeSpec, *, method: str | None = None, rtol: float | None = None,
+    atol: float | None = None, device: str | None = None,
+) -> OdeSpec:
+    """Apply command-line overrides, checked like the spec fields they replace."""
+    changes: dict[str, object] = {}
+    if method is not None:
+        if method not in METHODS:
+            raise InputError(f"--method: unknown method {method!r}; expected one of {', '.join(METHODS)}")
+        if not METHODS[method].adaptive and spec.solver.dt0 is None:
+            raise InputError(f"--method: fixed-step method {method!r} needs solver.dt0 in {spec.file}")
+        changes["method"] = method
+    for flag, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None:
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(f"--{flag}: must be > 0, got {value:g}")
+            changes[flag] = value
+    if device is not None:
+        if device not in ("cpu", "cuda", "auto") and not device.startswith("cuda:"):
+            raise InputError(f"--device: expected cpu, cuda or auto, got {device!r}")
+        changes["device"] = device
+    if not changes:
+        return spec
+    return dataclasses.replace(spec, solver=dataclasses.replace(spec.solver, **changes))
+
+
+def solve_spec(spec: OdeSpec) -> Solution:
+    """Solve every sample of ``spec`` and return the batched :class:`Solution`."""
+    s = spec.solver
+    device = resolve_device(s.device)
+    dtype = getattr(torch, s.dtype)
+    rhs = build_rhs(spec)
+    controller = make_controller(
+        s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,
+        factor_min=s.factor_min, factor_max=s.factor_max, dt_min=s.dt_min, dt_max=s.dt_max,
+    )
+    solution = solve(
+        rhs,
+        torch.tensor(spec.initial, dtype=dtype, device=device),
+        torch.tensor(spec.t_start, dtype=dtype, device=device),
+        torch.tensor(spec.t_end, dtype=dtype, device=device),
+        torch.tensor(spec.t_eval, dtype=dtype, device=device),
+        params=param_tensors(spec, dtype, device),
+        method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
+        dt0=s.dt0, max_steps=s.max_steps,
+    )
+    solution.extra["device"] = str(device)
+    return solution
+
+
+def default_output(spec: OdeSpec) -> Path:
+    return Path(spec.output) if spec.output else Path(f"{spec.name}.h5")
