@@ -1,0 +1,124 @@
+"""A thin communicator wrapper so that the rest of odecli never imports mpi4py directly.
+
+Two reasons for the indirection: the package must run (serially) where mpi4py is not
+installed, and the array-level helpers below are the only place that knows about MPI
+buffers, so the differentiable ops in :mod:`odecli.parallel.ops` stay plain torch/numpy.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+_OPS = ("sum", "max", "min")
+
+#: One point-to-point message: (peer rank, buffer, tag).
+Message = tuple[int, np.ndarray, int]
+
+
+class Comm:
+    """Rank/size plus the few collectives odecli needs; serial when ``mpi_comm`` is None or size 1.
+
+    All methods are collective: every rank must call them in the same order.
+    """
+
+    def __init__(self, mpi_comm: Any | None = None) -> None:
+        self._mpi = mpi_comm if mpi_comm is not None and mpi_comm.Get_size() > 1 else None
+        if self._mpi is not None:
+            from mpi4py import MPI
+
+            self._MPI = MPI
+            self.rank: int = self._mpi.Get_rank()
+            self.size: int = self._mpi.Get_size()
+        else:
+            self.rank = 0
+            self.size = 1
+
+    def __repr__(self) -> str:
+        kind = "mpi" if self._mpi is not None else "serial"
+        return f"Comm({kind}, rank={self.rank}, size={self.size})"
+
+    # -- object-level helpers (pickled, non-differentiable) -----------------------------------
+    def barrier(self) -> None:
+        if self._mpi is not None:
+            self._mpi.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """Stop every rank; a lone ``sys.exit`` on one rank would leave the others hanging."""
+        if self._mpi is not None:
+            self._mpi.Abort(code)
+        sys.exit(code)
+
+    def allreduce_scalar(self, value: float, op: str = "sum") -> float:
+        if op not in _OPS:
+            raise ValueError(f"allreduce_scalar: op must be one of {_OPS}, got {op!r}")
+        if self._mpi is None:
+            return float(value)
+        mpi_op = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}[op]
+        return float(self._mpi.allreduce(float(value), op=mpi_op))
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        self._check_root(root)
+        return obj if self._mpi is None else self._mpi.bcast(obj, root=root)
+
+    def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
+        self._check_root(root)
+        return [obj] if self._mpi is None else self._mpi.gather(obj, root=root)
+
+    # -- array-level helpers (contiguous numpy buffers, used by the differentiable ops) --------
+    def exchange(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
+        """Post all receives and sends non-blocking, then wait for all (ADCME's deadlock-free order).
+
+        Receive buffers are filled in place; send buffers must stay untouched until return.
+        """
+        if not sends and not recvs:
+            return
+        if self._mpi is None:
+            raise RuntimeError("Comm.exchange: a serial communicator has no peers to talk to")
+        reqs = [self._mpi.Irecv(buf, source=src, tag=tag) for src, buf, tag in recvs]
+        reqs += [self._mpi.Isend(buf, dest=dst, tag=tag) for dst, buf, tag in sends]
+        self._MPI.Request.Waitall(reqs)
+
+    def allreduce_array(self, a: np.ndarray) -> np.ndarray:
+        """Element-wise sum over ranks, returned as a new array on every rank."""
+        if self._mpi is None:
+            return a.copy()
+        out = np.empty_like(a)
+        self._mpi.Allreduce(np.ascontiguousarray(a), out, op=self._MPI.SUM)
+        return out
+
+    def bcast_array(self, a: np.ndarray, root: int = 0) -> np.ndarray:
+        """Root's values on every rank (``a`` must have the same shape/dtype everywhere)."""
+        self._check_root(root)
+        out = np.array(a, copy=True, order="C")
+        if self._mpi is not None:
+            self._mpi.Bcast(out, root=root)
+        return out
+
+    def reduce_array(self, a: np.ndarray, root: int = 0) -> np.ndarray:
+        """Element-wise sum over ranks on root; zeros elsewhere (the adjoint of a broadcast)."""
+        self._check_root(root)
+        if self._mpi is None:
+            return a.copy()
+        out = np.zeros_like(a)
+        self._mpi.Reduce(np.ascontiguousarray(a), out, op=self._MPI.SUM, root=root)
+        return out
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self.size:
+            raise ValueError(f"root rank {root} is outside 0..{self.size - 1}")
+
+
+def get_comm() -> Comm:
+    """COMM_WORLD if mpi4py is importable, else a serial communicator.
+
+    mpi4py is imported here, not at module import, because importing it initialises MPI.
+    """
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return Comm()
+    return Comm(MPI.COMM_WORLD)
