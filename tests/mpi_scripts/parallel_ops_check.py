@@ -1,0 +1,178 @@
+"""Checks of odecli.parallel.ops on every rank: ``mpiexec -n N python parallel_ops_check.py N [DEVICE]``.
+
+DEVICE (default cpu) is where the tensors live; ``cuda`` checks the host-staged path for GPU tensors.
+
+Prints one line ``OK parallel_ops N ranks`` on rank 0 when every rank passed. Any failure
+prints a traceback and aborts all ranks, so the launcher sees a non-zero exit, not a hang.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import traceback
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from odecli.parallel import (
+    Comm,
+    Decomposition,
+    allreduce_sum,
+    broadcast,
+    decompose,
+    gather_global,
+    get_comm,
+    halo_exchange,
+    local_block,
+)
+
+GRIDS = {2: [(2, 1), (1, 2)], 4: [(2, 2), (4, 1), (1, 4)]}
+SHAPES = [(13, 10), (8, 8), (7, 11)]
+BATCHES = [(), (3,), (2, 3)]
+RTOL = 1e-12
+
+
+def known_field(batch: tuple[int, ...], shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """f = 100000*b + 1000*i + j: every cell (and batch entry) is distinguishable and exact in fp32."""
+    ny, nx = shape
+    nb = 1
+    for s in batch:
+        nb *= s
+    b = torch.arange(nb, dtype=dtype).reshape(*batch, 1, 1)
+    i = torch.arange(ny, dtype=dtype).reshape(ny, 1)
+    j = torch.arange(nx, dtype=dtype).reshape(1, nx)
+    return 100000 * b + 1000 * i + j
+
+
+def dot_over_ranks(a: torch.Tensor, b: torch.Tensor, comm: Comm) -> float:
+    return comm.allreduce_scalar(float(torch.sum(a.detach() * b.detach())), "sum")
+
+
+def assert_adjoint(lhs: float, rhs: float, what: str) -> None:
+    scale = max(abs(lhs), abs(rhs), 1e-300)
+    if abs(lhs - rhs) > RTOL * scale:
+        rel = abs(lhs - rhs) / scale
+        raise AssertionError(f"{what}: <Ax,y>={lhs!r} != <x,A^T y>={rhs!r} (rel {rel:.2e})")
+
+
+def describe(d: Decomposition, width: int) -> str:
+    return f"grid={d.proc_grid} shape={d.global_shape} width={width}"
+
+
+def rank_generator(comm: Comm, salt: int) -> torch.Generator:
+    return torch.Generator(device=torch.get_default_device()).manual_seed(1000 * salt + comm.rank)
+
+
+def configs(comm: Comm) -> Iterator[tuple[Decomposition, int]]:
+    for grid, shape in itertools.product(GRIDS[comm.size], SHAPES):
+        for width in (1, 2):
+            d = decompose(shape, comm.size, comm.rank, grid)
+            if width <= min(d.min_local_shape):
+                yield d, width
+
+
+def check_halo_values(comm: Comm) -> None:
+    fill = -7.5
+    for (d, w), batch, dtype in itertools.product(configs(comm), BATCHES, (torch.float64, torch.float32)):
+        g = known_field(batch, d.global_shape, dtype)
+        expected = F.pad(g, (w, w, w, w), value=fill)[..., d.y0 : d.y1 + 2 * w, d.x0 : d.x1 + 2 * w]
+        got = halo_exchange(local_block(g, d), d, comm, w, fill)
+        if got.dtype != dtype or got.device != g.device or not torch.equal(got, expected):
+            raise AssertionError(f"halo values wrong: {describe(d, w)} batch={batch} {dtype}")
+
+
+def check_halo_too_wide(comm: Comm) -> None:
+    d = decompose((7, 11), comm.size, comm.rank, (comm.size, 1))  # smallest block 7 // size rows
+    width = 7 // comm.size + 1
+    try:
+        halo_exchange(torch.zeros(d.local_shape, dtype=torch.float64), d, comm, width)
+    except ValueError:
+        return
+    raise AssertionError("halo wider than the smallest block was not rejected")
+
+
+def check_halo_adjoint(comm: Comm) -> None:
+    for k, ((d, w), batch) in enumerate(itertools.product(configs(comm), BATCHES[:2])):
+        gen = rank_generator(comm, k)
+        x = torch.randn(*batch, *d.local_shape, dtype=torch.float64, generator=gen, requires_grad=True)
+        padded = (d.local_shape[0] + 2 * w, d.local_shape[1] + 2 * w)
+        y = torch.randn(*batch, *padded, dtype=torch.float64, generator=gen)
+        lhs = dot_over_ranks(halo_exchange(x, d, comm, w, 0.0), y, comm)
+        # A nonzero fill only shifts the output, so the gradient must still be A^T y.
+        (aty,) = torch.autograd.grad(halo_exchange(x, d, comm, w, 2.5), x, y)
+        assert_adjoint(lhs, dot_over_ranks(x, aty, comm), f"halo {describe(d, w)} batch={batch}")
+    # Double backward: differentiating A^T y with respect to y gives A back.
+    d = decompose((13, 10), comm.size, comm.rank)
+    x = torch.randn(d.local_shape, dtype=torch.float64, generator=rank_generator(comm, 999))
+    y = torch.randn(d.local_shape[0] + 4, d.local_shape[1] + 4, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(d.local_shape, dtype=torch.float64)
+    (aty,) = torch.autograd.grad(halo_exchange(x.requires_grad_(), d, comm, 2), x, y, create_graph=True)
+    (az,) = torch.autograd.grad(aty, y, z)
+    if not torch.allclose(az, halo_exchange(z, d, comm, 2), rtol=0, atol=1e-14):
+        raise AssertionError("double backward of halo_exchange is not the halo exchange")
+
+
+def check_allreduce_adjoint(comm: Comm) -> None:
+    gen = rank_generator(comm, 1)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=gen, requires_grad=True)
+    y = torch.randn(3, 4, dtype=torch.float64, generator=gen)
+    s = allreduce_sum(x, comm)
+    gathered = comm.gather_object(x.detach(), 0)
+    if gathered is not None and not torch.allclose(s.detach(), sum(gathered), rtol=1e-14, atol=0):
+        raise AssertionError("allreduce_sum value differs from the sum of the gathered blocks")
+    (aty,) = torch.autograd.grad(s, x, y)
+    assert_adjoint(dot_over_ranks(s, y, comm), dot_over_ranks(x, aty, comm), "allreduce_sum")
+
+
+def check_broadcast_adjoint(comm: Comm) -> None:
+    for root in {0, comm.size - 1}:
+        gen = rank_generator(comm, 10 + root)
+        x = torch.randn(5, dtype=torch.float64, generator=gen, requires_grad=True)
+        y = torch.randn(5, dtype=torch.float64, generator=gen)
+        b = broadcast(x, comm, root)
+        if not torch.equal(b.detach(), comm.bcast_object(x.detach(), root)):
+            raise AssertionError(f"broadcast from {root} did not deliver root's values")
+        (aty,) = torch.autograd.grad(b, x, y)
+        if comm.rank != root and torch.any(aty != 0):
+            raise AssertionError("broadcast gave a non-root rank a nonzero gradient")
+        assert_adjoint(dot_over_ranks(b, y, comm), dot_over_ranks(x, aty, comm), f"broadcast root={root}")
+
+
+def check_gather(comm: Comm) -> None:
+    for (d, _), batch in itertools.product(configs(comm), BATCHES):
+        g = known_field(batch, d.global_shape, torch.float32)
+        root = comm.size - 1
+        got = gather_global(local_block(g, d), d, comm, root)
+        if comm.rank == root:
+            if got is None or not torch.equal(got, g):
+                raise AssertionError(f"gather_global wrong: {describe(d, 0)} batch={batch}")
+        elif got is not None:
+            raise AssertionError("gather_global returned a field on a non-root rank")
+
+
+def main() -> None:
+    comm = get_comm()
+    expected_size = int(sys.argv[1])
+    torch.set_default_device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
+    try:
+        if comm.size != expected_size:
+            raise AssertionError(f"expected {expected_size} ranks, got {comm.size}")
+        check_halo_values(comm)
+        check_halo_too_wide(comm)
+        check_halo_adjoint(comm)
+        check_allreduce_adjoint(comm)
+        check_broadcast_adjoint(comm)
+        check_gather(comm)
+    except BaseException:
+        print(f"rank {comm.rank} FAILED", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        comm.abort(1)
+    if comm.gather_object(True) is not None:
+        print(f"OK parallel_ops {comm.size} ranks", flush=True)
+
+
+if __name__ == "__main__":
+    main()
