@@ -14,7 +14,7 @@ import torch
 
 from odecli.errors import InputError
 from odecli.ode.controllers import make_controller
-from odecli.ode.methods import METHODS
+from odecli.ode.stepper import available_methods
 from odecli.ode.solver import Solution, solve
 from odecli.spec import OdeSpec, build_rhs, param_tensors
 
@@ -38,9 +38,10 @@ def with_overrides(
     """Apply command-line overrides, checked like the spec fields they replace."""
     changes: dict[str, object] = {}
     if method is not None:
-        if method not in METHODS:
-            raise InputError(f"--method: unknown method {method!r}; expected one of {', '.join(METHODS)}")
-        if not METHODS[method].adaptive and spec.solver.dt0 is None:
+        methods = available_methods()
+        if method not in methods:
+            raise InputError(f"--method: unknown method {method!r}; expected one of {', '.join(methods)}")
+        if not methods[method].adaptive and spec.solver.dt0 is None:
             raise InputError(f"--method: fixed-step method {method!r} needs solver.dt0 in {spec.file}")
         changes["method"] = method
     for flag, value in (("rtol", rtol), ("atol", atol)):

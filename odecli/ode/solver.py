@@ -23,10 +23,8 @@ from torch import Tensor
 
 from odecli.ode.controllers import ControllerState, PIDController, make_controller
 from odecli.ode.initial_step import select_initial_step
-from odecli.ode.interpolation import Interpolant, dop853_dense, hermite, polynomial
-from odecli.ode.methods import ExplicitRK, get_method
-from odecli.ode.stages import rk_step
 from odecli.ode.status import Status
+from odecli.ode.stepper import Stepper, get_stepper
 
 RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 """``f(t, y, p) -> dy/dt`` with t (A,), y (A, n) and p the per-sample parameters of those rows."""
@@ -100,7 +98,7 @@ def solve(
     t_eval: Tensor | None = None,
     *,
     params: Mapping[str, Tensor] | None = None,
-    method: str | ExplicitRK = "dopri5",
+    method: str | Stepper = "dopri5",
     rtol: float = 1e-6,
     atol: float = 1e-6,
     controller: str | PIDController = "integral",
@@ -119,7 +117,7 @@ def solve(
     per sample. Returns a :class:`Solution` with per-sample status and statistics.
     """
     started = time.perf_counter()
-    method = get_method(method) if isinstance(method, str) else method
+    method = get_stepper(method) if isinstance(method, str) else method
     ctrl = make_controller(controller) if isinstance(controller, str) else controller
     if y0.dim() != 2:
         raise ValueError(f"y0 must have shape (batch, n_states), got {tuple(y0.shape)}")
@@ -158,10 +156,12 @@ def solve(
         ptr=zeros_i.clone(), status=zeros_i.clone(), active=t1 != t0,
         n_steps=zeros_i.clone(), n_accepted=zeros_i.clone(), n_rejected=zeros_i.clone(), n_f_evals=n_f_evals,
         ctrl=ControllerState.initial(batch, dtype, device), p=per_sample,
+        mstate=method.init_state(bound(per_sample), t0, y0, f_init),
+        **{name: zeros_i.clone() for name in method.counter_names},
     )
     full = {
         "t": t0.clone(), "y": y0, "status": zeros_i.clone(), "h": w.h.detach().clone(),
-        **{name: zeros_i.clone() for name in STAT_NAMES},
+        **{name: zeros_i.clone() for name in STAT_NAMES + method.counter_names},
     }
     records: list[tuple[Tensor, Tensor, Tensor]] = []
 
@@ -181,9 +181,12 @@ def solve(
         last = w.h.abs() >= remaining
         h = torch.where(w.active, w.direction * torch.minimum(w.h.abs(), remaining), torch.zeros_like(w.h))
         rhs = bound(w.p)
-        y_new, f_new, K, err = rk_step(method, rhs, w.t, w.y, w.f0, h, rtol_t, atol_t)
+        result = method.step(rhs, w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
+        y_new, f_new, err = result.y1, result.f1, result.err
         w.n_steps = w.n_steps + w.active
-        w.n_f_evals = w.n_f_evals + w.active * method.n_stages
+        w.n_f_evals = w.n_f_evals + w.active * result.n_evals
+        for name, increment in result.counters.items():
+            setattr(w, name, getattr(w, name) + w.active * increment)
         if err is None:
             finite = torch.isfinite(y_new).all(dim=-1)
             accept = w.active & finite
@@ -215,9 +218,8 @@ def solve(
 
         max_count, n_active = torch.stack([count.max(), still_active.sum()]).tolist()
         if max_count > 0:
-            interp = _interpolant(method, rhs, w, h, y_new, f_new, K)
-            if method.interpolant == "dop853":
-                w.n_f_evals = w.n_f_evals + 3 * (count > 0)
+            interp, extra_evals = result.dense()
+            w.n_f_evals = w.n_f_evals + extra_evals * (count > 0)
             for j in range(max_count):
                 valid = j < count
                 col = torch.clamp(w.ptr + j, max=n_eval - 1)
@@ -230,6 +232,9 @@ def solve(
         w.t = t_after
         w.y = torch.where(accept[:, None], y_new, w.y)
         w.f0 = torch.where(accept[:, None], f_new, w.f0)
+        for key, value in result.state.items():
+            mask = accept.reshape(accept.shape + (1,) * (value.dim() - 1))
+            w.mstate[key] = torch.where(mask, value, w.mstate[key])
         w.h = h_next
         w.status = status
         w.n_accepted = w.n_accepted + accept
@@ -237,15 +242,15 @@ def solve(
         w.active = still_active
 
         if compact and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
-            _store(full, w)
+            _store(full, w, method.counter_names)
             w = w.take(w.active.nonzero().squeeze(1))
-    _store(full, w)
+    _store(full, w, method.counter_names)
 
     y_out = torch.full((batch, n_eval + 1, n_states), math.nan, dtype=dtype, device=device)
     if records:
         rows, cols, values = (torch.cat(parts) for parts in zip(*records))
         y_out = y_out.index_put((rows, cols), values)
-    stats = {name: full[name] for name in STAT_NAMES}
+    stats = {name: full[name] for name in STAT_NAMES + method.counter_names}
     stats["dt0"] = h_abs
     stats["dt_final"] = full["h"].abs()
     return Solution(
@@ -254,19 +259,11 @@ def solve(
     )
 
 
-def _interpolant(method: ExplicitRK, rhs, w: _Working, h: Tensor, y_new: Tensor, f_new: Tensor, K: list[Tensor]) -> Interpolant:
-    if method.interpolant == "polynomial":
-        return polynomial(method, w.y, K, h)
-    if method.interpolant == "dop853":
-        return dop853_dense(rhs, w.t, w.y, y_new, K, h)
-    return hermite(w.y, y_new, w.f0, f_new, h)
-
-
-def _store(full: dict[str, Tensor], w: _Working) -> None:
+def _store(full: dict[str, Tensor], w: _Working, counter_names: tuple[str, ...]) -> None:
     """Copy the working rows' current values into the full-batch results (out of place)."""
     full["t"] = full["t"].index_put((w.idx,), w.t.detach())
     full["y"] = full["y"].index_put((w.idx,), w.y)
     full["h"] = full["h"].index_put((w.idx,), w.h.detach())
     full["status"] = full["status"].index_put((w.idx,), w.status)
-    for name in STAT_NAMES:
+    for name in STAT_NAMES + counter_names:
         full[name] = full[name].index_put((w.idx,), getattr(w, name))

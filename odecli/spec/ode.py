@@ -22,11 +22,6 @@ from odecli.errors import SpecError
 from odecli.spec.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.spec.loader import describe, load_yaml
 
-# Used when odecli.ode.methods is not importable: name -> adaptive?
-FALLBACK_METHODS: dict[str, bool] = {
-    "euler": False, "midpoint": False, "heun": False, "rk4": False,
-    "bosh3": True, "dopri5": True, "tsit5": True, "dop853": True,
-}
 TOP_KEYS = ("kind", "name", "system", "initial", "batch", "time", "solver", "output")
 SYSTEM_KEYS = ("states", "params", "equations", "python")
 TIME_KEYS = ("start", "end", "eval")
@@ -104,7 +99,7 @@ def parse_ode_spec(
     """Validate a loaded spec; raises a one-line SpecError on the first problem.
 
     ``methods`` maps method names to objects with a boolean ``adaptive`` attribute; by
-    default ``odecli.ode.methods.METHODS``.
+    default every registered method (``odecli.ode.stepper.available_methods``).
     """
     spec = _validate(data, text, file, methods, _Problems(file, strict=True))
     assert spec is not None  # strict mode raises instead of returning None
@@ -602,11 +597,9 @@ def _min_int(value: Any, field: str, minimum: int, report: _Problems) -> int | N
 def _method_table(methods: Mapping[str, object] | None) -> dict[str, bool]:
     """Method name -> adaptive?, from ``methods`` or the solver registry (imported lazily)."""
     if methods is None:
-        try:
-            from odecli.ode.methods import METHODS
-        except ImportError:  # the solver package may not provide its registry yet
-            return dict(FALLBACK_METHODS)
-        methods = METHODS
+        from odecli.ode.stepper import available_methods
+
+        methods = available_methods()
     return {name: bool(getattr(method, "adaptive")) for name, method in methods.items()}
 
 
