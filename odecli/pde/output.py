@@ -1,0 +1,56 @@
+"""The pde-inverse result file (HDF5, written atomically by rank 0).
+
+Contract (other tools rely on these names): datasets ``history/loss``, ``history/grad_norm``,
+``history/wall_time_s`` (one entry per iteration), ``fields/true``, ``fields/initial``,
+``fields/final`` (global grid, physical units), ``data/observed``, ``data/predicted``
+(shots x receivers x steps); root attributes ``kind`` = "pde-inverse", ``spec``, ``ranks``,
+``decomposition``, ``odecli_version``.  Also ``history/misfit``, ``history/regularization``,
+``history/model_error``, ``timing/{total_s,comm_s,compute_s}`` (one entry per rank),
+``geometry/{sources,receivers}`` (node indices), ``data/time``, ``unknown/*``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from odecli import __version__
+from odecli.io.atomic import atomic_h5
+
+
+def write_result(path: Path, r: dict) -> None:
+    with atomic_h5(path) as f:
+        f.attrs["kind"] = "pde-inverse"
+        f.attrs["spec"] = r["spec_text"]
+        f.attrs["ranks"] = int(r["ranks"])
+        f.attrs["decomposition"] = json.dumps(r["decomposition"])
+        f.attrs["proc_grid"] = np.asarray(r["decomposition"]["proc_grid"], dtype=np.int64)
+        f.attrs["odecli_version"] = __version__
+        for k in ("equation", "name", "optimizer", "unknown_type", "stop_reason"):
+            f.attrs[k] = str(r[k])
+        f.attrs["iterations"] = int(len(r["history"]["loss"]))
+        f.attrs["grid_spacing"] = np.asarray(r["spacing"], dtype=np.float64)
+        f.attrs["dt"] = float(r["dt"])
+        h = f.create_group("history")
+        for k, v in r["history"].items():
+            h.create_dataset(k, data=np.asarray(v, dtype=np.float64))
+        fl = f.create_group("fields")
+        for k in ("true", "initial", "final"):
+            if r["fields"].get(k) is not None:
+                fl.create_dataset(k, data=np.asarray(r["fields"][k], dtype=np.float64))
+        d = f.create_group("data")
+        d.create_dataset("observed", data=np.asarray(r["observed"], dtype=np.float64))
+        d.create_dataset("predicted", data=np.asarray(r["predicted"], dtype=np.float64))
+        d.create_dataset("time", data=np.arange(r["observed"].shape[-1]) * float(r["dt"]))
+        g = f.create_group("geometry")
+        g.create_dataset("receivers", data=np.asarray(r["receivers"], dtype=np.int64).reshape(-1, 2))
+        g.create_dataset("sources", data=np.asarray(r["sources"], dtype=np.int64).reshape(-1, 3))
+        g.attrs["sources_columns"] = "shot, iy, ix"
+        t = f.create_group("timing")
+        for k, v in r["timing"].items():
+            t.create_dataset(k, data=np.asarray(v, dtype=np.float64))
+        u = f.create_group("unknown")
+        for name, arr in r["unknown"].items():
+            u.create_dataset(name, data=np.asarray(arr, dtype=np.float64))

@@ -1,0 +1,275 @@
+"""Assemble a validated spec into a distributed forward problem + objective on one rank."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from odecli.errors import InputError, SpecError
+from odecli.parallel.decomposition import decompose
+from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
+from odecli.pde import models
+from odecli.pde.acoustic import AcousticPropagator, sponge_profile
+from odecli.pde.grid import Block, Grid
+from odecli.pde.heat import HeatPropagator
+from odecli.pde.sources import Geometry, ricker
+from odecli.pde.stencils import acoustic_cfl_limit
+from odecli.pde.timing import CommTimer
+from odecli.pde.unknowns import make_unknown
+
+
+def collective(exc: Exception) -> Exception:
+    """Mark an error that every rank raises at the same point (no abort needed)."""
+    exc.collective = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _dtype(name: str):
+    return torch.float64 if name == "float64" else torch.float32
+
+
+def _device(name: str, rank: int):
+    if name.startswith("cuda") and torch.cuda.is_available():
+        if name == "cuda":
+            return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+        return torch.device(name)
+    if name.startswith("cuda"):
+        return torch.device("cpu")
+    return torch.device(name)
+
+
+def build_wavelet(spec: dict, nt: int, dt: float, base_dir: Path, file: str) -> np.ndarray:
+    w = spec["sources"]["wavelet"]
+    if w["type"] == "ricker":
+        return ricker(w["peak_frequency"], nt, dt, w["delay"])
+    if w["type"] == "constant":
+        return np.full(nt, w["value"], dtype=np.float64)
+    if w["type"] == "array":
+        vals = np.asarray(w["values"], dtype=np.float64)
+    else:
+        path = Path(w["path"])
+        path = path if path.is_absolute() else base_dir / path
+        try:
+            vals = np.asarray(np.load(path), dtype=np.float64).ravel()
+        except OSError as exc:
+            raise SpecError(file, "sources.wavelet.path", f"cannot read {path}: {exc}") from None
+    out = np.zeros(nt)
+    out[: min(nt, vals.size)] = vals[:nt]
+    return out
+
+
+class Problem:
+    def __init__(self, spec: dict, comm, timer: CommTimer | None = None) -> None:
+        self.spec, self.comm = spec, comm
+        self.timer = timer if timer is not None else CommTimer()
+        file = spec["file"]
+        self.dtype = _dtype(spec["compute"]["dtype"])
+        self.device = _device(spec["compute"]["device"], comm.rank)
+        ny, nx = spec["grid"]["shape"]
+        dy, dx = spec["grid"]["spacing"]
+        self.grid = grid = Grid(ny, nx, dy, dx)
+        pg = spec["parallel"]["proc_grid"]
+        if pg is not None and pg[0] * pg[1] != comm.size:
+            raise collective(SpecError(file, "parallel.proc_grid",
+                                       f"{pg[0]}x{pg[1]} does not match {comm.size} MPI ranks"))
+        try:
+            self.decomp = decompose((ny, nx), comm.size, comm.rank,
+                                    proc_grid=tuple(pg) if pg is not None else None)
+        except ValueError as exc:
+            raise collective(SpecError(file, "parallel.proc_grid", str(exc))) from None
+        self.block = block = Block.of(self.decomp)
+        if min(block.shape) < 2:
+            raise collective(SpecError(file, "grid.shape",
+                                       f"too small for {comm.size} ranks (a block has "
+                                       f"{block.shape[0]}x{block.shape[1]} nodes; need >= 2x2)"))
+        dt, nt = spec["time"]["dt"], spec["time"]["steps"]
+        self.dt, self.nt = dt, nt
+        base = spec["base_dir"]
+        wavelet = build_wavelet(spec, nt, dt, base, file)
+        amp = spec["sources"]["amplitude"]
+        shots = [[(*grid.snap(p), amp) for p in shot] for shot in spec["sources"]["shots"]]
+        recs = [grid.snap(p) for p in spec["receivers"]["points"]]
+        self.geometry = Geometry(shots, recs, wavelet)
+        self.lgeom = self.geometry.local(block, self.device, self.dtype)
+        segs = spec["compute"]["time_segments"]
+        segs = max(1, round(math.sqrt(nt))) if segs == "auto" else segs
+        if spec["equation"] == "acoustic2d":
+            b = spec["boundary"]
+            sponge = sponge_profile(grid, block, b["absorbing_width"], b["absorbing_strength"],
+                                    b["free_surface"], self.dtype, self.device)
+            self.prop = AcousticPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
+                                           sponge, segs, self.timer)
+        else:
+            self.prop = HeatPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
+                                       spec["boundary"], spec["initial_condition"], segs,
+                                       self.timer, self.dtype, self.device)
+        self.limit = self.prop.stability_limit()
+        self.unknown = make_unknown(spec["unknown"], grid, block, self.dtype, self.device, base)
+        self.true_local = None
+        if spec["true_model"] is not None:
+            try:
+                self.true_local = models.evaluate(spec["true_model"], grid, block, self.dtype,
+                                                  self.device, base_dir=base)
+            except (OSError, ValueError, KeyError) as exc:
+                raise collective(SpecError(file, "true_model", str(exc))) from None
+        self._check_stability()
+        self.observed = self._observed()  # (shots, nrec, nt), identical on every rank
+        obs_local = self.observed[:, self.lgeom.rec_ids, :]
+        self.obs_local = obs_local
+        norm = float((self.observed * self.observed).sum()) if spec["loss"]["normalize"] else 1.0
+        self.norm = norm if norm > 0 else 1.0
+        self.last: dict = {}
+
+    # ------------------------------------------------------------------ checks
+    def _what(self) -> str:
+        return "wave speed" if self.spec["equation"] == "acoustic2d" else "conductivity"
+
+    def _limit_text(self) -> str:
+        dy, dx = self.grid.dy, self.grid.dx
+        if self.spec["equation"] == "acoustic2d":
+            return (f"CFL limit c*dt*sqrt(1/dx^2+1/dy^2) <= {acoustic_cfl_limit(1, 1) * math.sqrt(2):.4f} "
+                    f"(leapfrog, 4th-order space), i.e. c <= {self.limit:.6g} at dt={self.dt:g}")
+        return (f"stability limit kappa*dt*(1/dx^2+1/dy^2) <= 0.5 (explicit Euler), "
+                f"i.e. kappa <= {self.limit:.6g} at dt={self.dt:g}")
+
+    def global_max(self, local: torch.Tensor) -> float:
+        v = float(local.detach().max())
+        return self.comm.allreduce_scalar(v, op="max") if self.comm.size > 1 else v
+
+    def _check_stability(self) -> None:
+        file = self.spec["file"]
+        checks = []
+        if self.true_local is not None:
+            checks.append(("true_model", self.global_max(self.true_local)))
+        with torch.no_grad():
+            checks.append(("unknown", self.global_max(self.unknown.field())))
+        hi = self.unknown.transform.max_value
+        if hi is not None:
+            checks.append(("unknown.bounds", float(hi)))
+        for field, v in checks:
+            if v > self.limit:
+                raise collective(SpecError(
+                    file, "time.dt",
+                    f"unstable: {field} reaches {self._what()} {v:.6g}; {self._limit_text()}"))
+
+    def _observed(self) -> torch.Tensor:
+        spec = self.spec
+        o = spec["observed"]
+        g = self.geometry
+        shape = (g.nshots, g.nrec, self.nt)
+        if o["file"] is not None:
+            import h5py
+
+            path = Path(o["file"])
+            path = path if path.is_absolute() else spec["base_dir"] / path
+            try:
+                with h5py.File(path, "r") as f:
+                    arr = np.asarray(f[o["dataset"]][...], dtype=np.float64)
+            except (OSError, KeyError) as exc:
+                raise collective(SpecError(spec["file"], "observed.file", f"cannot read {path}: {exc}")) from None
+            if arr.shape != shape:
+                raise collective(SpecError(spec["file"], "observed.dataset",
+                                           f"shape {arr.shape} does not match (shots, receivers, "
+                                           f"steps) = {shape}"))
+            return torch.as_tensor(arr, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            full = self.full_traces(self.prop.forward(self.true_local))
+        if o["noise"] > 0:
+            arr = full.cpu().numpy().astype(np.float64)
+            rms = float(np.sqrt(np.mean(arr**2)))
+            rng = np.random.default_rng(o["seed"])
+            arr = arr + o["noise"] * rms * rng.standard_normal(arr.shape)
+            full = torch.as_tensor(arr, dtype=self.dtype, device=self.device)
+        return full
+
+    # ------------------------------------------------------------------ pieces
+    def full_traces(self, local_traces: torch.Tensor) -> torch.Tensor:
+        """All receivers' traces on every rank (zero-padded all-reduce: exact)."""
+        full = self.lgeom.scatter_traces(local_traces.detach())
+        if self.comm.size > 1:
+            full = allreduce_sum(full, self.comm)
+        return full
+
+    def full_misfit(self, local_mis: torch.Tensor) -> torch.Tensor:
+        b = local_mis.shape[0]
+        full = local_mis.new_zeros((b, self.lgeom.nrec))
+        full[:, self.lgeom.rec_ids] = local_mis.detach()
+        if self.comm.size > 1:
+            full = allreduce_sum(full, self.comm)
+        return full
+
+    def regularization(self, field: torch.Tensor) -> torch.Tensor:
+        r = self.spec["regularization"]
+        if r["tikhonov"] == 0 and r["tv"] == 0:
+            return field.new_zeros(())
+        grid, block = self.grid, self.block
+        fp = halo_exchange(field, self.decomp, self.comm, 1, fill=0.0)
+        ny, nx = field.shape
+        iy, ix = block.indices(field.device)
+        gx = (fp[1 : 1 + ny, 2 : 2 + nx] - field) * (1.0 / grid.dx)
+        gy = (fp[2 : 2 + ny, 1 : 1 + nx] - field) * (1.0 / grid.dy)
+        gx = torch.where(ix < grid.nx - 1, gx, torch.zeros_like(gx))
+        gy = torch.where(iy < grid.ny - 1, gy, torch.zeros_like(gy))
+        sq = gx * gx + gy * gy
+        out = field.new_zeros(())
+        if r["tikhonov"] > 0:
+            out = out + 0.5 * r["tikhonov"] * sq.sum()
+        if r["tv"] > 0:
+            out = out + r["tv"] * torch.sqrt(sq + r["tv_epsilon"] ** 2).sum()
+        return out
+
+    def gsum(self, v: float) -> float:
+        if self.comm.size == 1:
+            return v
+        return self.comm.bcast_object(self.comm.allreduce_scalar(v, op="sum"), root=0)
+
+    def model_error(self, field: torch.Tensor) -> float:
+        """||m - m_true|| / ||m_true|| over the global grid (nan if the true model is unknown)."""
+        if self.true_local is None:
+            return float("nan")
+        d = field.detach() - self.true_local
+        num = self.gsum(float((d * d).sum()))
+        den = self.gsum(float((self.true_local * self.true_local).sum()))
+        return math.sqrt(num / den) if den > 0 else float("nan")
+
+    # ------------------------------------------------------------------ objective
+    def evaluate(self, iteration: int | None = None):
+        """Collective: loss (same on all ranks) and the full gradient of every parameter."""
+        from odecli.pde import faults
+
+        unk = self.unknown
+        for p in unk.params:
+            p.grad = None
+        faults.maybe_fail(self.comm.rank, iteration)
+        field = unk.field()
+        fmax = self.global_max(field)
+        if not math.isfinite(fmax) or fmax > self.limit:
+            raise collective(InputError(
+                f"{self.spec['file']}: {self._what()} reached {fmax:.6g} during the inversion; "
+                f"{self._limit_text()}; set unknown.bounds"))
+        traces = self.prop.forward(field)
+        res = traces - self.obs_local
+        mis = (res * res).sum(dim=-1) * (0.5 / self.norm)  # (shots, nrec_local)
+        reg = self.regularization(field)
+        (mis.sum() + reg).backward()
+        grads = []
+        for p, dist in zip(unk.params, unk.distributed):
+            gr = p.grad if p.grad is not None else torch.zeros_like(p)
+            if not dist and self.comm.size > 1:
+                gr = broadcast(allreduce_sum(gr, self.comm), self.comm, root=0)
+            grads.append(gr.detach())
+        misfit = float(self.full_misfit(mis).sum())
+        regv = self.gsum(float(reg.detach()))
+        loss = misfit + regv
+        if not math.isfinite(loss):
+            raise collective(InputError(f"{self.spec['file']}: loss became {loss} (NaN/inf) at "
+                                        f"iteration {iteration}; lower the learning rate or dt"))
+        self.last = {"misfit": misfit, "regularization": regv, "field": field.detach()}
+        return loss, grads
+
+    def predict_full(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.full_traces(self.prop.forward(self.unknown.field()))

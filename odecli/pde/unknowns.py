@@ -1,0 +1,155 @@
+"""Parameterisations of the unknown coefficient field on a rank's block.
+
+* ``grid``: one value per node; each rank owns (and its optimiser updates) its block.
+* ``mlp``: ``field = T(T^-1(base) + scale * NN(y, x))`` with coordinates scaled to [-1, 1]; weights
+  are replicated on every rank (same seed) and their gradients are all-reduced.
+* ``scalars``: a few numbers of an analytic model (e.g. a layered model's speeds), replicated.
+
+Bounds: ``T`` is ``clamp`` (to [low, high]), ``sigmoid`` (low + (high-low)*sigmoid(p)),
+``softplus`` (low + softplus(p)) or ``none``.  Grid and scalar parameters live in ``p`` space;
+``fixed_border`` cells at the edges keep their initial values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from odecli.pde import models
+from odecli.pde.grid import Block, Grid
+
+
+class Transform:
+    def __init__(self, kind: str, bounds) -> None:
+        self.kind = kind
+        self.lo, self.hi = (bounds if bounds is not None else (None, None))
+
+    def forward(self, p: torch.Tensor) -> torch.Tensor:
+        if self.kind == "clamp":
+            return torch.clamp(p, self.lo, self.hi)
+        if self.kind == "sigmoid":
+            return self.lo + (self.hi - self.lo) * torch.sigmoid(p)
+        if self.kind == "softplus":
+            return self.lo + torch.nn.functional.softplus(p)
+        return p
+
+    def inverse(self, v: torch.Tensor) -> torch.Tensor:
+        if self.kind == "clamp":
+            return torch.clamp(v, self.lo, self.hi)
+        if self.kind == "sigmoid":
+            r = ((v - self.lo) / (self.hi - self.lo)).clamp(1e-6, 1 - 1e-6)
+            return torch.log(r) - torch.log1p(-r)
+        if self.kind == "softplus":
+            r = (v - self.lo).clamp(min=1e-6)
+            return r + torch.log(-torch.expm1(-r))
+        return v.clone()
+
+    @property
+    def max_value(self):
+        return self.hi if self.kind in ("clamp", "sigmoid") else None
+
+
+class Unknown:
+    """Base: ``params`` (leaf tensors), ``distributed`` flags, ``names``, and ``field()``."""
+
+    params: list[torch.Tensor]
+    distributed: list[bool]
+    names: list[str]
+
+    def __init__(self, spec: dict, grid: Grid, block: Block, dtype, device, base_dir) -> None:
+        self.spec, self.grid, self.block = spec, grid, block
+        self.dtype, self.device, self.base_dir = dtype, device, base_dir
+        self.transform = Transform(spec["transform"], spec["bounds"])
+        fb = spec.get("fixed_border", 0)
+        self.free = None
+        if fb:
+            iy, ix = block.indices(device)
+            d = torch.minimum(torch.minimum(iy, grid.ny - 1 - iy), torch.minimum(ix, grid.nx - 1 - ix))
+            self.free = d >= fb
+        self.fixed_values: torch.Tensor | None = None
+
+    def raw_field(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def field(self) -> torch.Tensor:
+        f = self.raw_field()
+        if self.free is not None:
+            if self.fixed_values is None:
+                with torch.no_grad():
+                    self.fixed_values = f.detach().clone()
+            f = torch.where(self.free, f, self.fixed_values)
+        return f
+
+
+class GridUnknown(Unknown):
+    def __init__(self, spec, grid, block, dtype, device, base_dir) -> None:
+        super().__init__(spec, grid, block, dtype, device, base_dir)
+        init = models.evaluate(spec["initial"], grid, block, dtype, device, base_dir=base_dir)
+        p = self.transform.inverse(init).detach().clone().requires_grad_(True)
+        self.params, self.distributed, self.names = [p], [True], ["field"]
+
+    def raw_field(self):
+        return self.transform.forward(self.params[0])
+
+
+_ACT = {"tanh": torch.tanh, "relu": torch.relu, "sin": torch.sin,
+        "softplus": torch.nn.functional.softplus}
+
+
+class MLPUnknown(Unknown):
+    def __init__(self, spec, grid, block, dtype, device, base_dir) -> None:
+        super().__init__(spec, grid, block, dtype, device, base_dir)
+        gen = torch.Generator().manual_seed(int(spec["seed"]))
+        sizes = [2] + list(spec["hidden"]) + [1]
+        self.params, self.names = [], []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            std = (1.0 / a) ** 0.5 if i < len(sizes) - 2 else 0.1 * (1.0 / a) ** 0.5
+            w = (torch.randn((a, b), generator=gen, dtype=torch.float64) * std)
+            self.params.append(w.to(dtype=dtype, device=device).requires_grad_(True))
+            self.params.append(torch.zeros(b, dtype=dtype, device=device).requires_grad_(True))
+            self.names += [f"w{i}", f"b{i}"]
+        self.distributed = [False] * len(self.params)
+        Y, X = block.coords(grid, dtype, device)
+        depth, width = grid.extent
+        self.inputs = torch.stack([2.0 * Y / depth - 1.0, 2.0 * X / width - 1.0], dim=-1)
+        self.inputs = self.inputs.reshape(-1, 2)
+        self.base_p = float(self.transform.inverse(torch.tensor(float(spec["base"]), dtype=torch.float64)))
+        self.act = _ACT[spec["activation"]]
+
+    def raw_field(self):
+        h = self.inputs
+        n = len(self.params) // 2
+        for i in range(n):
+            h = h @ self.params[2 * i] + self.params[2 * i + 1]
+            if i < n - 1:
+                h = self.act(h)
+        q = self.base_p + self.spec["scale"] * h.reshape(self.block.shape)
+        return self.transform.forward(q)
+
+
+class ScalarsUnknown(Unknown):
+    def __init__(self, spec, grid, block, dtype, device, base_dir) -> None:
+        super().__init__(spec, grid, block, dtype, device, base_dir)
+        self.model = spec["model"]
+        self.params, self.names = [], []
+        for k in spec["trainable"]:
+            v = torch.as_tensor(self.model[k], dtype=dtype, device=device)
+            self.params.append(self.transform.inverse(v).detach().clone().requires_grad_(True))
+            self.names.append(k)
+        self.distributed = [False] * len(self.params)
+
+    def values(self) -> dict:
+        return {k: self.transform.forward(p) for k, p in zip(self.names, self.params)}
+
+    def raw_field(self):
+        return models.evaluate(self.model, self.grid, self.block, self.dtype, self.device,
+                               params=self.values(), base_dir=self.base_dir)
+
+
+def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) -> Unknown:
+    cls = {"grid": GridUnknown, "mlp": MLPUnknown, "scalars": ScalarsUnknown}[spec["type"]]
+    return cls(spec, grid, block, dtype, device, base_dir)
+
+
+__all__ = ["make_unknown", "Unknown", "Transform", "math"]
