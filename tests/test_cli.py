@@ -1,0 +1,172 @@
+"""The command line end to end: spec → HDF5 file → stats, exit codes, one-line errors, atomicity."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from odecli.cli import app
+
+VDP = """\
+kind: ode
+name: vdp
+system:
+  states: [x, v]
+  params:
+    mu: [0.5, 5.0, 25.0]
+  equations:
+    x: v
+    v: mu * (1 - x**2) * v - x
+initial:
+  x: 2.0
+  v: 0.0
+time:
+  start: 0.0
+  end: 10.0
+  eval: 11
+solver:
+  method: dopri5
+  rtol: 1.0e-6
+  atol: 1.0e-6
+"""
+
+runner = CliRunner()
+
+
+def write(folder: Path, text: str, name: str = "spec.yaml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def test_solve_writes_the_output_contract_and_stats_reads_it(tmp_path):
+    spec = write(tmp_path, VDP)
+    out = tmp_path / "run.h5"
+    result = runner.invoke(app, ["solve", str(spec), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "3 samples, 3 succeeded" in result.output
+    with h5py.File(out) as h5:
+        assert h5["t"].shape == (3, 11)
+        assert h5["y"].shape == (3, 11, 2)
+        assert list(h5["status"][...]) == [0, 0, 0]
+        for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals"):
+            assert h5["stats"][name].shape == (3,)
+        assert np.all(h5["stats/n_steps"][...] == h5["stats/n_accepted"][...] + h5["stats/n_rejected"][...])
+        assert h5.attrs["kind"] == "ode"
+        assert list(h5.attrs["states"]) == ["x", "v"]
+        assert h5.attrs["method"] == "dopri5"
+        assert h5.attrs["rtol"] == 1e-6 and h5.attrs["atol"] == 1e-6
+        assert h5.attrs["spec"] == VDP
+        assert h5.attrs["wall_time_s"] > 0
+        assert "odecli_version" in h5.attrs
+        np.testing.assert_allclose(h5["params/mu"][...], [0.5, 5.0, 25.0])
+        np.testing.assert_allclose(h5["y"][:, 0, :], [[2.0, 0.0]] * 3)
+        steps = h5["stats/n_steps"][...]
+    assert steps[2] > steps[0], "the stiffer sample (mu=25) must take more steps"
+
+    result = runner.invoke(app, ["stats", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["samples"] == 3
+    assert summary["status_counts"] == {"success": 3}
+    assert summary["steps"]["max"] == steps.max()
+    result = runner.invoke(app, ["stats", str(out), "--per-sample"])
+    assert result.exit_code == 0
+    assert "success" in result.output and "n_f_evals" in result.output
+
+
+def test_flags_override_the_spec(tmp_path):
+    spec = write(tmp_path, VDP)
+    out = tmp_path / "run.h5"
+    result = runner.invoke(app, ["solve", str(spec), "-o", str(out), "--method", "tsit5", "--rtol", "1e-8", "--atol", "1e-9", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    with h5py.File(out) as h5:
+        assert h5.attrs["method"] == "tsit5"
+        assert h5.attrs["rtol"] == 1e-8 and h5.attrs["atol"] == 1e-9
+
+
+def test_failed_samples_exit_3_and_still_write_the_file(tmp_path):
+    spec = write(tmp_path, VDP.replace("  atol: 1.0e-6\n", "  atol: 1.0e-6\n  max_steps: 100\n"))
+    out = tmp_path / "run.h5"
+    result = runner.invoke(app, ["solve", str(spec), "-o", str(out)])
+    assert result.exit_code == 3, result.output
+    with h5py.File(out) as h5:
+        status = h5["status"][...]
+    assert status[0] == 0 and status[2] == 3  # mu=25 needs > 100 steps, mu=0.5 does not
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("rtol: 1.0e-6", "rtol: -1"), "spec.yaml: solver.rtol: must be > 0, got -1"),
+        (("method: dopri5", "method: nope"), "spec.yaml: solver.method:"),
+        (("v: mu * (1 - x**2) * v - x", "v: __import__('os')"), "spec.yaml: system.equations.v:"),
+        (("kind: ode", "kind: odd"), "spec.yaml: kind:"),
+    ],
+)
+def test_bad_specs_give_one_line_errors_and_exit_2(tmp_path, change, message):
+    spec = write(tmp_path, VDP.replace(*change))
+    out = tmp_path / "run.h5"
+    result = subprocess.run(
+        [sys.executable, "-m", "odecli", "solve", str(spec), "-o", str(out)],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_bad_flags_and_missing_files_exit_2(tmp_path):
+    spec = write(tmp_path, VDP)
+    for args in (["solve", str(spec), "--rtol", "0"], ["solve", str(spec), "--method", "nope"],
+                 ["solve", str(tmp_path / "missing.yaml")], ["stats", str(tmp_path / "missing.h5")],
+                 ["solve", str(spec), "-o", str(tmp_path / "no" / "such" / "dir.h5")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "error:" in result.output
+
+
+def test_stats_rejects_a_file_that_is_not_a_run(tmp_path):
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5")
+    result = runner.invoke(app, ["stats", str(junk)])
+    assert result.exit_code == 2 and "not an HDF5 file" in result.output
+    with h5py.File(tmp_path / "foreign.h5", "w") as h5:
+        h5["x"] = [1]
+    result = runner.invoke(app, ["stats", str(tmp_path / "foreign.h5")])
+    assert result.exit_code == 2 and "not an odecli run file" in result.output
+
+
+def test_an_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import odecli.io.ode_run as ode_run
+
+    spec = write(tmp_path, VDP)
+    out = tmp_path / "run.h5"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk fell off")
+
+    monkeypatch.setattr(ode_run, "_np", broken)
+    result = runner.invoke(app, ["solve", str(spec), "-o", str(out)])
+    assert result.exit_code == 1
+    assert "internal error" in result.output
+    assert not out.exists()
+    assert list(tmp_path.glob("*.tmp")) == [] and list(tmp_path.glob(".run.h5*")) == []
+
+
+def test_version_and_help():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("odecli ")
+    for command in ("solve", "stats", "train-inverse"):
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0 and "Example:" in result.output
