@@ -29,7 +29,8 @@ def find_mpiexec() -> str | None:
 def run_mpi(script: Path, n: int, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``script`` on ``n`` ranks; skips the test only when mpi4py is not importable.
 
-    Ranks may outnumber cores (the env allows oversubscription for Open MPI too), each rank
+    Ranks may outnumber cores (the env allows oversubscription, and root containers, for
+    Open MPI too; MPICH needs neither), each rank
     uses one BLAS/torch thread, and the repo root is on PYTHONPATH so the scripts import
     the working tree. On timeout the whole launched process group is killed (so no rank
     lingers) and the test fails with whatever the ranks printed.
@@ -47,6 +48,8 @@ def run_mpi(script: Path, n: int, args: list[str], timeout: float = 120) -> subp
         MKL_NUM_THREADS="1",
         OPENBLAS_NUM_THREADS="1",
         OMPI_MCA_rmaps_base_oversubscribe="1",
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
