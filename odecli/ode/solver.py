@@ -235,6 +235,10 @@ def solve(
         for key, value in result.state.items():
             mask = accept.reshape(accept.shape + (1,) * (value.dim() - 1))
             w.mstate[key] = torch.where(mask, value, w.mstate[key])
+        rejected = w.active & ~accept
+        for key, value in result.retry_state.items():
+            mask = rejected.reshape(rejected.shape + (1,) * (value.dim() - 1))
+            w.mstate[key] = torch.where(mask, value, w.mstate[key])
         w.h = h_next
         w.status = status
         w.n_accepted = w.n_accepted + accept

@@ -31,6 +31,7 @@ class StepResult:
     dense: Callable[[], tuple[Interpolant, int]]  # build the step's interpolant (and its extra evals) on demand
     counters: dict[str, Tensor | int] = field(default_factory=dict)  # e.g. n_jac_evals increments
     state: dict[str, Tensor] = field(default_factory=dict)  # method memory to keep where the step is accepted
+    retry_state: dict[str, Tensor] = field(default_factory=dict)  # memory to keep where it is rejected (same start point)
 
 
 class Stepper(Protocol):
