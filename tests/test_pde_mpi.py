@@ -1,0 +1,38 @@
+"""N-rank PDE results equal the 1-rank results: forward bit-for-bit (<= 1e-12), gradients <= 1e-10."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_helpers import run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import pde_equivalence
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return pde_equivalence.compute(None)
+
+
+@pytest.mark.parametrize("n,grid", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
+def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid):
+    out = tmp_path / "res.npz"
+    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out)
+    assert set(got.files) == set(reference)
+    for key, ref in reference.items():
+        val = got[key]
+        scale = max(float(np.abs(ref).max()), 1e-300)
+        err = float(np.abs(val - ref).max()) / scale
+        tol = 1e-10 if ("/grad/" in key or key.endswith("/loss")) else 1e-12
+        assert err <= tol, f"{key} on {grid}: relative difference {err:.3e} > {tol}"
