@@ -29,10 +29,9 @@ def find_mpiexec() -> str | None:
 def run_mpi(script: Path, n: int, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``script`` on ``n`` ranks; skips the test only when mpi4py is not importable.
 
-    Ranks may outnumber cores (the env allows oversubscription, and root containers, for
-    Open MPI too; MPICH needs neither), each rank
-    uses one BLAS/torch thread, and the repo root is on PYTHONPATH so the scripts import
-    the working tree. On timeout the whole launched process group is killed (so no rank
+    Ranks may outnumber cores, and the env lets Open MPI oversubscribe and run as root
+    (MPICH needs neither); each rank uses one BLAS/torch thread, and the repo root is on
+    PYTHONPATH so the scripts import the working tree. On timeout the whole launched process group is killed (so no rank
     lingers) and the test fails with whatever the ranks printed.
     """
     try:
