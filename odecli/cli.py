@@ -67,6 +67,24 @@ def _clean_errors(command: Callable) -> Callable:
     return wrapper
 
 
+def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
+    """A one-line-per-event log appender for --log (nothing when no file is given)."""
+    if path is None:
+        return lambda message: None
+    try:
+        handle = open(path, "a", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--log: cannot open {path}: {exc.strerror}") from None
+
+    def write(message: str) -> None:
+        import datetime
+
+        handle.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} {message}\n")
+        handle.flush()
+
+    return write
+
+
 def _version(value: bool) -> None:
     if value:
         stdout.print(f"odecli {__version__}")
@@ -89,6 +107,9 @@ def solve(
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Override solver.rtol."),
     atol: Optional[float] = typer.Option(None, "--atol", help="Override solver.atol."),
     device: Optional[str] = typer.Option(None, "--device", help="Override solver.device (cpu, cuda, auto)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary line."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Append a log of the run to this file."),
 ) -> None:
     """Solve every sample of an ODE batch and write trajectories and statistics to HDF5.
 
@@ -96,22 +117,26 @@ def solve(
     """
     from odecli.io.atomic import check_writable
     from odecli.io.ode_run import write_ode_run
+    from odecli.report.progress import solve_progress
     from odecli.runner import default_output, solve_spec, with_overrides
     from odecli.spec import load_ode_spec
 
+    logger = _file_logger(log)
     ode_spec = with_overrides(load_ode_spec(spec), method=method, rtol=rtol, atol=atol, device=device)
     target = output or default_output(ode_spec)
-    check_writable(target)
-    solution = solve_spec(ode_spec)
+    check_writable(target, force=force)
+    logger(f"solve {spec} -> {target}: {ode_spec.batch} samples, method {ode_spec.solver.method}")
+    with solve_progress(stderr, enabled=not quiet) as progress:
+        solution = solve_spec(ode_spec, progress=progress)
     write_ode_run(target, ode_spec, solution)
     status = solution.status.cpu()
     failed = int((status != 0).sum())
     steps = solution.stats["n_steps"].cpu().double()
-    stdout.print(
-        f"{ode_spec.name}: {status.numel()} samples, {status.numel() - failed} succeeded, {failed} failed; "
-        f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}",
-        markup=False, soft_wrap=True,
-    )
+    line = (f"{ode_spec.name}: {status.numel()} samples, {status.numel() - failed} succeeded, {failed} failed; "
+            f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}")
+    logger(line)
+    if not quiet:
+        stdout.print(line, markup=False, soft_wrap=True)
     raise typer.Exit(EXIT_FAILED_SAMPLES if failed else EXIT_OK)
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from odecli.errors import InputError
 from odecli.ode.controllers import make_controller
 from odecli.ode.stepper import available_methods
-from odecli.ode.solver import Solution, solve
+from odecli.ode.solver import Progress, Solution, solve
 from odecli.spec import OdeSpec, build_rhs, param_tensors
 
 
@@ -58,7 +59,7 @@ def with_overrides(
     return dataclasses.replace(spec, solver=dataclasses.replace(spec.solver, **changes))
 
 
-def solve_spec(spec: OdeSpec) -> Solution:
+def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None) -> Solution:
     """Solve every sample of ``spec`` and return the batched :class:`Solution`."""
     s = spec.solver
     device = resolve_device(s.device)
@@ -76,7 +77,7 @@ def solve_spec(spec: OdeSpec) -> Solution:
         torch.tensor(spec.t_eval, dtype=dtype, device=device),
         params=param_tensors(spec, dtype, device),
         method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
-        dt0=s.dt0, max_steps=s.max_steps,
+        dt0=s.dt0, max_steps=s.max_steps, progress=progress,
     )
     solution.extra["device"] = str(device)
     return solution
