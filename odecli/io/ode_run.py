@@ -3,12 +3,19 @@
 Datasets ``t`` (batch, n_eval), ``y`` (batch, n_eval, n_states), ``status`` (batch,), group
 ``stats`` of (batch,) counters, group ``params``; root attributes ``kind``, ``states``,
 ``method``, ``rtol``, ``atol``, ``spec``, ``odecli_version``, ``wall_time_s``.
+
+The root group is also a netCDF-4 style dataset: HDF5 dimension scales ``sample`` (0..batch-1),
+``time`` (output index 0..n_eval-1; the times themselves are ``t``, one row per sample) and
+``state`` (the state names, UTF-8 strings) are attached to every root dataset, and every dataset
+has ``long_name`` and ``description`` attributes, so ``xarray.open_dataset(path,
+engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel(state="x")``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from odecli import __version__
@@ -41,12 +48,52 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution) -> None:
         h5.create_dataset("status", data=_np(solution.status).astype(np.int8))
         h5.create_dataset("t_final", data=_np(solution.t_final))
         h5.create_dataset("y_final", data=_np(solution.y_final))
+        _add_dimensions(h5, list(spec.states))
         stats = h5.create_group("stats")
         for name, values in solution.stats.items():
             stats.create_dataset(name, data=_np(values))
+            stats[name].attrs["description"] = f"per-sample solver counter {name}"
         params = h5.create_group("params")
         for name, values in spec.params.items():
             params.create_dataset(name, data=np.asarray(values, dtype=np.float64))
+            params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
+
+
+# name -> (dimensions, long_name, description) of every root dataset
+_ROOT_VARIABLES = {
+    "t": (("sample", "time"), "time", "output times of each sample (row = sample, column = output index)"),
+    "y": (("sample", "time", "state"), "state values", "solution y[sample, time index, state] at the times t[sample, time index]"),
+    "status": (("sample",), "status", "per-sample outcome code: 0 success, nonzero failure (see flag_meanings)"),
+    "t_final": (("sample",), "final time", "time each sample's integration reached (the end time unless it failed)"),
+    "y_final": (("sample", "state"), "final state", "state of each sample at t_final"),
+}
+
+
+def _add_dimensions(h5, states: list[str]) -> None:
+    """Dimension scales and descriptive attributes that make the root group netCDF-readable."""
+    batch, n_eval = h5["t"].shape
+    h5.create_dataset("sample", data=np.arange(batch, dtype=np.int64))
+    h5.create_dataset("time", data=np.arange(n_eval, dtype=np.int64))
+    # Variable-length UTF-8 strings round-trip through h5netcdf/xarray as a string coordinate.
+    h5.create_dataset("state", data=np.array(states, dtype=object), dtype=h5py.string_dtype("utf-8"))
+    scales = {
+        "sample": ("sample index", "index of the sample in the batch"),
+        "time": ("output time index", "index of the output time; the times are the variable t (sample, time)"),
+        "state": ("state name", "name of each state variable, in spec order"),
+    }
+    for name, (long_name, description) in scales.items():
+        h5[name].make_scale(name)
+        h5[name].attrs["long_name"] = long_name
+        h5[name].attrs["description"] = description
+    for name, (dims, long_name, description) in _ROOT_VARIABLES.items():
+        dataset = h5[name]
+        for axis, dim in enumerate(dims):
+            dataset.dims[axis].attach_scale(h5[dim])
+        dataset.attrs["long_name"] = long_name
+        dataset.attrs["description"] = description
+    codes = sorted(STATUS_NAMES)
+    h5["status"].attrs["flag_values"] = np.array(codes, dtype=np.int8)
+    h5["status"].attrs["flag_meanings"] = " ".join(STATUS_NAMES[c] for c in codes)
 
 
 def _np(tensor) -> np.ndarray:
