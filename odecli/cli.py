@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from odecli import __version__
-from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_INTERNAL, EXIT_OK, InputError, OdecliError
+from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_INTERNAL, EXIT_INVALID_INPUT, EXIT_OK, InputError, OdecliError
 
 app = typer.Typer(
     name="odecli",
@@ -158,6 +158,59 @@ def stats(
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         render(summary, stdout)
+
+
+@app.command()
+@_clean_errors
+def validate(spec: Path = typer.Argument(..., help="A YAML spec of any kind.")) -> None:
+    """Check a spec without running it; list every problem with its field path.
+
+    Example: odecli validate examples/vdp-sweep.yaml
+    """
+    from odecli.spec.validate import validate_file
+
+    report = validate_file(spec)
+    for note in report.notes:
+        stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+    for problem in report.problems:
+        stderr.print(f"error: {problem}", markup=False, soft_wrap=True)
+    if report.problems:
+        raise typer.Exit(EXIT_INVALID_INPUT)
+    stdout.print(f"{spec}: valid {report.kind} spec", markup=False, soft_wrap=True)
+
+
+@app.command()
+@_clean_errors
+def schema() -> None:
+    """Print the JSON Schema of every spec kind (for editors and the YAML language server).
+
+    Example: odecli schema > odecli.schema.json
+    """
+    from odecli.spec.schema import all_schemas
+
+    sys.stdout.write(json.dumps(all_schemas(), indent=2) + "\n")
+
+
+@app.command()
+@_clean_errors
+def init(
+    kind: str = typer.Argument(..., help="ode or pde-inverse"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write the spec (default <kind>.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a commented starter spec.
+
+    Example: odecli init ode -o my-system.yaml
+    """
+    from odecli.io.atomic import atomic_path, check_writable
+    from odecli.spec.validate import starter_spec
+
+    text = starter_spec(kind)
+    target = output or Path(f"{kind}.yaml")
+    check_writable(target, force=force)
+    with atomic_path(target) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    stdout.print(f"wrote {target}", markup=False)
 
 
 @app.command("train-inverse")
