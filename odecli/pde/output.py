@@ -33,6 +33,7 @@ def write_result(path: Path, r: dict) -> None:
         f.attrs["iterations"] = int(len(r["history"]["loss"]))
         f.attrs["grid_spacing"] = np.asarray(r["spacing"], dtype=np.float64)
         f.attrs["dt"] = float(r["dt"])
+        f.attrs["model_error_final"] = float(r["final_model_error"])
         h = f.create_group("history")
         for k, v in r["history"].items():
             h.create_dataset(k, data=np.asarray(v, dtype=np.float64))

@@ -1,0 +1,118 @@
+"""Summary of a ``kind: pde-inverse`` result file for ``odecli stats``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import h5py
+import numpy as np
+
+
+def _f(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def pde_summary(h5: h5py.File) -> dict:
+    """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
+    hist = h5["history"]
+    loss = np.asarray(hist["loss"][...], dtype=float)
+    gn = np.asarray(hist["grad_norm"][...], dtype=float)
+    wall = np.asarray(hist["wall_time_s"][...], dtype=float)
+    out: dict = {
+        "kind": "pde-inverse",
+        "name": str(h5.attrs.get("name", "")),
+        "equation": str(h5.attrs.get("equation", "")),
+        "optimizer": str(h5.attrs.get("optimizer", "")),
+        "unknown": str(h5.attrs.get("unknown_type", "")),
+        "stop_reason": str(h5.attrs.get("stop_reason", "")),
+        "odecli_version": str(h5.attrs.get("odecli_version", "")),
+        "iterations": int(loss.size),
+        "loss": {
+            "first": _f(loss[0]) if loss.size else None,
+            "last": _f(loss[-1]) if loss.size else None,
+            "min": _f(loss.min()) if loss.size else None,
+            "argmin": int(loss.argmin()) if loss.size else None,
+        },
+        "grad_norm": {"first": _f(gn[0]) if gn.size else None, "last": _f(gn[-1]) if gn.size else None},
+        "wall_time_s": {"total": _f(wall.sum()), "per_iteration_mean": _f(wall.mean()) if wall.size else None},
+        "ranks": int(h5.attrs.get("ranks", 1)),
+        "decomposition": json.loads(h5.attrs.get("decomposition", "{}")),
+    }
+    fields = h5.get("fields")
+    if fields is not None and "final" in fields:
+        out["grid_shape"] = list(fields["final"].shape)
+    if "timing" in h5:
+        t = h5["timing"]
+        total = np.asarray(t["total_s"][...], dtype=float)
+        comm = np.asarray(t["comm_s"][...], dtype=float)
+        compute = np.asarray(t["compute_s"][...], dtype=float)
+        out["timing"] = {
+            "per_rank": [
+                {"rank": r, "total_s": _f(total[r]), "compute_s": _f(compute[r]),
+                 "comm_s": _f(comm[r]),
+                 "comm_fraction": _f(comm[r] / total[r]) if total[r] > 0 else None}
+                for r in range(total.size)
+            ],
+            "comm_fraction_mean": _f(np.mean(comm / np.where(total > 0, total, np.nan)))
+            if total.size else None,
+        }
+    me = hist.get("model_error")
+    if me is not None and me.size and math.isfinite(float(me[0])):
+        out["model_error"] = {"initial": _f(me[0]),
+                              "final": _f(h5.attrs.get("model_error_final", me[-1]))}
+        if out["model_error"]["initial"]:
+            out["model_error"]["ratio"] = _f(out["model_error"]["final"] / out["model_error"]["initial"])
+    if "data" in h5 and "observed" in h5["data"]:
+        out["data_shape"] = list(h5["data/observed"].shape)
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def render_pde_summary(summary: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"pde-inverse: {summary.get('name', '')}", show_header=False)
+    t.add_column("key", style="bold")
+    t.add_column("value")
+    dec = summary.get("decomposition", {})
+    rows = [
+        ("equation", summary.get("equation")),
+        ("unknown", summary.get("unknown")),
+        ("optimizer", summary.get("optimizer")),
+        ("grid", "x".join(map(str, summary.get("grid_shape", []))) or None),
+        ("ranks", f"{summary.get('ranks')} (proc grid {'x'.join(map(str, dec.get('proc_grid', [])))})"),
+        ("iterations", summary.get("iterations")),
+        ("stop reason", summary.get("stop_reason")),
+        ("loss first", summary["loss"]["first"]),
+        ("loss last", summary["loss"]["last"]),
+        ("loss min", f"{_fmt(summary['loss']['min'])} (iteration {summary['loss']['argmin']})"),
+        ("grad norm last", summary["grad_norm"]["last"]),
+        ("wall time total (s)", summary["wall_time_s"]["total"]),
+        ("wall time / iteration (s)", summary["wall_time_s"]["per_iteration_mean"]),
+    ]
+    me = summary.get("model_error")
+    if me:
+        rows.append(("model error initial -> final",
+                     f"{_fmt(me['initial'])} -> {_fmt(me['final'])} (x{_fmt(me.get('ratio'))})"))
+    for k, v in rows:
+        t.add_row(k, _fmt(v))
+    console.print(t)
+    timing = summary.get("timing")
+    if timing:
+        tt = Table(title="per-rank time: compute vs communication")
+        for col in ("rank", "total s", "compute s", "comm s", "comm %"):
+            tt.add_column(col, justify="right")
+        for r in timing["per_rank"]:
+            frac = r["comm_fraction"]
+            tt.add_row(str(r["rank"]), _fmt(r["total_s"]), _fmt(r["compute_s"]), _fmt(r["comm_s"]),
+                       "-" if frac is None else f"{100 * frac:.1f}")
+        console.print(tt)

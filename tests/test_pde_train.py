@@ -1,0 +1,141 @@
+"""The inverse loop: recovers an anomaly, output layout, kill + resume, failure on one rank."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_helpers import run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+ANOMALY = """\
+kind: pde-inverse
+equation: acoustic2d
+grid: {shape: [40, 40], spacing: 10.0}
+time: {dt: 0.0015, steps: 200}
+boundary: {absorbing_width: 8}
+sources:
+  wavelet: {type: ricker, peak_frequency: 20}
+  line: [{from: [80, 80], to: [80, 310], count: 2}, {from: [200, 80], to: [310, 80], count: 2}]
+receivers:
+  line: [{from: [310, 80], to: [310, 310], count: 24}, {from: [80, 310], to: [310, 310], count: 24}]
+true_model: {type: gaussian, background: 2000, amplitude: 300, center: [195, 195], sigma: 45}
+unknown: {type: grid, initial: 2000, bounds: [1500, 2600], fixed_border: 8}
+optimizer: {type: lbfgs, learning_rate: 100, iterations: 10}
+"""
+
+SMALL = """\
+kind: pde-inverse
+equation: acoustic2d
+grid: {shape: [30, 26], spacing: 10.0}
+time: {dt: 0.0015, steps: 90}
+boundary: {absorbing_width: 5}
+sources:
+  wavelet: {type: ricker, peak_frequency: 25}
+  positions: [[60, 60], [60, 190]]
+receivers:
+  line: {from: [230, 20], to: [230, 230], count: 10}
+true_model: {type: gaussian, background: 2000, amplitude: 200, center: [150, 125], sigma: 40}
+unknown: {type: grid, initial: 2000, bounds: [1500, 2600]}
+optimizer: {type: OPT, learning_rate: 20, iterations: 6}
+checkpoint: {every: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def anomaly_run(tmp_path_factory):
+    from odecli.pde.train import train_inverse
+
+    d = tmp_path_factory.mktemp("anomaly")
+    spec = d / "anomaly.yaml"
+    spec.write_text(ANOMALY)
+    out = d / "anomaly.h5"
+    assert train_inverse(spec, out, None, False, False, True) == 0
+    return out
+
+
+def test_anomaly_model_error_halves(anomaly_run):
+    with h5py.File(anomaly_run, "r") as f:
+        e0 = f["history/model_error"][0]
+        e1 = f.attrs["model_error_final"]
+        loss = f["history/loss"][...]
+    assert e1 <= 0.5 * e0, (e0, e1)
+    assert loss[-1] < 0.2 * loss[0]
+
+
+def test_output_contract(anomaly_run):
+    import odecli
+
+    with h5py.File(anomaly_run, "r") as f:
+        assert f.attrs["kind"] == "pde-inverse"
+        assert "kind: pde-inverse" in f.attrs["spec"]
+        assert f.attrs["ranks"] == 1
+        assert "proc_grid" in f.attrs["decomposition"]
+        assert f.attrs["odecli_version"] == odecli.__version__
+        n = f.attrs["iterations"]
+        for k in ("loss", "grad_norm", "wall_time_s"):
+            assert f[f"history/{k}"].shape == (n,)
+        for k in ("true", "initial", "final"):
+            assert f[f"fields/{k}"].shape == (40, 40)
+        assert f["fields/true"][...].max() == pytest.approx(2300, abs=5)
+        assert f["data/observed"].shape == f["data/predicted"].shape == (4, 48, 200)
+        assert f["timing/comm_s"].shape == (1,)
+
+
+def test_pde_summary(anomaly_run):
+    import json
+
+    from rich.console import Console
+
+    from odecli.report.pde_stats import pde_summary, render_pde_summary
+
+    with h5py.File(anomaly_run, "r") as f:
+        s = pde_summary(f)
+    json.dumps(s)
+    assert s["iterations"] == 10
+    assert s["loss"]["last"] < s["loss"]["first"]
+    assert s["model_error"]["final"] < s["model_error"]["initial"]
+    console = Console(record=True, width=120)
+    render_pde_summary(s, console)
+    text = console.export_text()
+    assert "loss" in text and "comm" in text
+
+
+@pytest.mark.parametrize("opt", ["adam", "lbfgs"])
+def test_kill_after_checkpoint_then_resume_is_identical(tmp_path, monkeypatch, opt):
+    spec = tmp_path / "small.yaml"
+    spec.write_text(SMALL.replace("OPT", opt))
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(spec), str(full)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    monkeypatch.setenv("ODECLI_PDE_EXIT_AFTER_CHECKPOINT", "4")
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(spec), str(part)])
+    assert p.returncode != 0
+    assert not part.exists()
+    assert part.with_name("part.ckpt.h5").exists()
+    monkeypatch.delenv("ODECLI_PDE_EXIT_AFTER_CHECKPOINT")
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(spec), str(part), "--resume"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    with h5py.File(full, "r") as a, h5py.File(part, "r") as b:
+        np.testing.assert_array_equal(a["fields/final"][...], b["fields/final"][...])
+        np.testing.assert_array_equal(a["history/loss"][...], b["history/loss"][...])
+        np.testing.assert_array_equal(a["data/predicted"][...], b["data/predicted"][...])
+        assert b.attrs["ranks"] == 2
+
+
+def test_rank_failure_ends_all_ranks(tmp_path, monkeypatch):
+    spec = tmp_path / "small.yaml"
+    spec.write_text(SMALL.replace("OPT", "adam"))
+    monkeypatch.setenv("ODECLI_PDE_FAIL_RANK", "1")
+    monkeypatch.setenv("ODECLI_PDE_FAIL_ITER", "1")
+    t0 = time.perf_counter()
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(spec), str(tmp_path / "x.h5")], timeout=60)
+    assert p.returncode != 0
+    assert time.perf_counter() - t0 < 45
+    assert p.stderr.count("injected failure on rank 1") == 1, p.stderr
+    assert not (tmp_path / "x.h5").exists()
