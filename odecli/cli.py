@@ -233,6 +233,51 @@ def train_inverse(
     kind = spec_kind(data, str(spec))
     if kind == "pde-inverse":
         from odecli.pde.train import train_inverse as run
+    elif kind == "ode":
+        from odecli.inverse_ode import train_inverse as run
     else:
         raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse, got {kind!r}")
     raise typer.Exit(run(spec, output, iterations, resume, force, quiet))
+
+
+@app.command()
+@_clean_errors
+def plot(
+    run: Path = typer.Argument(..., help="A run file written by odecli (ode, pde-inverse or ode-inverse)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Picture file, .png or .pdf (default: <run stem>.png)."),
+    samples: Optional[str] = typer.Option(None, "--samples", help="Samples to draw, e.g. 0,3,5 or 2-6 (default: all, at most 20)."),
+    states: Optional[str] = typer.Option(None, "--states", help="States to draw, e.g. x,v (default: all)."),
+    phase: Optional[str] = typer.Option(None, "--phase", help="Phase portrait of two states, e.g. x,v."),
+    shot: int = typer.Option(0, "--shot", help="pde-inverse: the shot whose receiver traces are drawn."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing picture."),
+) -> None:
+    """Draw a run: ODE trajectories or a phase portrait; inverse runs' fields, loss and traces.
+
+    Example: odecli plot vdp.h5 --samples 0,8,15 --phase x,v -o vdp-phase.pdf
+    """
+    from odecli.report.plot import PlotRequest, plot_run
+
+    request = PlotRequest(samples=samples, states=states, phase=phase, shot=shot)
+    target = plot_run(run, output, request, force=force)
+    for note in request.notes:
+        stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+    stdout.print(f"wrote {target}", markup=False)
+
+
+@app.command()
+@_clean_errors
+def export(
+    run: Path = typer.Argument(..., help="A run file written by odecli."),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="Folder for the CSV files (created if missing)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing CSV files in the folder."),
+) -> None:
+    """Write a run as CSV files: ODE trajectories and per-sample table; inverse runs' history and data.
+
+    Example: odecli export vdp.h5 --csv vdp-csv/
+    """
+    from odecli.io.export import export_csv
+
+    if csv is None:
+        raise InputError("--csv: give the folder to write CSV files into, e.g. --csv out/")
+    for path in export_csv(run, csv, force=force):
+        stdout.print(f"wrote {path}", markup=False)
