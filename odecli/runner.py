@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -59,10 +60,39 @@ def with_overrides(
     return dataclasses.replace(spec, solver=dataclasses.replace(spec.solver, **changes))
 
 
+def estimated_bytes(spec: OdeSpec) -> int:
+    """Memory a solve needs: the dense-output buffer plus about 40 state-sized work tensors."""
+    itemsize = 4 if spec.solver.dtype == "float32" else 8
+    n_eval = len(spec.t_eval[0]) if spec.t_eval else 2
+    n_states = len(spec.states)
+    return spec.batch * itemsize * (3 * (n_eval + 1) * n_states + 40 * n_states + 40)
+
+
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not available on this platform: do not block the run
+        return 1 << 62
+
+
+def check_memory(spec: OdeSpec, device: torch.device) -> None:
+    """Refuse a run that cannot fit, before allocating anything, instead of crashing out of memory."""
+    need, have = estimated_bytes(spec), available_bytes(device)
+    if need > have:
+        raise InputError(
+            f"{spec.file}: batch: {spec.batch} samples x {len(spec.t_eval[0])} eval times x {len(spec.states)} states "
+            f"needs about {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB available on {device}; "
+            f"solve in smaller batches or with fewer eval times"
+        )
+
+
 def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None) -> Solution:
     """Solve every sample of ``spec`` and return the batched :class:`Solution`."""
     s = spec.solver
     device = resolve_device(s.device)
+    check_memory(spec, device)
     dtype = getattr(torch, s.dtype)
     rhs = build_rhs(spec)
     controller = make_controller(
