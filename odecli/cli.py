@@ -261,7 +261,7 @@ def plot(
     target = plot_run(run, output, request, force=force)
     for note in request.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
-    stdout.print(f"wrote {target}", markup=False)
+    stdout.print(f"wrote {target}", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -280,4 +280,4 @@ def export(
     if csv is None:
         raise InputError("--csv: give the folder to write CSV files into, e.g. --csv out/")
     for path in export_csv(run, csv, force=force):
-        stdout.print(f"wrote {path}", markup=False)
+        stdout.print(f"wrote {path}", markup=False, soft_wrap=True)

@@ -1,0 +1,215 @@
+"""``odecli export``: a run file as CSV files for spreadsheets and tools that do not read HDF5.
+
+ODE runs (kind ode):
+  ``trajectories.csv``  long format, one row per (sample, output time): sample, t, <one column per state>
+  ``samples.csv``       one row per sample: sample, status, status_name, the stats counters, t_final,
+                        final_<state>, and the parameters (shared ones repeated on every row)
+Inverse runs (kind pde-inverse, ode-inverse):
+  ``history.csv``       one row per iteration: iteration, loss, grad_norm, wall_time_s, then any other
+                        per-iteration history (misfit, regularization, model_error, ...)
+  pde-inverse also:     ``traces.csv`` (shot, receiver, time, observed, predicted) and
+                        ``field_<true|initial|final>.csv`` (the grid, one CSV row per grid row)
+  ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value)
+
+Numbers are written with Python's shortest round-trip representation, so reading a CSV back gives
+exactly the stored float64 values. Each file is written atomically; the folder is created if missing.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from odecli.errors import InputError
+from odecli.io.atomic import atomic_path
+
+HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
+
+
+OUTPUTS = {
+    "ode": ("trajectories.csv", "samples.csv"),
+    "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
+    "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
+}
+
+
+def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
+    """Write the CSV files of ``run`` into ``folder``; return their paths in the order written.
+
+    Existing CSV files of the same names are replaced only with ``force`` (checked before any is written).
+    """
+    from odecli.report.stats import open_run
+
+    folder = Path(folder)
+    with open_run(run) as h5:  # open (and validate) the input before touching the output folder
+        kind = str(h5.attrs["kind"])
+        if kind not in OUTPUTS:
+            raise InputError(f"{run}: cannot export a run of kind {kind!r}")
+        existing = [name for name in OUTPUTS[kind] if (folder / name).exists()]
+        if existing and not force:
+            raise InputError(f"--csv: {folder / existing[0]} exists; pass --force to overwrite the CSV files")
+        _make_folder(folder)
+        if kind == "ode":
+            return [_trajectories(h5, folder), _samples(h5, folder)]
+        written = [_history(h5, folder)]
+        if kind == "pde-inverse":
+            written += _pde_extras(h5, folder)
+        else:
+            if "t" in h5 and "y" in h5:
+                written.append(_trajectories(h5, folder))
+            if "params" in h5:
+                written.append(_params(h5, folder))
+        return written
+
+
+def _make_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--csv: {folder} exists and is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--csv: cannot create folder {folder}: {exc.strerror or exc}") from None
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence]) -> Path:
+    """One CSV file, atomically: it appears complete or not at all."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(header)
+            writer.writerows(rows)
+    return path
+
+
+def _names(h5, n_states: int) -> list[str]:
+    names = [s.decode() if isinstance(s, bytes) else str(s) for s in np.atleast_1d(h5.attrs.get("states", []))]
+    return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
+
+
+def _unique(columns: list[str], reserved: Iterable[str], prefix: str) -> list[str]:
+    """Prefix any column name that clashes with ``reserved`` (e.g. a state called 't')."""
+    taken = set(reserved)
+    out = []
+    for name in columns:
+        while name in taken:
+            name = prefix + name
+        taken.add(name)
+        out.append(name)
+    return out
+
+
+def _batched(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if y.ndim == 1:
+        y = y[None, :, None]
+    elif y.ndim == 2:
+        y = y[None]
+    if t.ndim == 1:
+        t = np.broadcast_to(t, y.shape[:2])
+    return t, y
+
+
+def _trajectories(h5, folder: Path) -> Path:
+    t, y = _batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
+    states = _unique(_names(h5, y.shape[2]), ("sample", "t"), "state_")
+    n_samples, n_eval, _ = y.shape
+
+    def rows():
+        for i in range(n_samples):
+            ti, yi = t[i].tolist(), y[i].tolist()
+            for k in range(n_eval):
+                yield [i, ti[k], *yi[k]]
+
+    return write_csv(folder / "trajectories.csv", ["sample", "t", *states], rows())
+
+
+def _samples(h5, folder: Path) -> Path:
+    from odecli.ode.status import STATUS_NAMES
+
+    status = np.asarray(h5["status"][...]).astype(int).reshape(-1)
+    n = status.size
+    columns: list[tuple[str, np.ndarray]] = [("sample", np.arange(n)), ("status", status),
+                                             ("status_name", np.array([STATUS_NAMES.get(c, str(c)) for c in status]))]
+    if "stats" in h5:
+        for name in h5["stats"]:
+            columns += _per_sample_columns(name, h5["stats"][name][...], n)
+    if "t_final" in h5:
+        columns.append(("t_final", np.asarray(h5["t_final"][...]).reshape(-1)))
+    if "y_final" in h5:
+        y_final = np.asarray(h5["y_final"][...]).reshape(n, -1)
+        for s, name in enumerate(_names(h5, y_final.shape[1])):
+            columns.append((f"final_{name}", y_final[:, s]))
+    if "params" in h5:
+        for name in h5["params"]:
+            columns += _per_sample_columns(name, h5["params"][name][...], n)
+    header = _unique([c for c, _ in columns], (), "param_")
+    values = [c.tolist() for _, c in columns]
+    return write_csv(folder / "samples.csv", header, zip(*values))
+
+
+def _per_sample_columns(name: str, values: np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
+    """A dataset as columns of length n: (n,) as is, () or a shared vector repeated, (n, k...) split."""
+    values = np.asarray(values)
+    if values.ndim == 0:
+        return [(name, np.full(n, values[()]))]
+    if values.shape[0] == n and (values.ndim > 1 or n > 1):
+        flat = values.reshape(n, -1)
+        if flat.shape[1] == 1:
+            return [(name, flat[:, 0])]
+        return [(f"{name}[{j}]", flat[:, j]) for j in range(flat.shape[1])]
+    flat = values.reshape(-1)
+    if flat.size == 1:
+        return [(name, np.full(n, flat[0]))]
+    return [(f"{name}[{j}]", np.full(n, flat[j])) for j in range(flat.size)]
+
+
+def _history(h5, folder: Path) -> Path:
+    history = h5["history"] if "history" in h5 else {}
+    names = [n for n in HISTORY_FIRST if n in history] + sorted(n for n in history if n not in HISTORY_FIRST)
+    series = {n: np.asarray(history[n][...], dtype=float).reshape(-1) for n in names}
+    n_iter = max((v.size for v in series.values()), default=0)
+    names = [n for n in names if series[n].size == n_iter]  # per-iteration series only
+    values = [series[n].tolist() for n in names]
+    return write_csv(folder / "history.csv", ["iteration", *names], zip(range(n_iter), *values))
+
+
+def _pde_extras(h5, folder: Path) -> list[Path]:
+    written = []
+    if "data/observed" in h5 and "data/predicted" in h5:
+        observed = np.asarray(h5["data/observed"][...], dtype=float)
+        predicted = np.asarray(h5["data/predicted"][...], dtype=float)
+        if observed.ndim == 3 and observed.shape == predicted.shape:
+            time = np.asarray(h5["data/time"][...]).reshape(-1) if "data/time" in h5 else None
+            # the writer's contract is (shots, receivers, steps); accept (shots, steps, receivers) too
+            if time is not None and observed.shape[2] != time.size and observed.shape[1] == time.size:
+                observed, predicted = observed.transpose(0, 2, 1), predicted.transpose(0, 2, 1)
+            shots, receivers, steps = observed.shape
+            time = time.tolist() if time is not None and time.size == steps else list(range(steps))
+
+            def rows():
+                for s in range(shots):
+                    obs, pred = observed[s].tolist(), predicted[s].tolist()
+                    for r in range(receivers):
+                        for k in range(steps):
+                            yield [s, r, time[k], obs[r][k], pred[r][k]]
+
+            written.append(write_csv(folder / "traces.csv", ["shot", "receiver", "time", "observed", "predicted"],
+                                     rows()))
+    if "fields" in h5:
+        for name in ("true", "initial", "final"):
+            if name in h5["fields"]:
+                grid = np.atleast_2d(np.asarray(h5["fields"][name][...], dtype=float))
+                grid = grid.reshape(-1, grid.shape[-1])
+                header = [f"x{j}" for j in range(grid.shape[1])]
+                written.append(write_csv(folder / f"field_{name}.csv", header, grid.tolist()))
+    return written
+
+
+def _params(h5, folder: Path) -> Path:
+    rows = []
+    for name in h5["params"]:
+        values = np.asarray(h5["params"][name][...]).reshape(-1)
+        rows += [[name, j, v] for j, v in enumerate(values.tolist())]
+    return write_csv(folder / "params.csv", ["name", "index", "value"], rows)

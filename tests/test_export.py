@@ -1,0 +1,190 @@
+"""Files other tools open: xarray reads ODE runs with named dimensions; ``odecli export --csv`` round-trips values."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from odecli.cli import app
+from test_plot import VDP, write_ode_inverse, write_pde_inverse
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def ode_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("export")
+    spec = folder / "vdp.yaml"
+    # a shared parameter besides the per-sample one, and a failed sample (status 3)
+    spec.write_text(VDP.replace("    mu: [0.5, 1.0, 25.0]\n", "    mu: [0.5, 1.0, 25.0]\n    k: 1.0\n")
+                    .replace("v: mu * (1 - x**2) * v - x", "v: mu * (1 - x**2) * v - k * x"))
+    out = folder / "vdp.h5"
+    result = runner.invoke(app, ["solve", str(spec), "-o", str(out)])
+    assert result.exit_code == 3, result.output
+    return out
+
+
+def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    return rows[0], rows[1:]
+
+
+# ---------------------------------------------------------------- xarray
+
+
+def test_xarray_opens_an_ode_run_with_named_dimensions(ode_run):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")
+    with h5py.File(ode_run) as h5:
+        t, y, status = h5["t"][...], h5["y"][...], h5["status"][...]
+        t_final, y_final = h5["t_final"][...], h5["y_final"][...]
+    with xr.open_dataset(ode_run, engine="h5netcdf") as ds:
+        assert ds["y"].dims == ("sample", "time", "state")
+        assert ds["t"].dims == ("sample", "time")
+        assert ds["status"].dims == ("sample",)
+        assert ds["y_final"].dims == ("sample", "state")
+        assert dict(ds.sizes) == {"sample": 3, "time": 21, "state": 2}
+        assert list(ds["state"].values) == ["x", "v"]
+        np.testing.assert_array_equal(ds["sample"].values, [0, 1, 2])
+        np.testing.assert_array_equal(ds["time"].values, np.arange(21))
+        np.testing.assert_array_equal(ds["y"].values, y)
+        np.testing.assert_array_equal(ds["t"].values, t)
+        np.testing.assert_array_equal(ds["status"].values, status)
+        np.testing.assert_array_equal(ds["t_final"].values, t_final)
+        np.testing.assert_array_equal(ds["y_final"].values, y_final)
+        np.testing.assert_array_equal(ds["y"].sel(state="v", sample=2).values, y[2, :, 1])
+        for name in ("t", "y", "status", "t_final", "y_final", "sample", "time", "state"):
+            assert ds[name].attrs.get("description"), name
+            assert ds[name].attrs.get("long_name"), name
+        assert "success" in ds["status"].attrs["flag_meanings"]
+        assert ds.attrs["kind"] == "ode" and ds.attrs["method"] == "dopri5"
+
+
+def test_every_dataset_in_an_ode_run_has_a_description(ode_run):
+    missing = []
+    with h5py.File(ode_run) as h5:
+        h5.visititems(lambda name, obj: missing.append(name)
+                      if isinstance(obj, h5py.Dataset) and not obj.attrs.get("description") else None)
+        # the original contract is unchanged
+        assert h5["y"].shape == (3, 21, 2) and h5["t"].shape == (3, 21) and h5["status"].shape == (3,)
+        assert list(h5.attrs["states"]) == ["x", "v"]
+    assert not missing, missing
+
+
+# ---------------------------------------------------------------- CSV, ODE runs
+
+
+def test_export_ode_round_trips_trajectories_and_samples(ode_run, tmp_path):
+    folder = tmp_path / "nested" / "csv"  # created if missing
+    result = runner.invoke(app, ["export", str(ode_run), "--csv", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "trajectories.csv" in result.output and "samples.csv" in result.output
+    with h5py.File(ode_run) as h5:
+        t, y, status = h5["t"][...], h5["y"][...], h5["status"][...]
+        stats = {name: h5["stats"][name][...] for name in h5["stats"]}
+        mu, k = h5["params/mu"][...], h5["params/k"][...]
+        y_final = h5["y_final"][...]
+
+    header, rows = read_csv(folder / "trajectories.csv")
+    assert header == ["sample", "t", "x", "v"]
+    table = np.array(rows, dtype=float)
+    assert table.shape == (3 * 21, 4)
+    np.testing.assert_array_equal(table[:, 0], np.repeat([0, 1, 2], 21))
+    np.testing.assert_array_equal(table[:, 1], t.reshape(-1))  # exact: shortest round-trip repr
+    np.testing.assert_array_equal(table[:, 2:], y.reshape(-1, 2))
+    loaded = np.genfromtxt(folder / "trajectories.csv", delimiter=",", names=True)
+    np.testing.assert_array_equal(loaded["v"], y[:, :, 1].reshape(-1))
+
+    header, rows = read_csv(folder / "samples.csv")
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(header)}
+    assert header[:3] == ["sample", "status", "status_name"]
+    assert columns["sample"] == ["0", "1", "2"]
+    assert [int(v) for v in columns["status"]] == list(status)
+    assert columns["status_name"] == ["success", "success", "reached_max_steps"]
+    for name, values in stats.items():
+        np.testing.assert_array_equal(np.array(columns[name], dtype=float), values)
+    np.testing.assert_array_equal(np.array(columns["mu"], dtype=float), mu)
+    np.testing.assert_array_equal(np.array(columns["k"], dtype=float), np.full(3, k.reshape(-1)[0]))
+    np.testing.assert_array_equal(np.array(columns["final_v"], dtype=float), y_final[:, 1])
+    assert not list(folder.glob(".*.tmp"))
+
+
+def test_export_refuses_to_overwrite_without_force_and_needs_csv(ode_run, tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "samples.csv").write_text("mine")
+    result = runner.invoke(app, ["export", str(ode_run), "--csv", str(folder)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--force" in lines[0], result.stderr
+    assert (folder / "samples.csv").read_text() == "mine" and not (folder / "trajectories.csv").exists()
+    assert runner.invoke(app, ["export", str(ode_run), "--csv", str(folder), "--force"]).exit_code == 0
+    assert (folder / "samples.csv").read_text().startswith("sample,status,status_name")
+
+    for args, message in ((["export", str(ode_run)], "--csv:"),
+                          (["export", str(tmp_path / "missing.h5"), "--csv", str(folder)], "file not found"),
+                          (["export", str(ode_run), "--csv", str(folder / "samples.csv")], "not a folder")):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+# ---------------------------------------------------------------- CSV, inverse runs
+
+
+def test_export_pde_inverse_history_traces_and_fields(tmp_path):
+    run = write_pde_inverse(tmp_path / "fwi.h5")
+    folder = tmp_path / "csv"
+    result = runner.invoke(app, ["export", str(run), "--csv", str(folder)])
+    assert result.exit_code == 0, result.output
+    with h5py.File(run) as h5:
+        history = {name: h5["history"][name][...] for name in h5["history"]}
+        observed, predicted, time = h5["data/observed"][...], h5["data/predicted"][...], h5["data/time"][...]
+        fields = {name: h5["fields"][name][...] for name in h5["fields"]}
+
+    header, rows = read_csv(folder / "history.csv")
+    assert header == ["iteration", "loss", "grad_norm", "wall_time_s", "misfit"]
+    table = np.array(rows, dtype=float)
+    np.testing.assert_array_equal(table[:, 0], np.arange(12))
+    for i, name in enumerate(header[1:], start=1):
+        np.testing.assert_array_equal(table[:, i], history[name])
+
+    header, rows = read_csv(folder / "traces.csv")
+    assert header == ["shot", "receiver", "time", "observed", "predicted"]
+    table = np.array(rows, dtype=float)
+    shots, receivers, steps = observed.shape
+    assert table.shape == (shots * receivers * steps, 5)
+    np.testing.assert_array_equal(table[:, 3], observed.reshape(-1))
+    np.testing.assert_array_equal(table[:, 4], predicted.reshape(-1))
+    np.testing.assert_array_equal(table[:, 2], np.tile(time, shots * receivers))
+    np.testing.assert_array_equal(table[:, 1], np.tile(np.repeat(np.arange(receivers), steps), shots))
+
+    for name, values in fields.items():
+        grid = np.loadtxt(folder / f"field_{name}.csv", delimiter=",", skiprows=1)
+        np.testing.assert_array_equal(grid, values)
+
+
+def test_export_ode_inverse_history_and_fit(tmp_path):
+    run = write_ode_inverse(tmp_path / "fit.h5")
+    folder = tmp_path / "csv"
+    result = runner.invoke(app, ["export", str(run), "--csv", str(folder)])
+    assert result.exit_code == 0, result.output
+    with h5py.File(run) as h5:
+        loss, t, y = h5["history/loss"][...], h5["t"][...], h5["y"][...]
+    header, rows = read_csv(folder / "history.csv")
+    assert header[:4] == ["iteration", "loss", "grad_norm", "wall_time_s"]
+    np.testing.assert_array_equal(np.array([r[1] for r in rows], dtype=float), loss)
+    header, rows = read_csv(folder / "trajectories.csv")
+    assert header == ["sample", "t", "x", "v"]
+    table = np.array(rows, dtype=float)
+    np.testing.assert_array_equal(table[:, 1], t)
+    np.testing.assert_array_equal(table[:, 2:], y)
+    header, rows = read_csv(folder / "params.csv")
+    assert header == ["name", "index", "value"] and rows == [["k", "0", "1.0"]]
