@@ -35,6 +35,10 @@ def summarize(path: Path, per_sample: bool = False) -> dict[str, Any]:
         kind = str(h5.attrs["kind"])
         if kind == "ode":
             return ode_summary(h5, per_sample)
+        if kind == "ode-inverse":
+            from odecli.report.inverse_stats import inverse_summary
+
+            return inverse_summary(h5)
         if kind == "pde-inverse":
             from odecli.report.pde_stats import pde_summary
 
@@ -45,6 +49,10 @@ def summarize(path: Path, per_sample: bool = False) -> dict[str, Any]:
 def render(summary: dict[str, Any], console: Console) -> None:
     if summary["kind"] == "ode":
         render_ode_summary(summary, console)
+    elif summary["kind"] == "ode-inverse":
+        from odecli.report.inverse_stats import render_inverse_summary
+
+        render_inverse_summary(summary, console)
     else:
         from odecli.report.pde_stats import render_pde_summary
 

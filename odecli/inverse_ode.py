@@ -1,0 +1,417 @@
+"""``odecli train-inverse`` for ``kind: ode`` specs: fit per-sample or shared unknowns to trajectories.
+
+Data parallel under ``mpirun``: the samples are split into contiguous blocks, one per rank. Every
+rank holds the full (small) vector of unknowns and runs the same optimiser on it; a loss/gradient
+evaluation solves only the rank's block, then gathers the per-sample loss terms, the per-sample
+gradients and the per-sample contributions to shared gradients to every rank *in global sample
+order* and sums them there in that order. The result is therefore the same on every rank and equal
+to the 1-rank run (to round-off, ~1e-12), rather than depending on an all-reduce's summation order.
+
+Shared unknowns are handed to the solver as one copy per row (the spec's right-hand sides broadcast
+per-sample parameters), so their per-sample contributions come out of the same backward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+import torch
+
+from odecli import __version__
+from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
+from odecli.io.atomic import atomic_h5, check_writable
+from odecli.ode.adjoint import odeint
+from odecli.ode.controllers import make_controller
+from odecli.ode.solver import STAT_NAMES, solve
+from odecli.parallel.comm import Comm, get_comm
+from odecli.runner import resolve_device
+from odecli.spec import OdeSpec, build_rhs, param_tensors
+from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
+
+
+@dataclass
+class FitResult:
+    fitted: dict[str, np.ndarray]  # name -> (batch,) per-sample or (1,) shared
+    initial_guess: dict[str, np.ndarray]
+    truth: dict[str, np.ndarray]  # known true values (synthetic data), same layout
+    history: dict[str, list[float]]
+    stop_reason: str
+    iterations: int
+    t: np.ndarray | None = None  # full (batch, n_eval) on rank 0, None elsewhere
+    y: np.ndarray | None = None
+    data: np.ndarray | None = None
+    status: np.ndarray | None = None
+    stats: dict[str, np.ndarray] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    ranks: int = 1
+
+
+def block(batch: int, size: int, rank: int) -> tuple[int, int]:
+    """Contiguous block of samples owned by ``rank`` (the first ``batch % size`` ranks get one more)."""
+    base, extra = divmod(batch, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def _allgather(comm: Comm, local: np.ndarray) -> np.ndarray:
+    """Blocks of every rank concatenated in rank (= global sample) order, on every rank."""
+    if comm.size == 1:
+        return np.array(local, copy=True)
+    parts = comm.gather_object(np.ascontiguousarray(local), root=0)
+    full = np.concatenate(parts, axis=0) if comm.rank == 0 else None
+    return comm.bcast_object(full, root=0)
+
+
+class Problem:
+    """The rank's block of the fit: data, base tensors, and the loss/gradient evaluation."""
+
+    def __init__(self, ode: OdeSpec, inv: InverseSpec, comm: Comm):
+        self.ode, self.inv, self.comm = ode, inv, comm
+        s = ode.solver
+        self.batch = ode.batch
+        if comm.size > self.batch:
+            raise InputError(f"{ode.file}: {comm.size} ranks but only {self.batch} samples; use at most {self.batch} ranks")
+        self.lo, self.hi = block(self.batch, comm.size, comm.rank)
+        self.n_local = self.hi - self.lo
+        self.device = resolve_device(s.device)
+        self.dtype = getattr(torch, s.dtype)
+        self.rhs = build_rhs(ode)
+        self.solve_kwargs = dict(
+            method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
+            controller=make_controller(
+                s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,
+                factor_min=s.factor_min, factor_max=s.factor_max, dt_min=s.dt_min, dt_max=s.dt_max,
+            ),
+        )
+        sl = slice(self.lo, self.hi)
+        tensor = lambda v: torch.tensor(v, dtype=self.dtype, device=self.device)  # noqa: E731
+        self.base_params = {k: v[sl] for k, v in param_tensors(ode, self.dtype, self.device).items()}
+        self.base_y0 = tensor(ode.initial)[sl]
+        self.t0 = tensor(ode.t_start)[sl]
+        self.t1 = tensor(ode.t_end)[sl]
+        self.obs_index = [ode.states.index(name) for name in inv.observed]
+        self.weights = tensor(inv.weights)
+        self.truth: dict[str, np.ndarray] = {}
+        self.grid, self.obs = self._load_data()
+        self.n_eval = self.grid.shape[1]
+        self.norm = float(self.batch * self.n_eval * len(self.obs_index))
+        self.sizes = [self.batch if u.per_sample else 1 for u in inv.unknowns]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int)
+        self.lower = np.concatenate([np.full(n, u.lower) for n, u in zip(self.sizes, inv.unknowns)])
+        self.upper = np.concatenate([np.full(n, u.upper) for n, u in zip(self.sizes, inv.unknowns)])
+        self.x0 = np.concatenate([np.asarray(u.init, dtype=np.float64) for u in inv.unknowns])
+        self.n_evals = 0
+        self.last_backward: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------------------------ data
+    def _load_data(self) -> tuple[torch.Tensor, torch.Tensor]:
+        ode, inv, data = self.ode, self.inv, self.inv.data
+        sl = slice(self.lo, self.hi)
+        if data.file is not None:
+            t_full, y_full = _read_observations(data.file, ode, inv)
+            grid = torch.tensor(t_full[sl], dtype=self.dtype, device=self.device)
+            clean = torch.tensor(y_full[sl], dtype=self.dtype, device=self.device)
+        else:
+            grid = torch.tensor(ode.t_eval, dtype=self.dtype, device=self.device)[sl]
+            params = dict(self.base_params)
+            y0 = self.base_y0.clone()
+            for name, values in data.truth_params.items():
+                params[name] = torch.tensor(values, dtype=self.dtype, device=self.device)[sl]
+            for name, values in data.truth_initial.items():
+                y0[:, ode.states.index(name)] = torch.tensor(values, dtype=self.dtype, device=self.device)[sl]
+            with torch.no_grad():
+                sol = solve(self.rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
+            if bool((sol.status != 0).any()):
+                bad = int(torch.nonzero(sol.status != 0)[0, 0]) + self.lo
+                raise InputError(f"{ode.file}: inverse.data.truth: the true system fails to solve for sample {bad}")
+            clean = sol.y[:, :, self.obs_index]
+            for u in inv.unknowns:
+                source = data.truth_params if u.kind == "param" else data.truth_initial
+                if u.name in source:
+                    values = np.asarray(source[u.name], dtype=np.float64)
+                    self.truth[u.name] = values if u.per_sample else values[:1]
+        if data.noise > 0:
+            gen = torch.Generator().manual_seed(data.seed)
+            full_shape = (self.batch, clean.shape[1], clean.shape[2])
+            noise = torch.randn(full_shape, generator=gen, dtype=torch.float64)[sl].to(self.dtype).to(self.device)
+            scale = clean.abs() * data.noise if data.relative else data.noise
+            clean = clean + scale * noise
+        return grid, clean
+
+    # ------------------------------------------------------------------------------ evaluation
+    def _inputs(self, x: np.ndarray, requires_grad: bool):
+        params = dict(self.base_params)
+        columns = list(self.base_y0.unbind(1))
+        leaves = []
+        for u, off, n in zip(self.inv.unknowns, self.offsets, self.sizes):
+            values = x[off + self.lo: off + self.hi] if u.per_sample else np.full(self.n_local, x[off])
+            leaf = torch.tensor(values, dtype=self.dtype, device=self.device).requires_grad_(requires_grad)
+            leaves.append(leaf)
+            if u.kind == "param":
+                params[u.name] = leaf
+            else:
+                columns[self.ode.states.index(u.name)] = leaf
+        return params, torch.stack(columns, dim=1), leaves
+
+    def evaluate(self, x: np.ndarray, need_grad: bool = True) -> tuple[float, np.ndarray | None]:
+        """Global loss and gradient at ``x`` (identical on every rank); inf/None if a sample fails."""
+        self.n_evals += 1
+        params, y0, leaves = self._inputs(x, need_grad)
+        with torch.set_grad_enabled(need_grad):
+            sol = odeint(self.rhs, y0, self.t0, self.t1, self.grid, params=params, adjoint=self.inv.adjoint,
+                         **self.solve_kwargs)
+            resid = sol.y[:, :, self.obs_index] - self.obs
+            per_sample = (self.weights * resid**2).sum(dim=(1, 2)) / self.norm
+        local_ok = bool(torch.isfinite(per_sample).all()) and bool((sol.status == 0).all())
+        ok = self.comm.allreduce_scalar(0.0 if local_ok else 1.0, op="max") == 0.0
+        losses = _allgather(self.comm, per_sample.detach().cpu().double().numpy())
+        if not ok:
+            return math.inf, None
+        loss = float(np.sum(losses))
+        if not need_grad:
+            return loss, None
+        grads = torch.autograd.grad(per_sample.sum(), leaves, allow_unused=True)
+        full = []
+        for u, g, leaf in zip(self.inv.unknowns, grads, leaves):
+            g = torch.zeros_like(leaf) if g is None else g
+            gathered = _allgather(self.comm, g.detach().cpu().double().numpy())
+            full.append(gathered if u.per_sample else np.sum(gathered, keepdims=True))
+        back = sol.extra.get("backward_stats") or {}
+        self.last_backward = {k: v for k, v in back.items() if k in STAT_NAMES}
+        return loss, np.concatenate(full)
+
+    def final_solution(self, x: np.ndarray):
+        """Trajectories, status and counters at ``x``, gathered to full arrays on every rank."""
+        params, y0, _ = self._inputs(x, False)
+        with torch.no_grad():
+            sol = solve(self.rhs, y0, self.t0, self.t1, self.grid, params=params, **self.solve_kwargs)
+        g = lambda v: _allgather(self.comm, v.detach().cpu().numpy())  # noqa: E731
+        stats = {name: g(sol.stats[name]) for name in STAT_NAMES}
+        for name, values in self.last_backward.items():
+            stats[f"backward_{name}"] = g(values)
+        return g(sol.t), g(sol.y), g(self.obs), g(sol.status), stats
+
+
+def _read_observations(path: str, ode: OdeSpec, inv: InverseSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``t`` (B, n_eval) and the observed states of ``y`` from an ``odecli solve`` output."""
+    where = f"{ode.file}: inverse.data.file"
+    if not Path(path).is_file():
+        raise InputError(f"{where}: file not found: {path}")
+    try:
+        with h5py.File(path, "r") as h5:
+            if "t" not in h5 or "y" not in h5:
+                raise InputError(f"{where}: {path} has no 't' and 'y' datasets (expected an odecli solve output)")
+            t, y = h5["t"][...], h5["y"][...]
+            states = [str(s) for s in h5.attrs.get("states", ode.states)]
+    except OSError:
+        raise InputError(f"{where}: {path} is not an HDF5 file") from None
+    if t.ndim != 2 or y.ndim != 3 or y.shape[:2] != t.shape:
+        raise InputError(f"{where}: expected t (batch, n_eval) and y (batch, n_eval, n_states), got {t.shape} and {y.shape}")
+    if t.shape[0] != ode.batch:
+        raise InputError(f"{where}: {path} has {t.shape[0]} samples, the spec has batch={ode.batch}")
+    missing = [name for name in inv.observed if name not in states]
+    if missing:
+        raise InputError(f"{where}: observed state(s) {', '.join(missing)} not in the file's states ({', '.join(states)})")
+    start, end = np.asarray(ode.t_start)[:, None], np.asarray(ode.t_end)[:, None]
+    lo, hi = np.minimum(start, end), np.maximum(start, end)
+    if not np.isfinite(t).all() or (t < lo - 1e-12 * np.abs(lo)).any() or (t > hi + 1e-12 * np.abs(hi)).any():
+        raise InputError(f"{where}: observation times lie outside the spec's time spans")
+    if not np.isfinite(y[..., [states.index(n) for n in inv.observed]]).all():
+        raise InputError(f"{where}: observations contain NaN or inf (failed samples in {path}?)")
+    t = np.clip(t, lo, hi)
+    return t, y[..., [states.index(n) for n in inv.observed]]
+
+
+# ---------------------------------------------------------------------------------- optimisers
+
+
+def _adam(evaluate, x, lower, upper, lr, iterations, tol, gtol, record) -> tuple[np.ndarray, str, int]:
+    f, g = evaluate(x)
+    if g is None:
+        raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
+    record(f, g)
+    m, v = np.zeros_like(x), np.zeros_like(x)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    for it in range(1, iterations + 1):
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        x_new = np.clip(x - lr * (m / (1 - b1**it)) / (np.sqrt(v / (1 - b2**it)) + eps), lower, upper)
+        f_new, g_new = evaluate(x_new)
+        if g_new is None:
+            return x, "failed: a sample did not solve", it - 1
+        x, f_prev, f, g = x_new, f, f_new, g_new
+        record(f, g)
+        if f == 0.0 or np.linalg.norm(g) <= gtol:
+            return x, "converged: gradient", it
+        if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
+            return x, "converged: loss change", it
+    return x, "max iterations", iterations
+
+
+def _lbfgs(evaluate, x, lower, upper, lr, iterations, tol, gtol, record, history=10) -> tuple[np.ndarray, str, int]:
+    """L-BFGS with Armijo backtracking; trial points are projected onto the bounds."""
+    f, g = evaluate(x)
+    if g is None:
+        raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
+    record(f, g)
+    s_hist: list[np.ndarray] = []
+    y_hist: list[np.ndarray] = []
+    for it in range(1, iterations + 1):
+        q = -g.copy()
+        alphas = []
+        for s, y in reversed(list(zip(s_hist, y_hist))):
+            a = (s @ q) / (y @ s)
+            alphas.append(a)
+            q -= a * y
+        if s_hist:
+            q *= (s_hist[-1] @ y_hist[-1]) / (y_hist[-1] @ y_hist[-1])
+        for (s, y), a in zip(zip(s_hist, y_hist), reversed(alphas)):
+            q += (a - (y @ q) / (y @ s)) * s
+        d = q
+        if not s_hist or g @ d >= 0:
+            s_hist, y_hist = [], []
+            d = -g
+            step = min(1.0, lr / max(np.abs(g).max(), 1e-300))
+        else:
+            step = 1.0
+        accepted = False
+        for _ in range(30):
+            x_new = np.clip(x + step * d, lower, upper)
+            if np.array_equal(x_new, x):
+                break
+            f_new, g_new = evaluate(x_new)
+            if g_new is not None and f_new <= f + 1e-4 * (g @ (x_new - x)):
+                accepted = True
+                break
+            step *= 0.5
+        if not accepted:
+            return x, "converged: no further decrease (line search)", it - 1
+        s, y = x_new - x, g_new - g
+        if s @ y > 1e-12 * max(y @ y, 1e-300):
+            s_hist.append(s)
+            y_hist.append(y)
+            if len(s_hist) > history:
+                s_hist.pop(0)
+                y_hist.pop(0)
+        x, f_prev, f, g = x_new, f, f_new, g_new
+        record(f, g)
+        if f == 0.0 or np.linalg.norm(g) <= gtol:
+            return x, "converged: gradient", it
+        if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
+            return x, "converged: loss change", it
+    return x, "max iterations", iterations
+
+
+# ------------------------------------------------------------------------------------ the fit
+
+
+def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations: int | None = None,
+            log: Callable[[str], None] | None = None) -> FitResult:
+    """Run the fit described by ``inv`` on ``ode``; collective over ``comm`` (default: COMM_WORLD)."""
+    comm = comm if comm is not None else get_comm()
+    started = time.perf_counter()
+    problem = Problem(ode, inv, comm)
+    history: dict[str, list[float]] = {"loss": [], "grad_norm": [], "wall_time_s": [], "n_evals": []}
+
+    def record(f: float, g: np.ndarray) -> None:
+        history["loss"].append(f)
+        history["grad_norm"].append(float(np.linalg.norm(g)))
+        history["wall_time_s"].append(time.perf_counter() - started)
+        history["n_evals"].append(problem.n_evals)
+        if log is not None:
+            log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}")
+
+    x0 = np.clip(problem.x0, problem.lower, problem.upper)
+    n_iter = inv.iterations if iterations is None else iterations
+    args = (problem.evaluate, x0, problem.lower, problem.upper, inv.lr, n_iter, inv.tol, inv.gtol, record)
+    if inv.optimizer == "adam":
+        x, reason, done = _adam(*args)
+    else:
+        x, reason, done = _lbfgs(*args, history=inv.history)
+    t, y, data, status, stats = problem.final_solution(x)
+    split = lambda v: {u.name: v[o:o + n].copy() for u, o, n in zip(inv.unknowns, problem.offsets, problem.sizes)}  # noqa: E731
+    return FitResult(
+        fitted=split(x), initial_guess=split(x0), truth=problem.truth, history=history, stop_reason=reason,
+        iterations=done, t=t, y=y, data=data, status=status, stats=stats,
+        wall_time_s=time.perf_counter() - started, ranks=comm.size,
+    )
+
+
+def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult) -> None:
+    """The ``kind: ode-inverse`` run file, written atomically."""
+    with atomic_h5(path) as h5:
+        a = h5.attrs
+        a["kind"] = "ode-inverse"
+        a["name"] = ode.name
+        a["spec"] = ode.text
+        a["spec_file"] = ode.file
+        a["odecli_version"] = __version__
+        a["states"] = np.array(ode.states, dtype=object)
+        a["observed"] = np.array(inv.observed, dtype=object)
+        a["method"] = ode.solver.method
+        a["rtol"] = ode.solver.rtol
+        a["atol"] = ode.solver.atol
+        a["adjoint"] = inv.adjoint
+        a["optimizer"] = inv.optimizer
+        a["iterations"] = result.iterations
+        a["stop_reason"] = result.stop_reason
+        a["ranks"] = result.ranks
+        a["wall_time_s"] = result.wall_time_s
+        a["noise"] = inv.data.noise
+        a["data_source"] = inv.data.file or "synthetic"
+        for group, values in (("fit", result.fitted), ("init", result.initial_guess), ("truth", result.truth)):
+            grp = h5.create_group(group)
+            for u in inv.unknowns:
+                if u.name in values:
+                    ds = grp.create_dataset(u.name, data=values[u.name])
+                    ds.attrs["unknown"] = u.kind
+                    ds.attrs["per_sample"] = u.per_sample
+                    ds.attrs["bounds"] = np.array([u.lower, u.upper])
+        hist = h5.create_group("history")
+        for name, values in result.history.items():
+            hist.create_dataset(name, data=np.asarray(values, dtype=np.float64 if name != "n_evals" else np.int64))
+        h5.create_dataset("t", data=result.t)
+        h5.create_dataset("y", data=result.y)
+        h5.create_dataset("data", data=result.data)
+        h5.create_dataset("status", data=np.asarray(result.status).astype(np.int8))
+        stats = h5.create_group("stats")
+        for name, values in result.stats.items():
+            stats.create_dataset(name, data=values)
+
+
+def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,
+                  force: bool, quiet: bool) -> int:
+    """CLI entry: fit, write the result on rank 0, return the exit code (same on every rank)."""
+    comm = get_comm()
+    ode, inv = load_ode_inverse_spec(spec_path)  # every rank reads the same file: errors are collective
+    if resume:
+        raise InputError(f"{spec_path}: --resume is not supported for kind: ode fits (they do not checkpoint)")
+    if iterations is not None and iterations < 1:
+        raise InputError("--iterations must be >= 1")
+    output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
+    check_writable(output, force)
+    log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
+    try:
+        result = fit_ode(ode, inv, comm, iterations, log)
+        if comm.rank == 0:
+            write_fit(output, ode, inv, result)
+        comm.barrier()
+    except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
+        if comm.size > 1 and not isinstance(exc, OdecliError):
+            sys.stderr.write(f"error: rank {comm.rank}: {type(exc).__name__}: {exc}\n")
+            sys.stderr.flush()
+            comm.abort(1)
+        raise
+    failed = int((np.asarray(result.status) != 0).sum())
+    if comm.rank == 0 and not quiet:
+        print(f"{ode.name}: {result.stop_reason} after {result.iterations} iterations; loss "
+              f"{result.history['loss'][0]:.3e} -> {result.history['loss'][-1]:.3e}; "
+              f"{result.wall_time_s:.2f} s on {comm.size} rank(s); wrote {output}", flush=True)
+    return EXIT_FAILED_SAMPLES if failed else EXIT_OK
