@@ -66,4 +66,5 @@ def _dop853_error_norm(K: list[Tensor], y0: Tensor, y1: Tensor, h: Tensor, rtol:
     err3 = (weighted_sum(dop853.E3, K) / scale).pow(2).sum(-1)
     denom = torch.sqrt((err5 + 0.01 * err3) * y0.shape[-1])
     norm = h.abs() * err5 / torch.where(denom > 0, denom, torch.ones_like(denom))
-    return torch.where(denom > 0, norm, torch.zeros_like(norm))
+    # Only an exactly zero estimate means zero error; a NaN one must stay NaN so the step fails.
+    return torch.where(denom == 0, torch.zeros_like(norm), norm)
