@@ -125,6 +125,10 @@ def solve(
     ode_spec = with_overrides(load_ode_spec(spec), method=method, rtol=rtol, atol=atol, device=device)
     target = output or default_output(ode_spec)
     check_writable(target, force=force)
+    from odecli.parallel.ode_batch import launched_ranks, solve_cli
+
+    if launched_ranks() > 1:  # under mpirun: the batch is split over the ranks (imports mpi4py only then)
+        raise typer.Exit(solve_cli(ode_spec, target, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))
     logger(f"solve {spec} -> {target}: {ode_spec.batch} samples, method {ode_spec.solver.method}")
     with solve_progress(stderr, enabled=not quiet) as progress:
         solution = solve_spec(ode_spec, progress=progress)
