@@ -88,6 +88,14 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
         "f_evals": _describe(stats["n_f_evals"]),
         "rejected_fraction": float(stats["n_rejected"].sum() / attempted) if attempted else 0.0,
     }
+    if "ranks" in h5:  # written by a distributed solve (odecli.parallel.ode_batch)
+        ranks = h5["ranks"]
+        busy, idle = ranks["busy_s"][...], ranks["idle_s"][...]
+        summary["ranks"] = {
+            "ranks": int(busy.size), "busy_s": busy.tolist(), "idle_s": idle.tolist(),
+            "samples": ranks["samples"][...].tolist(), "chunks": int(ranks["chunk_start"].size),
+            "idle_fraction": float(idle.sum() / (busy + idle).sum()) if (busy + idle).sum() > 0 else 0.0,
+        }
     if per_sample:
         names = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
         summary["per_sample"] = [
@@ -116,6 +124,14 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
         d = summary[label]
         counters.add_row(label, f"{d['mean']:.1f}", f"{d['min']:.0f}", f"{d['max']:.0f}", f"{d['total']:.0f}")
     console.print(counters)
+    if "ranks" in summary:
+        r = summary["ranks"]
+        table = Table(title=f"{r['ranks']} ranks, idle {r['idle_fraction']:.1%}")
+        for column in ("rank", "samples", "busy s", "idle s"):
+            table.add_column(column, justify="right")
+        for rank, (n, busy, idle) in enumerate(zip(r["samples"], r["busy_s"], r["idle_s"])):
+            table.add_row(str(rank), str(n), f"{busy:.3f}", f"{idle:.3f}")
+        console.print(table)
     if "per_sample" in summary:
         rows = Table(title="samples")
         for column in ("sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals"):
