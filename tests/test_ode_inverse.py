@@ -1,0 +1,178 @@
+"""ODE parameter estimation: the inverse: section, the fit, its output file, stats and MPI equality."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from odecli.cli import app
+from odecli.errors import SpecError
+from odecli.inverse_ode import block, fit_ode
+from odecli.spec import parse_yaml
+from odecli.spec.inverse import parse_ode_inverse_spec
+from tests.mpi_helpers import run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+MU_TRUE = [0.6, 0.9, 1.2, 1.5, 1.8, 2.1, 2.4, 2.7]
+
+VDP = """
+kind: ode
+name: vdp-small
+system:
+  states: [x, v]
+  params: {mu: 1.5}
+  equations: {x: v, v: "mu * (1 - x**2) * v - x"}
+initial: {x: [1.0, 1.5, 2.0, 1.2, 1.8, 1.1, 1.6, 1.9], v: 0.0}
+batch: 8
+time: {start: 0.0, end: 5.0, eval: 21}
+solver: {method: dopri5, rtol: 1.0e-6, atol: 1.0e-6, dtype: float64, device: cpu, adjoint: %(adjoint)s}
+inverse:
+  unknowns:
+    params:
+      mu: {per_sample: true, init: 1.5, bounds: [0.1, 5.0]}
+  data:
+    truth: {params: {mu: %(mu)s}}
+  observed: [x, v]
+  optimizer: {type: lbfgs, iterations: 15, tol: 1.0e-8, gtol: 1.0e-9}
+"""
+
+DECAY = """
+kind: ode
+name: decay
+system:
+  states: [u, w]
+  params: {k: 0.5, c: [0.1, 0.2, 0.3, 0.4, 0.5]}
+  equations: {u: "-k * u + c * w", w: "-0.3 * w"}
+initial: {u: 1.0, w: [1.0, 0.8, 0.6, 0.4, 0.2]}
+batch: 5
+time: {start: 0.0, end: 2.0, eval: 9}
+solver: {rtol: 1.0e-9, atol: 1.0e-9, dtype: float64, device: cpu}
+inverse:
+  unknowns:
+    params:
+      k: {per_sample: false, init: 0.5, bounds: [0.0, 3.0]}
+    initial:
+      u: {per_sample: true, init: 1.0}
+  data:
+    %(data)s
+  observed: [u]
+  loss: {weights: {u: 2.0}}
+  optimizer: {type: %(optimizer)s, iterations: %(iterations)s, tol: 1.0e-14, lr: %(lr)s}
+  adjoint: %(adjoint)s
+"""
+DECAY_TRUTH = "truth: {params: {k: 1.3}, initial: {u: [2.0, 1.5, 1.0, 0.5, 0.25]}}"
+
+
+def _spec(text: str, tmp_path: Path | None = None, name: str = "spec.yaml"):
+    file = str((tmp_path or Path(".")) / name)
+    return parse_ode_inverse_spec(parse_yaml(text, file), text, file)
+
+
+def test_vdp_fit_recovers_every_mu_within_one_percent():
+    """Noise-free data, 8 samples (the example has 64); backsolve fits run in the CLI and MPI tests."""
+    ode, inv = _spec(VDP % {"adjoint": "direct", "mu": MU_TRUE})
+    result = fit_ode(ode, inv)
+    fitted = result.fitted["mu"]
+    rel = np.abs(fitted - MU_TRUE) / np.array(MU_TRUE)
+    assert rel.max() < 0.01, (fitted, result.stop_reason)
+    assert result.history["loss"][-1] < 1e-4 * result.history["loss"][0]
+    assert (result.status == 0).all()
+
+
+@pytest.mark.parametrize("optimizer,lr,iterations", [("lbfgs", 1.0, 30), ("adam", 0.1, 60)])
+def test_shared_param_and_per_sample_initial_values(optimizer, lr, iterations):
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": optimizer, "lr": lr, "iterations": iterations, "adjoint": "direct"}
+    if optimizer == "adam":
+        text = text.replace("rtol: 1.0e-9, atol: 1.0e-9", "rtol: 1.0e-6, atol: 1.0e-6")
+    ode, inv = _spec(text)
+    result = fit_ode(ode, inv)
+    assert result.history["loss"][-1] < 1e-2 * result.history["loss"][0]
+    rtol, atol = (1e-6, 0.0) if optimizer == "lbfgs" else (5e-2, 5e-2)  # Adam: a rougher, shorter run
+    np.testing.assert_allclose(result.fitted["k"], [1.3], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(result.fitted["u"], [2.0, 1.5, 1.0, 0.5, 0.25], rtol=rtol, atol=atol)
+    assert result.fitted["k"].shape == (1,) and result.fitted["u"].shape == (5,)
+
+
+def test_bounds_are_respected():
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 20, "adjoint": "direct"}
+    text = text.replace("bounds: [0.0, 3.0]", "bounds: [0.0, 1.0]")
+    ode, inv = _spec(text)
+    result = fit_ode(ode, inv)
+    assert result.fitted["k"][0] == pytest.approx(1.0)  # truth 1.3 is outside: pinned at the bound
+
+
+def test_cli_fit_from_a_solve_output_with_noise_and_stats(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    truth = (DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1, "iterations": 1, "adjoint": "direct"})
+    truth = truth.split("inverse:")[0].replace("k: 0.5", "k: 1.3").replace("u: 1.0,", "u: [2.0, 1.5, 1.0, 0.5, 0.25],")
+    (tmp_path / "truth.yaml").write_text(truth)
+    assert runner.invoke(app, ["solve", "truth.yaml", "-o", "truth.h5"]).exit_code == 0
+    data = "{file: truth.h5, noise: 0.001, seed: 3}"
+    (tmp_path / "fit.yaml").write_text(DECAY % {"data": data, "optimizer": "lbfgs", "lr": 1.0, "iterations": 30,
+                                                "adjoint": "backsolve"})
+    res = runner.invoke(app, ["train-inverse", "fit.yaml", "-o", "fit.h5", "--quiet"])
+    assert res.exit_code == 0, res.output
+    with h5py.File(tmp_path / "fit.h5") as h5:
+        assert h5.attrs["kind"] == "ode-inverse" and "vdp" not in h5.attrs["spec"]
+        assert h5["fit/k"].shape == (1,) and h5["fit/u"].shape == (5,)
+        assert h5["y"].shape == (5, 9, 2) and h5["t"].shape == (5, 9) and h5["data"].shape == (5, 9, 1)
+        assert "backward_n_steps" in h5["stats"] and (h5["status"][...] == 0).all()
+        loss = h5["history/loss"][...]
+        assert loss[-1] < loss[0] and len(h5["history/grad_norm"]) == len(loss) == len(h5["history/wall_time_s"])
+        assert abs(h5["fit/k"][0] - 1.3) < 0.02
+    res = runner.invoke(app, ["stats", "fit.h5", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["kind"] == "ode-inverse" and summary["samples"] == 5
+    assert {u["name"] for u in summary["unknowns"]} == {"k", "u"}
+    res = runner.invoke(app, ["stats", "fit.h5"])
+    assert res.exit_code == 0 and "unknowns" in res.output
+
+
+@pytest.mark.parametrize("edit,field", [
+    (("observed: [u]", "observed: [q]"), "inverse.observed[0]"),
+    (("k: {per_sample: false,", "kk: {per_sample: false,"), "inverse.unknowns.params.kk"),
+    (("bounds: [0.0, 3.0]", "bounds: [3.0, 0.0]"), "inverse.unknowns.params.k.bounds"),
+    (("type: lbfgs", "type: sgd"), "inverse.optimizer.type"),
+    (("adjoint: direct", "adjoint: magic"), "inverse.adjoint"),
+    (("  observed: [u]", "  observed: [u]\n  extra: 1"), "inverse.extra"),
+    (("init: 0.5, bounds", "init: 5.0, bounds"), "inverse.unknowns.params.k.init"),
+])
+def test_inverse_section_errors_name_the_field(edit, field):
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 5, "adjoint": "direct"}
+    with pytest.raises(SpecError) as info:
+        _spec(text.replace(*edit))
+    assert info.value.field == field
+
+
+def test_missing_inverse_section_and_ode_errors_still_reported():
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 5, "adjoint": "direct"}
+    with pytest.raises(SpecError, match="inverse"):
+        _spec(text.split("inverse:")[0])
+    with pytest.raises(SpecError) as info:
+        _spec(text.replace("rtol: 1.0e-9", "rtol: -1"))
+    assert info.value.field == "solver.rtol"
+
+
+def test_blocks_are_contiguous_and_cover_the_batch():
+    for batch, size in ((8, 2), (7, 3), (5, 5)):
+        spans = [block(batch, size, r) for r in range(size)]
+        assert spans[0][0] == 0 and spans[-1][1] == batch
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_two_ranks_equal_one_rank(tmp_path):
+    outs = {}
+    for n in (1, 2):
+        out = tmp_path / f"rank{n}.npz"
+        proc = run_mpi(SCRIPTS / "ode_inverse_check.py", n, [str(out)], timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs[n] = np.load(out)
+    for key in outs[1].files:
+        np.testing.assert_allclose(outs[2][key], outs[1][key], rtol=1e-12, atol=1e-15, err_msg=key)
