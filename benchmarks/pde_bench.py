@@ -1,0 +1,208 @@
+"""Benchmark the acoustic2d propagator: forward and forward+gradient per iteration on 1/2/4 ranks.
+
+    python benchmarks/pde_bench.py                       # 1000x1000, 100 steps, ranks 1 2 4
+    python benchmarks/pde_bench.py --sizes 1000 2000 --steps 100 --ranks 1 2 4 --dtype float32
+
+The driver launches itself under mpiexec for each rank count (worker mode), prints grid-point
+updates per second (GPts/s = ny*nx*steps / wall), speedup, parallel efficiency and the
+communication fraction (time inside halo exchanges, forward and backward), plus single-rank
+baselines: a plain in-place torch leapfrog loop (no autograd, no sponge: the floor of what eager
+PyTorch can do) and Deepwave's scalar propagator when ``import deepwave`` works.
+Timings are the median of --repeats calls after one warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spec_dict(n: int, steps: int, dtype: str, segments) -> dict:
+    h = 10.0
+    ext = (n - 1) * h
+    return {
+        "kind": "pde-inverse", "equation": "acoustic2d",
+        "grid": {"shape": [n, n], "spacing": h},
+        "time": {"dt": 0.001, "steps": steps},
+        "boundary": {"absorbing_width": 20},
+        "sources": {"wavelet": {"type": "ricker", "peak_frequency": 15, "delay": 0.1},
+                    "positions": [[100.0, ext / 2]]},
+        "receivers": {"line": {"from": [100.0, 0.0], "to": [100.0, ext], "count": n // 4}},
+        "true_model": {"type": "gaussian", "background": 2000, "amplitude": 200,
+                       "center": [ext / 2, ext / 2], "sigma": ext / 20},
+        "unknown": {"type": "grid", "initial": 2000.0},
+        "optimizer": {"iterations": 1},
+        "compute": {"dtype": dtype, "time_segments": segments},
+    }
+
+
+def worker(args) -> None:
+    import torch
+
+    from odecli.parallel.comm import get_comm
+    from odecli.pde.problem import Problem
+    from odecli.pde.spec import validate
+
+    torch.set_num_threads(args.threads)
+    comm = get_comm()
+    spec = validate(spec_dict(args.n, args.steps, args.dtype, args.segments), "bench")
+    spec["text"] = ""
+    spec["observed"]["noise"] = 0.0
+    P = Problem(spec, comm)
+    c = P.unknown.field().detach()
+
+    def fwd():
+        with torch.no_grad():
+            P.prop.forward(c)
+
+    def fb():
+        P.evaluate(None)
+
+    rows = {}
+    for name, fn in (("forward", fwd), ("forward+gradient", fb)):
+        fn()  # warm-up
+        times, comms = [], []
+        for _ in range(args.repeats):
+            comm.barrier()
+            P.timer.reset()
+            t0 = time.perf_counter()
+            fn()
+            comm.barrier()
+            times.append(time.perf_counter() - t0)
+            comms.append(P.timer.comm_s)
+        t = statistics.median(times)
+        cfrac = comm.allreduce_scalar(statistics.median(comms) / t, op="sum") / comm.size
+        tmax = comm.allreduce_scalar(t, op="max")
+        rows[name] = {"time_s": tmax, "comm_fraction": cfrac}
+    import resource
+
+    rss = comm.allreduce_scalar(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, op="max")
+    if comm.rank == 0:
+        print("RESULT " + json.dumps({"n": args.n, "steps": args.steps, "ranks": comm.size,
+                                      "proc_grid": list(P.decomp.proc_grid), "rows": rows,
+                                      "peak_rss_gb_max_rank": rss}), flush=True)
+
+
+def plain_loop(n: int, steps: int, dtype: str, threads: int) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    dt_ = getattr(torch, dtype)
+    u = torch.zeros((n + 4, n + 4), dtype=dt_)
+    up = torch.zeros_like(u)
+    v2 = torch.full((n, n), (2000 * 0.001 / 10.0) ** 2, dtype=dt_)
+    tmp = torch.empty((n, n), dtype=dt_)
+
+    def run(k):
+        nonlocal u, up
+        for _ in range(k):
+            c = u[2:-2, 2:-2]
+            torch.mul(c, -5.0, out=tmp)
+            tmp.add_(u[2:-2, 1:-3], alpha=4 / 3).add_(u[2:-2, 3:-1], alpha=4 / 3)
+            tmp.add_(u[1:-3, 2:-2], alpha=4 / 3).add_(u[3:-1, 2:-2], alpha=4 / 3)
+            tmp.add_(u[2:-2, :-4], alpha=-1 / 12).add_(u[2:-2, 4:], alpha=-1 / 12)
+            tmp.add_(u[:-4, 2:-2], alpha=-1 / 12).add_(u[4:, 2:-2], alpha=-1 / 12)
+            tmp.mul_(v2).add_(c, alpha=2.0)
+            up[2:-2, 2:-2].mul_(-1.0).add_(tmp)
+            u, up = up, u
+            u[n // 2 + 2, n // 2 + 2] += 1.0
+
+    run(2)
+    t0 = time.perf_counter()
+    run(steps)
+    return time.perf_counter() - t0
+
+
+def deepwave_times(n: int, steps: int, dtype: str, threads: int):
+    try:
+        import deepwave  # noqa: F401
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    dt_ = getattr(torch, dtype)
+    v = torch.full((n, n), 2000.0, dtype=dt_)
+    w = deepwave.wavelets.ricker(15, steps, 0.001, 0.1).to(dt_).reshape(1, 1, -1)
+    src = torch.tensor([[[10, n // 2]]])
+    rec = torch.stack([torch.full((n // 4,), 10), torch.arange(0, n, 4)], -1).reshape(1, -1, 2)
+    out = {}
+    for name, grad in (("forward", False), ("forward+gradient", True)):
+        ts = []
+        for i in range(3):
+            vv = v.clone().requires_grad_(grad)
+            t0 = time.perf_counter()
+            r = deepwave.scalar(vv, 10.0, 0.001, source_amplitudes=w, source_locations=src,
+                                receiver_locations=rec, accuracy=4, pml_width=20, pml_freq=15)
+            if grad:
+                (r[-1] ** 2).sum().backward()
+            if i:
+                ts.append(time.perf_counter() - t0)
+        out[name] = statistics.median(ts)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--segments", default="auto")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.segments != "auto":
+        args.segments = int(args.segments)
+    if args.worker:
+        worker(args)
+        return
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+    for n in args.sizes:
+        pts = n * n * args.steps
+        print(f"\n== acoustic2d {n}x{n}, {args.steps} steps, {args.dtype}, "
+              f"{args.threads} thread(s)/rank ==")
+        base = {}
+        for r in args.ranks:
+            cmd = [str(mpiexec), "-n", str(r), sys.executable, __file__, "--worker", "--n", str(n),
+                   "--steps", str(args.steps), "--dtype", args.dtype, "--repeats", str(args.repeats),
+                   "--threads", str(args.threads), "--segments", str(args.segments)]
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode or not line:
+                print(f"ranks={r}: failed\n{p.stderr[-2000:]}")
+                continue
+            res = json.loads(line[0][7:])
+            for name, row in res["rows"].items():
+                t = row["time_s"]
+                base.setdefault(name, t if r == args.ranks[0] else None)
+                b = base[name]
+                sp = b / t if b else float("nan")
+                eff = sp / (r / args.ranks[0]) if b else float("nan")
+                print(f"ranks={r} ({'x'.join(map(str, res['proc_grid']))})  {name:<17} "
+                      f"{t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s  speedup {sp:5.2f}  "
+                      f"efficiency {100 * eff:5.1f}%  comm {100 * row['comm_fraction']:5.1f}%  "
+                      f"peak RSS/rank {res['peak_rss_gb_max_rank']:.2f} GB")
+        t = plain_loop(n, args.steps, args.dtype, args.threads)
+        print(f"plain in-place torch leapfrog (1 rank, no autograd/sponge)  {t:8.3f} s  "
+              f"{pts / t / 1e9:7.4f} GPts/s")
+        dw = deepwave_times(n, args.steps, args.dtype, args.threads)
+        if dw is None:
+            print("deepwave: not installed (pip install deepwave) - skipped")
+        else:
+            for name, t in dw.items():
+                print(f"deepwave.scalar {name:<17} {t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s (model grid)")
+
+
+if __name__ == "__main__":
+    main()
