@@ -46,14 +46,14 @@ def _vdp_spec(path: Path, mu, start, end, eval_=11, max_steps=100_000, name="vdp
 
 
 def _heterogeneous(path: Path) -> Path:
-    """Mixed stiffness (mu 0.5..100, shuffled), per-sample spans and output grids; two samples hit max_steps."""
+    """Mixed stiffness (mu 0.5..100, shuffled), per-sample spans and output grids; one sample hits max_steps."""
     rng = np.random.default_rng(7)
     batch = 24
     mu = np.geomspace(0.5, 100.0, batch)
     rng.shuffle(mu)
     start = [float(round(x, 3)) for x in rng.uniform(0.0, 1.0, batch)]
-    end = [float(round(x, 3)) for x in rng.uniform(2.0, 9.0, batch)]
-    return _vdp_spec(path, np.round(mu, 4), start, end, eval_=11, max_steps=400, name="het")
+    end = [float(round(x, 3)) for x in rng.uniform(1.5, 5.0, batch)]
+    return _vdp_spec(path, np.round(mu, 4), start, end, eval_=11, max_steps=180, name="het")
 
 
 def _objects(h5: h5py.File) -> dict:
@@ -136,7 +136,7 @@ def test_one_two_four_ranks_write_the_same_file(tmp_path):
     spec = _heterogeneous(tmp_path / "het.yaml")
     one = tmp_path / "one.h5"
     result = CliRunner().invoke(app, ["solve", str(spec), "-o", str(one), "--quiet"])
-    assert result.exit_code == 3, result.output  # two samples reach max_steps: a status, not an error
+    assert result.exit_code == 3, result.output  # a sample reaching max_steps is a status, not an error
     with h5py.File(one, "r") as h5:
         assert (h5["status"][...] == 3).sum() >= 1 and (h5["status"][...] == 0).sum() >= 12
     for n in (2, 4):
@@ -168,7 +168,7 @@ def test_cost_concentrated_batch_is_balanced_on_two_ranks(tmp_path, monkeypatch)
     rank 1; the queue spreads them. Measured on recorded step counts, not on wall time."""
     batch = 32
     mu = [0.5 + 2.5 * i / 27 for i in range(28)] + [100.0] * 4
-    spec = _vdp_spec(tmp_path / "tail.yaml", mu, 0.0, 12.0, eval_=5)
+    spec = _vdp_spec(tmp_path / "tail.yaml", mu, 0.0, 5.0, eval_=5)
     out = tmp_path / "tail.h5"
     monkeypatch.setenv("ODECLI_MPI_MIN_CHUNK", "1")
     p = run_mpi(CLI, 2, ["solve", str(spec), "-o", str(out), "--quiet"], timeout=90)
