@@ -13,8 +13,10 @@ All report the extra per-sample statistics ``n_jac_evals``, ``n_lu_decomps`` and
 
 from __future__ import annotations
 
+from odecli.ode.implicit.auto import STEPPER as _AUTO
+from odecli.ode.implicit.esdirk import STEPPERS as _ESDIRK
 from odecli.ode.implicit.rosenbrock import STEPPERS as _ROSENBROCK
 from odecli.ode.stepper import register
 
-for _stepper in _ROSENBROCK.values():
+for _stepper in (*_ROSENBROCK.values(), *_ESDIRK.values(), _AUTO):
     register(_stepper)
