@@ -129,9 +129,10 @@ def test_integral_controller_takes_scipys_steps(method):
         ref = solve_ivp(fn, (0.0, float(t_end[i])), y0[i].numpy(), method=SCIPY_TWIN[method],
                         t_eval=grid[i].numpy(), rtol=tol, atol=tol)
         if method == "dop853":
-            # scipy evaluates the 3 extra dense-output stages in a slightly different set of
-            # steps (it never needs them for t_eval == t_start); the step sequence is the same.
-            assert abs(int(sol.stats["n_f_evals"][i]) - ref.nfev) <= 3, (i, int(sol.stats["n_f_evals"][i]), ref.nfev)
+            # The step sequence is scipy's; only the 3 extra dense-output stages differ: scipy also
+            # builds the extension for steps whose only eval time is the step's end (we take y1).
+            saved = ref.nfev - int(sol.stats["n_f_evals"][i])
+            assert saved >= 0 and saved % 3 == 0, (i, int(sol.stats["n_f_evals"][i]), ref.nfev)
         else:
             assert int(sol.stats["n_f_evals"][i]) == ref.nfev, (i, int(sol.stats["n_f_evals"][i]), ref.nfev)
         diff = (sol.y[i].numpy() - ref.y.T) / (1 + np.abs(ref.y.T))

@@ -237,14 +237,24 @@ def solve(
 
         max_count, n_active = torch.stack([count.max(), still_active.sum()]).tolist()
         if max_count > 0:
-            interp, extra_evals = result.dense()
-            w.n_f_evals = w.n_f_evals + extra_evals * (count > 0)
+            interp = None
             for j in range(max_count):
                 valid = j < count
                 col = torch.clamp(w.ptr + j, max=n_eval - 1)
                 t_at = w.grid.gather(1, col[:, None]).squeeze(1) * w.direction
-                theta = (t_at - w.t) / torch.where(h == 0, torch.ones_like(h), h)
-                value = torch.where((t_at == t_new)[:, None], y_new, interp(theta))
+                inside = valid & (t_at != t_new)
+                if interp is None and bool(inside.any()):
+                    # Built only when a time falls strictly inside a step: an eval time on the
+                    # step's end takes y_new as is, and DOP853's extension costs 3 evaluations.
+                    interp, extra_evals = result.dense()
+                    last_at = w.grid.gather(1, (upto - 1).clamp(min=0)[:, None]).squeeze(1) * w.direction
+                    needs_dense = (count > 1) | ((count == 1) & (last_at != t_new))
+                    w.n_f_evals = w.n_f_evals + extra_evals * needs_dense
+                if interp is None:
+                    value = y_new
+                else:
+                    theta = (t_at - w.t) / torch.where(h == 0, torch.ones_like(h), h)
+                    value = torch.where((t_at == t_new)[:, None], y_new, interp(theta))
                 record(valid, col, value)
             w.ptr = w.ptr + count
 
