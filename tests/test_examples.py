@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import yaml
+from typer.testing import CliRunner
+
+from odecli.cli import app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,14 +34,13 @@ def test_quickstart_examples_exist():
 
 
 @pytest.mark.parametrize("spec", ODE_EXAMPLES, ids=lambda p: p.stem)
-def test_example_solves(spec: Path, tmp_path: Path):
+def test_example_solves(spec: Path, tmp_path: Path, monkeypatch):
     out = tmp_path / "out.h5"
     # Run from an unrelated folder, as a user would: a spec must not depend on the working directory.
-    proc = subprocess.run(
-        [sys.executable, "-m", "odecli", "solve", str(spec), "-o", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # In process (the CLI's subprocess behaviour is covered in test_cli.py): saves a torch import each.
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["solve", str(spec), "-o", str(out)])
+    assert result.exit_code == 0, result.output
     assert out.is_file()
     n_states = len(yaml.safe_load(spec.read_text())["system"]["states"])
     with h5py.File(out, "r") as f:
