@@ -125,16 +125,23 @@ def chunk_bounds(spec: OdeSpec, ranks: int) -> tuple[int, int]:
     """(min_chunk, max_chunk) in samples.
 
     The largest chunk needs at most CHUNK_BYTES of solver memory (``estimated_bytes``), so a chunk
-    fits where a rank's share would not, and rank 0 buffers at most a few chunks. The smallest is
-    1/64 of a rank's share, at most 1024 samples: small enough that the tail is short, large enough
-    that per-chunk overhead stays small. Both can be set with ODECLI_MPI_MIN_CHUNK/MAX_CHUNK.
+    fits where a rank's share would not, and rank 0 buffers at most a few chunks.
+
+    The smallest is 1/8 of a rank's share, at most 4096 samples. Why not smaller: the batched solver
+    runs one loop iteration per step of the chunk's slowest sample, and each iteration has a fixed
+    cost (a few ms of Python and kernel launches on CPU) besides the per-sample arithmetic. A rank
+    pays that fixed cost once per step of each of its chunks, so many small chunks of stiff samples
+    cost far more than the same samples in one batch (measured: 4000-sample VdP sweep, chunks down
+    to 1 sample, 2 ranks took 4x the one-process time at 2 % idle). Both bounds can be set with
+    ODECLI_MPI_MIN_CHUNK / ODECLI_MPI_MAX_CHUNK; a few very expensive samples balance best with
+    ODECLI_MPI_MIN_CHUNK=1.
     """
     from odecli.runner import estimated_bytes
 
     per_sample = max(1, estimated_bytes(spec) // max(1, spec.batch))
     budget = _env_int("ODECLI_MPI_CHUNK_BYTES") or CHUNK_BYTES
     max_chunk = _env_int("ODECLI_MPI_MAX_CHUNK") or max(1, budget // per_sample)
-    min_chunk = _env_int("ODECLI_MPI_MIN_CHUNK") or max(1, min(1024, spec.batch // (64 * ranks)))
+    min_chunk = _env_int("ODECLI_MPI_MIN_CHUNK") or max(1, min(4096, spec.batch // (8 * ranks)))
     return min(min_chunk, max_chunk), max_chunk
 
 
