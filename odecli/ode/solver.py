@@ -13,6 +13,7 @@ the end, which keeps the loop free of in-place writes so autograd can differenti
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from torch import Tensor
 from odecli.ode.controllers import ControllerState, PIDController, make_controller
 from odecli.ode.initial_step import select_initial_step
 from odecli.ode.status import Status
-from odecli.ode.stepper import Stepper, get_stepper
+from odecli.ode.methods import ExplicitRK
+from odecli.ode.stages import rk_step
+from odecli.ode.stepper import ExplicitStepper, Stepper, StepResult, get_stepper
 
 RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 """``f(t, y, p) -> dy/dt`` with t (A,), y (A, n) and p the per-sample parameters of those rows."""
@@ -117,6 +120,7 @@ def solve(
     dt0: float | Tensor | None = None,
     max_steps: int = 100_000,
     compact: bool = True,
+    compile: bool = False,
     progress: Callable[[Progress], None] | None = None,
 ) -> Solution:
     """Solve ``dy/dt = f(t, y, p)`` for a batch of independent samples.
@@ -127,7 +131,9 @@ def solve(
     ``params`` with a leading batch dimension so that ``f`` always sees the rows it is given;
     anything else in ``params`` is passed through unchanged (shared, e.g. for gradients).
     ``dt0`` is the initial step (the fixed step for fixed-step methods); by default it is chosen
-    per sample. ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one
+    per sample. ``compile=True`` runs each explicit step (stages, error norm, controller and
+    bookkeeping) as one torch.compile'd function: worth its one-off compilation for long or
+    large solves; results equal the eager path to round-off. ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one
     extra reduction then, nothing otherwise). Returns a :class:`Solution` with per-sample status
     and statistics.
     """
@@ -193,47 +199,33 @@ def solve(
     n_active = int(w.active.sum())
     reported = time.perf_counter()
     total_steps = 0
+    fused = _fused_explicit_attempt(compile) if isinstance(method, ExplicitStepper) else None
+    dt_min_t = torch.as_tensor(ctrl.dt_min, dtype=dtype, device=device)
+    dt_max_t = torch.as_tensor(ctrl.dt_max, dtype=dtype, device=device)
     while n_active > 0:
-        remaining = (w.t_end - w.t).abs()
-        # A step that would stop within a hair of the end takes it, so round-off in t does not
-        # leave a sliver of a step (1001 rk4 steps of 0.01 on [0, 10]).
-        last = w.h.abs() * (1 + END_SNAP) >= remaining
-        h = torch.where(w.active, w.direction * torch.minimum(w.h.abs(), remaining), torch.zeros_like(w.h))
-        rhs = bound(w.p)
-        result = method.step(rhs, w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
-        y_new, f_new, err = result.y1, result.f1, result.err
-        w.n_steps = w.n_steps + w.active
+        if fused is not None:
+            # Explicit RK: one pure function from state to outcome (torch.compile-able).
+            o, K = fused(method.method, ctrl, f, shared, w.p, w.t, w.y, w.f0, w.h, w.t_end, w.direction,
+                         w.active, w.status, w.n_steps, w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
+                         w.ctrl.rejected_last, rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            rhs = bound(w.p)
+            result = StepResult(o["y_new"], o["f_new"], None, method.n_stages,
+                                dense=functools.partial(method.interpolant, rhs, w.t, w.y, w.f0, o["h"], o["y_new"], o["f_new"], K))
+        else:
+            h, last = _step_size(w.h, w.t, w.t_end, w.direction, w.active)
+            rhs = bound(w.p)
+            result = method.step(rhs, w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
+            o = _outcome(ctrl, method.error_order, w.t, w.y, w.f0, w.h, w.t_end, w.direction, w.active,
+                         w.status, w.n_steps, w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
+                         w.ctrl.rejected_last, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps)
+        h, y_new, t_new, count, upto, accept, still_active = (
+            o["h"], o["y_new"], o["t_new"], o["count"], o["upto"], o["accept"], o["still_active"])
+        w.n_steps = o["n_steps"]
         w.n_f_evals = w.n_f_evals + w.active * result.n_evals
         for name, increment in result.counters.items():
             setattr(w, name, getattr(w, name) + w.active * increment)
-        if err is None:
-            finite = torch.isfinite(y_new).all(dim=-1)
-            accept = w.active & finite
-            factor = torch.ones_like(h)
-        else:
-            err = err.detach()
-            finite = torch.isfinite(err)
-            ok, factor, new_ctrl = ctrl.adapt(err, w.ctrl, method.error_order)
-            accept = w.active & ok & finite
-            w.ctrl = new_ctrl.where(w.active, w.ctrl)
-        t_new = torch.where(last, w.t_end, w.t + h)
-        done = accept & last
-
-        # Evaluation times inside (t, t_new] of accepted steps, by the step's interpolant.
-        upto = torch.searchsorted(w.grid, (w.direction * t_new)[:, None], right=True).squeeze(1)
-        count = torch.where(accept, upto - w.ptr, torch.zeros_like(upto))
-
-        h_next = torch.clamp((h.detach() * factor).abs(), max=ctrl.dt_max) * w.direction
-        h_next = torch.where(done | ~w.active, w.h, h_next)
-        status = w.status
-        status = torch.where(w.active & ~finite, int(Status.INFINITE_NORM), status)
-        running = w.active & ~done & (status == Status.SUCCESS)
-        t_after = torch.where(accept, t_new, w.t)
-        too_small = (h_next.abs() < ctrl.dt_min) | (t_after + h_next == t_after)
-        status = torch.where(running & too_small, int(Status.REACHED_DT_MIN), status)
-        status = torch.where(running & (w.n_steps >= max_steps) & (status == Status.SUCCESS),
-                             int(Status.REACHED_MAX_STEPS), status)
-        still_active = w.active & ~done & (status == Status.SUCCESS)
+        w.ctrl = ControllerState(o["err_prev"], o["err_prev2"], o["rejected_last"])
+        f_new = o["f_new"]
 
         max_count, n_active = torch.stack([count.max(), still_active.sum()]).tolist()
         if max_count > 0:
@@ -258,9 +250,7 @@ def solve(
                 record(valid, col, value)
             w.ptr = w.ptr + count
 
-        w.t = t_after
-        w.y = torch.where(accept[:, None], y_new, w.y)
-        w.f0 = torch.where(accept[:, None], f_new, w.f0)
+        w.t, w.y, w.f0, w.h, w.status = o["t"], o["y"], o["f0"], o["h_next"], o["status"]
         for key, value in result.state.items():
             mask = accept.reshape(accept.shape + (1,) * (value.dim() - 1))
             w.mstate[key] = torch.where(mask, value, w.mstate[key])
@@ -268,10 +258,8 @@ def solve(
         for key, value in result.retry_state.items():
             mask = rejected.reshape(rejected.shape + (1,) * (value.dim() - 1))
             w.mstate[key] = torch.where(mask, value, w.mstate[key])
-        w.h = h_next
-        w.status = status
         w.n_accepted = w.n_accepted + accept
-        w.n_rejected = w.n_rejected + (w.active & ~accept)
+        w.n_rejected = w.n_rejected + rejected
         w.active = still_active
 
         total_steps += 1
@@ -296,6 +284,89 @@ def solve(
         t=grid, y=y_out[:, :n_eval], status=full["status"], stats=stats,
         t_final=full["t"], y_final=full["y"], wall_time_s=time.perf_counter() - started, method=method.name,
     )
+
+
+def _step_size(h_prev: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
+    """The step each row attempts (0 for inactive rows) and whether it reaches t_end."""
+    remaining = (t_end - t).abs()
+    # A step that would stop within a hair of the end takes it, so round-off in t does not
+    # leave a sliver of a step (1001 rk4 steps of 0.01 on [0, 10]).
+    last = h_prev.abs() * (1 + END_SNAP) >= remaining
+    h = torch.where(active, direction * torch.minimum(h_prev.abs(), remaining), torch.zeros_like(h_prev))
+    return h, last
+
+
+def _outcome(
+    ctrl: PIDController, error_order: int | None, t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor,
+    t_end: Tensor, direction: Tensor, active: Tensor, status: Tensor, n_steps: Tensor, ptr: Tensor,
+    grid: Tensor, err_prev: Tensor, err_prev2: Tensor, rejected_last: Tensor, h: Tensor, last: Tensor,
+    y_new: Tensor, f_new: Tensor, err: Tensor | None, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+) -> dict[str, Tensor]:
+    """Everything one attempted step decides, per sample, as pure tensor code (no host sync).
+
+    Accept/reject and the next step come from the controller; failures set the status; the
+    count of evaluation times inside (t, t_new] drives dense output.
+    """
+    n_steps = n_steps + active
+    if err is None:
+        finite = torch.isfinite(y_new).all(dim=-1)
+        accept = active & finite
+        factor = torch.ones_like(h)
+        state = ControllerState(err_prev, err_prev2, rejected_last)
+    else:
+        err = err.detach()
+        finite = torch.isfinite(err)
+        ok, factor, new_state = ctrl.adapt(err, ControllerState(err_prev, err_prev2, rejected_last), error_order)
+        accept = active & ok & finite
+        state = new_state.where(active, ControllerState(err_prev, err_prev2, rejected_last))
+    t_new = torch.where(last, t_end, t + h)
+    done = accept & last
+    upto = torch.searchsorted(grid, (direction * t_new)[:, None], right=True).squeeze(1)
+    count = torch.where(accept, upto - ptr, torch.zeros_like(upto))
+
+    h_next = torch.minimum((h.detach() * factor).abs(), dt_max) * direction
+    h_next = torch.where(done | ~active, h_prev, h_next)
+    status = torch.where(active & ~finite, int(Status.INFINITE_NORM), status)
+    running = active & ~done & (status == Status.SUCCESS)
+    t_after = torch.where(accept, t_new, t)
+    too_small = (h_next.abs() < dt_min) | (t_after + h_next == t_after)
+    status = torch.where(running & too_small, int(Status.REACHED_DT_MIN), status)
+    status = torch.where(running & (n_steps >= max_steps) & (status == Status.SUCCESS),
+                         int(Status.REACHED_MAX_STEPS), status)
+    return {
+        "h": h, "t_new": t_new, "y_new": y_new, "f_new": f_new, "count": count, "upto": upto,
+        "accept": accept, "still_active": active & ~done & (status == Status.SUCCESS),
+        "t": t_after, "y": torch.where(accept[:, None], y_new, y), "f0": torch.where(accept[:, None], f_new, f0),
+        "h_next": h_next, "status": status, "n_steps": n_steps,
+        "err_prev": state.err_prev, "err_prev2": state.err_prev2, "rejected_last": state.rejected_last,
+    }
+
+
+def _explicit_attempt(
+    method: ExplicitRK, ctrl: PIDController, f: RHS, shared: dict[str, Tensor], p: dict[str, Tensor],
+    t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor, t_end: Tensor, direction: Tensor, active: Tensor,
+    status: Tensor, n_steps: Tensor, ptr: Tensor, grid: Tensor, err_prev: Tensor, err_prev2: Tensor,
+    rejected_last: Tensor, rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """One explicit RK attempt plus its bookkeeping: the fused unit that torch.compile captures."""
+    merged = {**shared, **p}
+    h, last = _step_size(h_prev, t, t_end, direction, active)
+    y_new, f_new, K, err = rk_step(method, lambda tt, yy: f(tt, yy, merged), t, y, f0, h, rtol, atol)
+    outcome = _outcome(ctrl, method.error_order, t, y, f0, h_prev, t_end, direction, active, status,
+                       n_steps, ptr, grid, err_prev, err_prev2, rejected_last, h, last, y_new, f_new, err,
+                       dt_min, dt_max, max_steps)
+    return outcome, K
+
+
+@functools.lru_cache(maxsize=2)
+def _fused_explicit_attempt(compiled: bool) -> Callable:
+    """The eager reference, or the same function under torch.compile (dynamic batch size)."""
+    if not compiled:
+        return _explicit_attempt
+    # Values such as the controller's safety factor are constants of the graph; torch 2.13's
+    # AOTAutograd cache can hand back a graph compiled for other constants, so it stays off.
+    torch._functorch.config.enable_autograd_cache = False
+    return torch.compile(_explicit_attempt, dynamic=True)
 
 
 def _progress(w: _Working, batch: int, n_active: int, iterations: int) -> Progress:

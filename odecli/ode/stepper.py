@@ -8,6 +8,7 @@ per-sample independence and the output layout are shared by all of them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -82,18 +83,25 @@ class ExplicitStepper:
     def init_state(self, rhs: BoundRHS, t: Tensor, y: Tensor, f0: Tensor) -> dict[str, Tensor]:
         return {}
 
+    @property
+    def n_stages(self) -> int:
+        return self.method.n_stages
+
     def step(self, rhs, t, y, f0, h, rtol, atol, state) -> StepResult:
+        y1, f1, K, err = rk_step(self.method, rhs, t, y, f0, h, rtol, atol)
+        dense = functools.partial(self.interpolant, rhs, t, y, f0, h, y1, f1, K)
+        return StepResult(y1=y1, f1=f1, err=err, n_evals=self.method.n_stages, dense=dense)
+
+    def interpolant(
+        self, rhs: BoundRHS, t: Tensor, y: Tensor, f0: Tensor, h: Tensor, y1: Tensor, f1: Tensor, K: list[Tensor]
+    ) -> tuple[Interpolant, int]:
+        """The step's dense output and the RHS evaluations it costs per row."""
         method = self.method
-        y1, f1, K, err = rk_step(method, rhs, t, y, f0, h, rtol, atol)
-
-        def dense() -> tuple[Interpolant, int]:
-            if method.interpolant == "polynomial":
-                return polynomial(method, y, K, h), 0
-            if method.interpolant == "dop853":
-                return dop853_dense(rhs, t, y, y1, K, h), 3
-            return hermite(y, y1, f0, f1, h), 0
-
-        return StepResult(y1=y1, f1=f1, err=err, n_evals=method.n_stages, dense=dense)
+        if method.interpolant == "polynomial":
+            return polynomial(method, y, K, h), 0
+        if method.interpolant == "dop853":
+            return dop853_dense(rhs, t, y, y1, K, h), 3
+        return hermite(y, y1, f0, f1, h), 0
 
 
 STEPPERS: dict[str, Stepper] = {name: ExplicitStepper(m) for name, m in EXPLICIT_METHODS.items()}
