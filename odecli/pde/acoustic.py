@@ -66,7 +66,7 @@ class AcousticPropagator:
         for it in range(t0, t1):
             up = timed_halo(u, self.decomp, self.comm, HALO, 0.0, self.timer)
             lap = laplacian4(up, self.grid.dy, self.grid.dx)
-            u_next = (u + u) - u_prev + c2dt2 * lap
+            u_next = (u + u).sub_(u_prev).add_(lap.mul_(c2dt2))
             u_next = g.inject(u_next, dt2, it)
             if G is not None:
                 u_next = u_next * G

@@ -100,11 +100,14 @@ class LocalGeometry:
         return u[:, self.rec_iy, self.rec_ix]
 
     def inject(self, u: torch.Tensor, scale: float, it: int) -> torch.Tensor:
-        """``u + scale * amp * wavelet[it]`` at the local source nodes (out of place)."""
+        """Add ``scale * amp * wavelet[it]`` at the local source nodes, in place.
+
+        ``u`` must be a fresh temporary (not saved by autograd), as in the time loops.
+        """
         if not self.has_sources:
             return u
         vals = self.src_amp * (self.wavelet[it] * scale)
-        return u.index_put((self.src_shot, self.src_iy, self.src_ix), vals, accumulate=True)
+        return u.index_put_((self.src_shot, self.src_iy, self.src_ix), vals, accumulate=True)
 
     def scatter_traces(self, local_traces: torch.Tensor) -> torch.Tensor:
         """Place (B, nrec_local, nt) traces into a zero (B, nrec, nt) array (for exact all-reduce)."""
