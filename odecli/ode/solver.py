@@ -35,6 +35,9 @@ RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
 COMPACT_BELOW = 0.5  # compact the working set when fewer than this fraction of it is active
 PROGRESS_INTERVAL_S = 0.2
+# Plain ints, not the IntEnum: torch.compile (2.13) mis-evaluates ``tensor == IntEnum member``.
+SUCCESS, INFINITE_NORM = int(Status.SUCCESS), int(Status.INFINITE_NORM)
+REACHED_DT_MIN, REACHED_MAX_STEPS = int(Status.REACHED_DT_MIN), int(Status.REACHED_MAX_STEPS)
 END_SNAP = 1e-7  # relative stretch of a final step allowed to land exactly on t_end
 
 
@@ -326,16 +329,16 @@ def _outcome(
 
     h_next = torch.minimum((h.detach() * factor).abs(), dt_max) * direction
     h_next = torch.where(done | ~active, h_prev, h_next)
-    status = torch.where(active & ~finite, int(Status.INFINITE_NORM), status)
-    running = active & ~done & (status == Status.SUCCESS)
+    status = torch.where(active & ~finite, INFINITE_NORM, status)
+    running = active & ~done & (status == SUCCESS)
     t_after = torch.where(accept, t_new, t)
     too_small = (h_next.abs() < dt_min) | (t_after + h_next == t_after)
-    status = torch.where(running & too_small, int(Status.REACHED_DT_MIN), status)
-    status = torch.where(running & (n_steps >= max_steps) & (status == Status.SUCCESS),
-                         int(Status.REACHED_MAX_STEPS), status)
+    status = torch.where(running & too_small, REACHED_DT_MIN, status)
+    status = torch.where(running & (n_steps >= max_steps) & (status == SUCCESS),
+                         REACHED_MAX_STEPS, status)
     return {
         "h": h, "t_new": t_new, "y_new": y_new, "f_new": f_new, "count": count, "upto": upto,
-        "accept": accept, "still_active": active & ~done & (status == Status.SUCCESS),
+        "accept": accept, "still_active": active & ~done & (status == SUCCESS),
         "t": t_after, "y": torch.where(accept[:, None], y_new, y), "f0": torch.where(accept[:, None], f_new, f0),
         "h_next": h_next, "status": status, "n_steps": n_steps,
         "err_prev": state.err_prev, "err_prev2": state.err_prev2, "rejected_last": state.rejected_last,
@@ -365,7 +368,9 @@ def _fused_explicit_attempt(compiled: bool) -> Callable:
         return _explicit_attempt
     # Values such as the controller's safety factor are constants of the graph; torch 2.13's
     # AOTAutograd cache can hand back a graph compiled for other constants, so it stays off.
-    torch._functorch.config.enable_autograd_cache = False
+    import torch._functorch.config as functorch_config
+
+    functorch_config.enable_autograd_cache = False
     return torch.compile(_explicit_attempt, dynamic=True)
 
 

@@ -1,0 +1,53 @@
+"""The fused explicit step: captured by torch.compile without graph breaks, equal to eager."""
+
+from __future__ import annotations
+
+import torch
+
+from odecli.ode import solver as solver_module
+from odecli.ode.controllers import make_controller
+from odecli.ode.methods import DOPRI5
+from odecli.ode.solver import solve
+
+
+def vdp(t, y, p):
+    x, v = y[:, 0], y[:, 1]
+    return torch.stack([v, p["mu"] * (1 - x**2) * v - x], dim=-1)
+
+
+def _attempt_arguments(batch: int = 4):
+    dtype = torch.float64
+    mu = torch.linspace(0.5, 25.0, batch, dtype=dtype)
+    y = torch.tensor([[2.0, 0.0]], dtype=dtype).expand(batch, 2).clone()
+    t = torch.zeros(batch, dtype=dtype)
+    ones = torch.ones(batch, dtype=dtype)
+    zeros_i = torch.zeros(batch, dtype=torch.int64)
+    return (
+        DOPRI5, make_controller("pid"), vdp, {}, {"mu": mu}, t, y, vdp(t, y, {"mu": mu}),
+        torch.full((batch,), 1e-2, dtype=dtype), 10 * ones, ones, torch.ones(batch, dtype=torch.bool),
+        zeros_i, zeros_i, zeros_i + 1, torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous(),
+        ones, ones, torch.zeros(batch, dtype=torch.bool), torch.tensor(1e-6, dtype=dtype),
+        torch.tensor(1e-6, dtype=dtype), torch.tensor(0.0, dtype=dtype), torch.tensor(float("inf"), dtype=dtype), 1000,
+    )
+
+
+def test_the_fused_step_has_no_graph_breaks():
+    explanation = torch._dynamo.explain(solver_module._explicit_attempt)(*_attempt_arguments())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_compiled_solve_equals_eager_for_each_tolerance():
+    # Tolerances are tensor inputs, so the second solve reuses the graph: it must not reuse the
+    # first tolerance (the torch 2.13 cache pitfall) and must still take the eager steps.
+    batch = 6
+    mu = torch.linspace(0.5, 25.0, batch, dtype=torch.float64)
+    y0 = torch.tensor([[2.0, 0.0]], dtype=torch.float64).expand(batch, 2)
+    grid = torch.linspace(0, 6, 7, dtype=torch.float64)
+    for tol in (1e-5, 1e-8):
+        eager = solve(vdp, y0, 0.0, 6.0, grid, params={"mu": mu}, rtol=tol, atol=tol)
+        compiled = solve(vdp, y0, 0.0, 6.0, grid, params={"mu": mu}, rtol=tol, atol=tol, compile=True)
+        for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals"):
+            assert torch.equal(eager.stats[name], compiled.stats[name]), (tol, name)
+        assert torch.equal(eager.status, compiled.status)
+        torch.testing.assert_close(compiled.y, eager.y, rtol=1e-9, atol=1e-9)
