@@ -107,7 +107,7 @@ def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None
         torch.tensor(spec.t_eval, dtype=dtype, device=device),
         params=param_tensors(spec, dtype, device),
         method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
-        dt0=s.dt0, max_steps=s.max_steps, progress=progress,
+        dt0=s.dt0, max_steps=s.max_steps, compile=s.compile, progress=progress,
     )
     solution.extra["device"] = str(device)
     return solution

@@ -27,7 +27,7 @@ SYSTEM_KEYS = ("states", "params", "equations", "python")
 TIME_KEYS = ("start", "end", "eval")
 SOLVER_KEYS = (
     "method", "rtol", "atol", "controller", "dt0", "max_steps", "dtype", "device", "dt_min",
-    "dt_max", "safety", "factor_min", "factor_max", "pcoeff", "icoeff", "dcoeff", "adjoint",
+    "dt_max", "safety", "factor_min", "factor_max", "pcoeff", "icoeff", "dcoeff", "adjoint", "compile",
 )
 CONTROLLERS = ("integral", "pi", "pid")
 DTYPES = ("float32", "float64")
@@ -59,6 +59,7 @@ class SolverSpec:
     icoeff: float | None = None
     dcoeff: float | None = None
     adjoint: str = "direct"
+    compile: bool = False  # fuse each explicit step with torch.compile (pays off for long/large solves)
 
 
 @dataclass(frozen=True)
@@ -564,6 +565,7 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
         "icoeff": lambda v, f: _number(v, f, report),
         "dcoeff": lambda v, f: _number(v, f, report),
         "adjoint": lambda v, f: _choice(v, f, ADJOINTS, report),
+        "compile": lambda v, f: _boolean(v, f, report),
     }
     defaults = SolverSpec()
     fields: dict[str, Any] = {}
@@ -578,6 +580,13 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
     if dt_min is not None and dt_max is not None and dt_min > dt_max:
         report("solver.dt_min", f"must be <= solver.dt_max ({dt_max:g}), got {dt_min:g}")
     return SolverSpec(**fields) if valid else None
+
+
+def _boolean(value: Any, field: str, report: _Problems) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    report(field, f"expected true or false, got {describe(value)}")
+    return None
 
 
 def _device(value: Any, field: str, report: _Problems) -> str | None:

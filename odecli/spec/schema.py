@@ -39,6 +39,7 @@ def ode_schema(methods: list[str]) -> dict[str, Any]:
             "icoeff": {"type": ["number", "null"]},
             "dcoeff": {"type": ["number", "null"]},
             "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
+            "compile": {"type": "boolean", "description": "fuse each explicit step with torch.compile"},
         },
     }
     identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
