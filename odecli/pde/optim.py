@@ -93,6 +93,7 @@ class LBFGS:
         self.f: float | None = None
         self.g: list | None = None
         self.failed = False
+        self.parts: dict = {}  # misfit/regularisation at the current point (for the history)
 
     def current(self, evaluate):
         if self.g is None:
@@ -168,7 +169,7 @@ class LBFGS:
 
     def state_scalars(self) -> dict:
         return {"n": len(self.s), "f": self.f if self.f is not None else float("nan"),
-                "has_g": self.g is not None, "failed": self.failed}
+                "has_g": self.g is not None, "failed": self.failed, "parts": self.parts}
 
     def load(self, vectors: dict, scalars: dict) -> None:
         n = int(scalars["n"])
@@ -177,3 +178,4 @@ class LBFGS:
         self.g = vectors["g"] if scalars["has_g"] else None
         self.f = float(scalars["f"]) if scalars["has_g"] else None
         self.failed = bool(scalars["failed"])
+        self.parts = dict(scalars.get("parts", {}))

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from odecli.errors import OdecliError
+from odecli.errors import InputError, OdecliError
 from odecli.io.atomic import check_writable
 from odecli.parallel.comm import get_comm
 from odecli.parallel.ops import gather_global
@@ -77,7 +77,7 @@ def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> i
     cpath = ckpt.checkpoint_path(output)
     n_iter = iterations if iterations is not None else spec["optimizer"]["iterations"]
     if n_iter < 1:
-        raise collective(OdecliError_input("--iterations must be >= 1"))
+        raise collective(InputError("--iterations must be >= 1"))
 
     timer = CommTimer()
     problem = Problem(spec, comm, timer)
@@ -127,6 +127,8 @@ def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> i
             f, g = evaluate()
         else:
             f, g = opt.current(evaluate)
+            if not problem.last and opt.parts:  # resumed: parts of the loss come from the checkpoint
+                problem.last = dict(opt.parts)
         gn = space.norm(g)
         with torch.no_grad():
             merr = problem.model_error(unk.field())
@@ -148,6 +150,7 @@ def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> i
             opt.step(g)
         else:
             opt.step(evaluate)
+            opt.parts = {k: problem.last[k] for k in ("misfit", "regularization") if k in problem.last}
         wall = time.perf_counter() - t0
         history["wall_time_s"].append(wall)
         if console:
@@ -224,12 +227,6 @@ def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dic
     total = prior_total + np.array([r[0] for r in rows])
     cm = prior_comm + np.array([r[1] for r in rows])
     return {"total_s": total, "comm_s": cm, "compute_s": total - cm}
-
-
-def OdecliError_input(msg: str):
-    from odecli.errors import InputError
-
-    return InputError(msg)
 
 
 __all__ = ["train_inverse", "default_output", "os"]
