@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from odecli.pde.grid import Block, Grid
+from odecli.pde.grid import Block
 
 
 def ricker(peak_frequency: float, nt: int, dt: float, delay: float | None = None) -> np.ndarray:
@@ -129,4 +129,4 @@ def line_points(start, end, count: int) -> list[tuple[float, float]]:
     ]
 
 
-__all__ = ["ricker", "Geometry", "LocalGeometry", "line_points", "Grid"]
+__all__ = ["ricker", "Geometry", "LocalGeometry", "line_points"]

@@ -9,7 +9,6 @@ exception on one rank prints its message and aborts the whole MPI job, so nothin
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -229,4 +228,4 @@ def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dic
     return {"total_s": total, "comm_s": cm, "compute_s": total - cm}
 
 
-__all__ = ["train_inverse", "default_output", "os"]
+__all__ = ["train_inverse", "default_output"]

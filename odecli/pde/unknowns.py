@@ -12,8 +12,6 @@ Bounds: ``T`` is ``clamp`` (to [low, high]), ``sigmoid`` (low + (high-low)*sigmo
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from odecli.pde import models
@@ -152,4 +150,4 @@ def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) 
     return cls(spec, grid, block, dtype, device, base_dir)
 
 
-__all__ = ["make_unknown", "Unknown", "Transform", "math"]
+__all__ = ["make_unknown", "Unknown", "Transform"]
