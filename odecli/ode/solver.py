@@ -34,6 +34,7 @@ RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 
 STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
 COMPACT_BELOW = 0.5  # compact the working set when fewer than this fraction of it is active
+COMPACT_MIN_ROWS = 32  # below this, gathering costs more than the rows it saves (and recompiles)
 PROGRESS_INTERVAL_S = 0.2
 # Plain ints, not the IntEnum: torch.compile (2.13) mis-evaluates ``tensor == IntEnum member``.
 SUCCESS, INFINITE_NORM = int(Status.SUCCESS), int(Status.INFINITE_NORM)
@@ -269,7 +270,7 @@ def solve(
         if progress is not None and time.perf_counter() - reported > PROGRESS_INTERVAL_S:
             reported = time.perf_counter()
             progress(_progress(w, batch, n_active, total_steps))
-        if compact and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
+        if compact and w.idx.shape[0] > COMPACT_MIN_ROWS and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
             _store(full, w, method.counter_names)
             w = w.take(w.active.nonzero().squeeze(1))
     _store(full, w, method.counter_names)
@@ -371,6 +372,9 @@ def _fused_explicit_attempt(compiled: bool) -> Callable:
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
+    # One graph per dtype/device plus specialisations of small batch sizes; dynamo's default of
+    # 8 recompiles would silently fall back to eager in a long session.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return torch.compile(_explicit_attempt, dynamic=True)
 
 
