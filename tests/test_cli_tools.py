@@ -14,10 +14,12 @@ from odecli.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
-ODE_EXAMPLES = sorted(
+SPECS = sorted(
     p for p in list((ROOT / "examples").glob("*.yaml")) + list((ROOT / "problems").rglob("*.yaml"))
-    if not p.name.endswith(".reference.yaml") and yaml.safe_load(p.read_text()).get("kind") == "ode"
+    if not p.name.endswith(".reference.yaml")
 )
+ODE_EXAMPLES = [p for p in SPECS if yaml.safe_load(p.read_text()).get("kind") == "ode"]
+PDE_EXAMPLES = [p for p in SPECS if yaml.safe_load(p.read_text()).get("kind") == "pde-inverse"]
 
 BAD = """\
 kind: ode
@@ -68,11 +70,21 @@ def _ode_schema() -> dict:
     return document
 
 
-def test_schema_accepts_every_bundled_ode_spec():
+def test_schema_accepts_every_bundled_spec_of_both_kinds():
     document = _ode_schema()
-    assert ODE_EXAMPLES, "expected bundled ODE specs in examples/ and problems/"
-    for path in ODE_EXAMPLES:
+    assert set(document["$defs"]) == {"ode", "pde-inverse"}
+    assert ODE_EXAMPLES and PDE_EXAMPLES, "expected bundled specs of both kinds"
+    for path in ODE_EXAMPLES + PDE_EXAMPLES:
         jsonschema.validate(yaml.safe_load(path.read_text()), document)
+
+
+@pytest.mark.parametrize("kind", ["ode", "pde-inverse"])
+def test_every_starter_spec_validates(tmp_path, kind):
+    target = tmp_path / f"{kind}.yaml"
+    assert runner.invoke(app, ["init", kind, "-o", str(target)]).exit_code == 0
+    result = runner.invoke(app, ["validate", str(target)])
+    assert result.exit_code == 0, result.output
+    jsonschema.validate(yaml.safe_load(target.read_text()), _ode_schema())
 
 
 @pytest.mark.parametrize(
@@ -86,10 +98,20 @@ def test_schema_accepts_every_bundled_ode_spec():
         {"unknown_key": 1},
     ],
 )
-def test_schema_rejects_bad_specs(change):
+def test_schema_rejects_bad_ode_specs(change):
     document = _ode_schema()
     spec = {"kind": "ode", "system": {"states": ["x"], "equations": {"x": "-x"}}, "initial": {"x": 1.0},
             "time": {"start": 0, "end": 1}}
+    spec.update(change)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(spec, document)
+
+
+@pytest.mark.parametrize("change", [{"equation": "maxwell"}, {"grid": {"shape": [2, 2], "spacing": 1}}, {"bogus": 1},
+                                    {"unknown": {"type": "spline"}}])
+def test_schema_rejects_bad_pde_specs(change):
+    document = _ode_schema()
+    spec = yaml.safe_load(PDE_EXAMPLES[0].read_text())
     spec.update(change)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(spec, document)
