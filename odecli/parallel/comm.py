@@ -7,6 +7,7 @@ buffers, so the differentiable ops in :mod:`odecli.parallel.ops` stay plain torc
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +50,10 @@ class Comm:
     def abort(self, code: int = 1) -> None:
         """Stop every rank; a lone ``sys.exit`` on one rank would leave the others hanging."""
         if self._mpi is not None:
+            sys.stdout.flush()
+            sys.stderr.flush()
             self._mpi.Abort(code)
+            os._exit(code)  # Abort may return before the launcher kills this process
         sys.exit(code)
 
     def allreduce_scalar(self, value: float, op: str = "sum") -> float:

@@ -247,6 +247,9 @@ class _Link:
         sys.stderr.flush()
         sys.stdout.flush()
         self.MPI.COMM_WORLD.Abort(code or 1)
+        # MPICH's Abort can return before the launcher kills us; leave now so nothing else
+        # (e.g. the CLI's internal-error handler) prints a second message.
+        os._exit(code or 1)
 
 
 class _RankFailed(Exception):
