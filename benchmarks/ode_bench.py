@@ -262,21 +262,25 @@ class Solver:
     error: str | None = None
 
 
-def odecli_solver(prob: Problem, rtol: float, atol: float) -> Solver:
+def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = False) -> Solver:
     from odecli.ode.solver import solve
 
+    # A Python counter inside a compiled region would force recompiles: the compiled row counts
+    # batched RHS calls from the solver's own per-sample statistics instead (max over samples).
     fc = Counted(prob.f_odecli)
+    f = prob.f_odecli if compiled else fc
 
     def run():
         fc.reset()
-        sol = solve(fc, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
-                    rtol=rtol, atol=atol, controller="integral")
+        sol = solve(f, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
+                    rtol=rtol, atol=atol, controller="integral", compile=compiled)
         st = sol.stats
-        return {"steps": st["n_steps"].numpy(), "accepted": st["n_accepted"].numpy(), "rhs_calls": fc.calls,
+        calls = int(st["n_f_evals"].max()) if compiled else fc.calls
+        return {"steps": st["n_steps"].numpy(), "accepted": st["n_accepted"].numpy(), "rhs_calls": calls,
                 "y_final": sol.y_final.numpy(), "ok": bool((sol.status == 0).all()),
                 "loop_iters": int(st["n_steps"].max()), "f_evals_max": int(st["n_f_evals"].max())}
 
-    return Solver("odecli", run)
+    return Solver("odecli compiled" if compiled else "odecli", run)
 
 
 def torchode_solvers(prob: Problem, rtol: float, atol: float, compile_: bool) -> list[Solver]:
@@ -352,6 +356,8 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     torch.set_num_threads(threads)
     rtol = atol = tol
     solvers = [odecli_solver(prob, rtol, atol)]
+    if args.compile_peers:
+        solvers.append(odecli_solver(prob, rtol, atol, compiled=True))
     if "torchode" in args.peers:
         solvers += torchode_solvers(prob, rtol, atol, args.compile_peers)
     if "torchdiffeq" in args.peers:
@@ -432,10 +438,11 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     walls = {row["solver"]: row["wall_s"] for row in rows if "wall_s" in row}
     summary = {"problem": prob.name, "B": prob.batch, "tol": tol, "threads": threads,
                "floor_torch_s": floor["torch"], "floor_scipy_s": floor["scipy"]}
-    if "odecli" in walls:
-        for other in walls:
-            if other != "odecli":
-                summary[f"odecli/{other}"] = walls["odecli"] / walls[other]
+    for mine in ("odecli", "odecli compiled"):
+        if mine in walls:
+            for other in walls:
+                if not other.startswith("odecli"):
+                    summary[f"{mine}/{other}"] = walls[mine] / walls[other]
     return {"rows": rows, "summary": summary}
 
 
@@ -471,8 +478,8 @@ def row_md(r: dict) -> str:
 
 def summary_md(configs: list[dict]) -> list[str]:
     order = ["torchode I", "torchode I compiled", "torchdiffeq", "torchdiffeq maxnorm", "scipy RK45 loop"]
-    present = {k for c in configs for k in c["summary"] if k.startswith("odecli/")}
-    names = [f"odecli/{n}" for n in order if f"odecli/{n}" in present]
+    present = {k for c in configs for k in c["summary"] if k.startswith("odecli")}
+    names = [f"{mine}/{n}" for mine in ("odecli", "odecli compiled") for n in order if f"{mine}/{n}" in present]
     names += sorted(present - set(names))
     lines = ["| problem | B | tol | thr | 1 RHS call (torch, B) | odecli steps mean/max | scipy steps mean/max | "
              "odecli = scipy per sample | " + " | ".join(n + " wall" for n in names) + " |",
@@ -502,7 +509,7 @@ def print_config(c: dict) -> None:
     for r in c["rows"]:
         print(row_md(r))
     s = c["summary"]
-    ratios = ", ".join(f"{k} = {v:.2f}x" for k, v in s.items() if k.startswith("odecli/"))
+    ratios = ", ".join(f"{k} = {v:.2f}x" for k, v in s.items() if k.startswith("odecli"))
     print(f"\nFLOOR torch f(t[B], y[B,n]) = {s['floor_torch_s'] * 1e6:.2f} µs, numpy 1-sample = "
           f"{s['floor_scipy_s'] * 1e6:.2f} µs")
     print(f"RATIO (wall) {ratios}\n", flush=True)
@@ -572,7 +579,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="timed runs per solver (median is reported)")
     p.add_argument("--threads", type=csv_list(int), default=[1], help="torch thread counts")
     p.add_argument("--peers", type=csv_list(str), default=list(ALL_PEERS), help="torchode,torchdiffeq,scipy")
-    p.add_argument("--compile-peers", action="store_true",
+    p.add_argument("--compile-peers", action="store_true",  # also adds an "odecli compiled" row
                    help="also run torch.compile(torchode solve) (~5-20 s compile per configuration)")
     p.add_argument("--scipy-max-batch", type=int, default=64, help="time the scipy loop only up to this batch")
     p.add_argument("--no-scipy-steps", dest="scipy_steps", action="store_false",

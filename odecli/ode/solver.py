@@ -137,9 +137,10 @@ def solve(
     ``dt0`` is the initial step (the fixed step for fixed-step methods); by default it is chosen
     per sample. ``compile=True`` runs each explicit step (stages, error norm, controller and
     bookkeeping) as one torch.compile'd function: worth its one-off compilation for long or
-    large solves; results equal the eager path to round-off. ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one
-    extra reduction then, nothing otherwise). Returns a :class:`Solution` with per-sample status
-    and statistics.
+    large solves; results equal the eager path to round-off (implicit methods ignore it).
+    ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one extra
+    reduction then, nothing otherwise). Returns a :class:`Solution` with per-sample status and
+    statistics.
     """
     started = time.perf_counter()
     method = get_stepper(method) if isinstance(method, str) else method
