@@ -32,7 +32,7 @@ SOLVER_KEYS = (
 CONTROLLERS = ("integral", "pi", "pid")
 DTYPES = ("float32", "float64")
 DEVICES = ("cpu", "cuda", "auto")  # plus "cuda:N"
-ADJOINTS = ("direct", "backsolve")
+ADJOINTS = ("direct", "backsolve", "checkpoint")
 # Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
 MAX_BATCH = 10_000_000
 MAX_EVAL_POINTS = 20_000_000
