@@ -25,7 +25,8 @@ def _attempt_arguments(batch: int = 4):
     return (
         DOPRI5, make_controller("pid"), vdp, {}, {"mu": mu}, t, y, vdp(t, y, {"mu": mu}),
         torch.full((batch,), 1e-2, dtype=dtype), 10 * ones, ones, torch.ones(batch, dtype=torch.bool),
-        zeros_i, zeros_i, zeros_i + 1, torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous(),
+        zeros_i, {name: zeros_i for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals")},
+        zeros_i + 1, torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous(),
         ones, ones, torch.zeros(batch, dtype=torch.bool), torch.tensor(1e-6, dtype=dtype),
         torch.tensor(1e-6, dtype=dtype), torch.tensor(0.0, dtype=dtype), torch.tensor(float("inf"), dtype=dtype), 1000,
     )

@@ -211,7 +211,7 @@ def solve(
         if fused is not None:
             # Explicit RK: one pure function from state to outcome (torch.compile-able).
             o, K = fused(method.method, ctrl, f, shared, w.p, w.t, w.y, w.f0, w.h, w.t_end, w.direction,
-                         w.active, w.status, w.n_steps, w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
+                         w.active, w.status, _counters(w), w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
                          w.ctrl.rejected_last, rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
             rhs = bound(w.p)
             result = StepResult(o["y_new"], o["f_new"], None, method.n_stages,
@@ -221,18 +221,19 @@ def solve(
             rhs = bound(w.p)
             result = method.step(rhs, w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
             o = _outcome(ctrl, method.error_order, w.t, w.y, w.f0, w.h, w.t_end, w.direction, w.active,
-                         w.status, w.n_steps, w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
-                         w.ctrl.rejected_last, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps)
+                         w.status, _counters(w), result.n_evals, w.ptr, w.grid, w.ctrl.err_prev,
+                         w.ctrl.err_prev2, w.ctrl.rejected_last, h, last, result.y1, result.f1, result.err,
+                         dt_min_t, dt_max_t, max_steps)
         h, y_new, t_new, count, upto, accept, still_active = (
             o["h"], o["y_new"], o["t_new"], o["count"], o["upto"], o["accept"], o["still_active"])
-        w.n_steps = o["n_steps"]
-        w.n_f_evals = w.n_f_evals + w.active * result.n_evals
+        w.n_steps, w.n_accepted, w.n_rejected, w.n_f_evals = (
+            o["n_steps"], o["n_accepted"], o["n_rejected"], o["n_f_evals"])
         for name, increment in result.counters.items():
             setattr(w, name, getattr(w, name) + w.active * increment)
         w.ctrl = ControllerState(o["err_prev"], o["err_prev2"], o["rejected_last"])
         f_new = o["f_new"]
 
-        max_count, n_active = torch.stack([count.max(), still_active.sum()]).tolist()
+        max_count, n_active = o["sync"].tolist()
         if max_count > 0:
             interp = None
             for j in range(max_count):
@@ -259,12 +260,11 @@ def solve(
         for key, value in result.state.items():
             mask = accept.reshape(accept.shape + (1,) * (value.dim() - 1))
             w.mstate[key] = torch.where(mask, value, w.mstate[key])
-        rejected = w.active & ~accept
-        for key, value in result.retry_state.items():
-            mask = rejected.reshape(rejected.shape + (1,) * (value.dim() - 1))
-            w.mstate[key] = torch.where(mask, value, w.mstate[key])
-        w.n_accepted = w.n_accepted + accept
-        w.n_rejected = w.n_rejected + rejected
+        if result.retry_state:
+            rejected = w.active & ~accept
+            for key, value in result.retry_state.items():
+                mask = rejected.reshape(rejected.shape + (1,) * (value.dim() - 1))
+                w.mstate[key] = torch.where(mask, value, w.mstate[key])
         w.active = still_active
 
         total_steps += 1
@@ -291,6 +291,10 @@ def solve(
     )
 
 
+def _counters(w: _Working) -> dict[str, Tensor]:
+    return {name: getattr(w, name) for name in STAT_NAMES}
+
+
 def _step_size(h_prev: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
     """The step each row attempts (0 for inactive rows) and whether it reaches t_end."""
     remaining = (t_end - t).abs()
@@ -303,16 +307,18 @@ def _step_size(h_prev: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, acti
 
 def _outcome(
     ctrl: PIDController, error_order: int | None, t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor,
-    t_end: Tensor, direction: Tensor, active: Tensor, status: Tensor, n_steps: Tensor, ptr: Tensor,
-    grid: Tensor, err_prev: Tensor, err_prev2: Tensor, rejected_last: Tensor, h: Tensor, last: Tensor,
-    y_new: Tensor, f_new: Tensor, err: Tensor | None, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+    t_end: Tensor, direction: Tensor, active: Tensor, status: Tensor, counters: dict[str, Tensor],
+    n_evals: int | Tensor, ptr: Tensor, grid: Tensor, err_prev: Tensor, err_prev2: Tensor,
+    rejected_last: Tensor, h: Tensor, last: Tensor, y_new: Tensor, f_new: Tensor, err: Tensor | None,
+    dt_min: Tensor, dt_max: Tensor, max_steps: int,
 ) -> dict[str, Tensor]:
     """Everything one attempted step decides, per sample, as pure tensor code (no host sync).
 
     Accept/reject and the next step come from the controller; failures set the status; the
-    count of evaluation times inside (t, t_new] drives dense output.
+    count of evaluation times inside (t, t_new] drives dense output. ``sync`` packs the two
+    numbers the host reads after each step (most eval times in a step, samples still running).
     """
-    n_steps = n_steps + active
+    n_steps = counters["n_steps"] + active
     if err is None:
         finite = torch.isfinite(y_new).all(dim=-1)
         accept = active & finite
@@ -338,9 +344,14 @@ def _outcome(
     status = torch.where(running & too_small, REACHED_DT_MIN, status)
     status = torch.where(running & (n_steps >= max_steps) & (status == SUCCESS),
                          REACHED_MAX_STEPS, status)
+    still_active = active & ~done & (status == SUCCESS)
     return {
         "h": h, "t_new": t_new, "y_new": y_new, "f_new": f_new, "count": count, "upto": upto,
-        "accept": accept, "still_active": active & ~done & (status == SUCCESS),
+        "accept": accept, "still_active": still_active,
+        "sync": torch.stack([count.max(), still_active.sum()]),
+        "n_accepted": counters["n_accepted"] + accept,
+        "n_rejected": counters["n_rejected"] + (active & ~accept),
+        "n_f_evals": counters["n_f_evals"] + active * n_evals,
         "t": t_after, "y": torch.where(accept[:, None], y_new, y), "f0": torch.where(accept[:, None], f_new, f0),
         "h_next": h_next, "status": status, "n_steps": n_steps,
         "err_prev": state.err_prev, "err_prev2": state.err_prev2, "rejected_last": state.rejected_last,
@@ -350,16 +361,17 @@ def _outcome(
 def _explicit_attempt(
     method: ExplicitRK, ctrl: PIDController, f: RHS, shared: dict[str, Tensor], p: dict[str, Tensor],
     t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor, t_end: Tensor, direction: Tensor, active: Tensor,
-    status: Tensor, n_steps: Tensor, ptr: Tensor, grid: Tensor, err_prev: Tensor, err_prev2: Tensor,
-    rejected_last: Tensor, rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+    status: Tensor, counters: dict[str, Tensor], ptr: Tensor, grid: Tensor, err_prev: Tensor,
+    err_prev2: Tensor, rejected_last: Tensor, rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor,
+    max_steps: int,
 ) -> tuple[dict[str, Tensor], list[Tensor]]:
     """One explicit RK attempt plus its bookkeeping: the fused unit that torch.compile captures."""
     merged = {**shared, **p}
     h, last = _step_size(h_prev, t, t_end, direction, active)
     y_new, f_new, K, err = rk_step(method, lambda tt, yy: f(tt, yy, merged), t, y, f0, h, rtol, atol)
     outcome = _outcome(ctrl, method.error_order, t, y, f0, h_prev, t_end, direction, active, status,
-                       n_steps, ptr, grid, err_prev, err_prev2, rejected_last, h, last, y_new, f_new, err,
-                       dt_min, dt_max, max_steps)
+                       counters, method.n_stages, ptr, grid, err_prev, err_prev2, rejected_last, h, last,
+                       y_new, f_new, err, dt_min, dt_max, max_steps)
     return outcome, K
 
 
