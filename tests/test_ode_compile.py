@@ -52,3 +52,19 @@ def test_compiled_solve_equals_eager_for_each_tolerance():
             assert torch.equal(eager.stats[name], compiled.stats[name]), (tol, name)
         assert torch.equal(eager.status, compiled.status)
         torch.testing.assert_close(compiled.y, eager.y, rtol=1e-9, atol=1e-9)
+
+
+def test_each_right_hand_side_gets_its_own_compiled_graph():
+    # A graph compiled for one RHS must never serve another (dynamo keys graphs on the code
+    # object and tells callers apart only by guards).
+    def lotka_volterra(t, y, p):
+        x, z = y[:, 0], y[:, 1]
+        return torch.stack([1.5 * x - x * z, x * z - 3.0 * z], dim=-1)
+
+    y0 = torch.tensor([[2.0, 0.5], [1.0, 1.5]], dtype=torch.float64)
+    first = solve(vdp, y0, 0.0, 1.0, params={"mu": torch.tensor([2.0, 3.0], dtype=torch.float64)}, compile=True)
+    second = solve(lotka_volterra, y0, 0.0, 1.0, compile=True)
+    reference = solve(lotka_volterra, y0, 0.0, 1.0)
+    assert not torch.allclose(first.y_final, second.y_final)
+    torch.testing.assert_close(second.y_final, reference.y_final, rtol=1e-9, atol=1e-9)
+    assert torch.equal(second.stats["n_steps"], reference.stats["n_steps"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -204,7 +205,7 @@ def solve(
     n_active = int(w.active.sum())
     reported = time.perf_counter()
     total_steps = 0
-    fused = _fused_explicit_attempt(compile) if isinstance(method, ExplicitStepper) else None
+    fused = _fused_explicit_attempt(compile, f) if isinstance(method, ExplicitStepper) else None
     dt_min_t = torch.as_tensor(ctrl.dt_min, dtype=dtype, device=device)
     dt_max_t = torch.as_tensor(ctrl.dt_max, dtype=dtype, device=device)
     while n_active > 0:
@@ -375,20 +376,29 @@ def _explicit_attempt(
     return outcome, K
 
 
-@functools.lru_cache(maxsize=2)
-def _fused_explicit_attempt(compiled: bool) -> Callable:
+def _fused_explicit_attempt(compiled: bool, f: RHS) -> Callable:
     """The eager reference, or the same function under torch.compile (dynamic batch size)."""
-    if not compiled:
-        return _explicit_attempt
-    # Values such as the controller's safety factor are constants of the graph; torch 2.13's
-    # AOTAutograd cache can hand back a graph compiled for other constants, so it stays off.
+    return _compiled_attempt_for(f) if compiled else _explicit_attempt
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_attempt_for(f: RHS) -> Callable:
+    """A compiled attempt of its own for each right-hand side.
+
+    Dynamo keeps compiled graphs on the code object and relies on guards to tell callers apart;
+    a private copy of the code per RHS keeps one RHS's graph from ever serving another. Values
+    such as the controller's safety factor are constants of the graph, and torch 2.13's
+    AOTAutograd cache can hand back a graph compiled for other constants, so it stays off.
+    """
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
     # One graph per dtype/device plus specialisations of small batch sizes; dynamo's default of
     # 8 recompiles would silently fall back to eager in a long session.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(_explicit_attempt, dynamic=True)
+    code = _explicit_attempt.__code__.replace()
+    private = types.FunctionType(code, _explicit_attempt.__globals__, _explicit_attempt.__name__)
+    return torch.compile(private, dynamic=True)
 
 
 def _progress(w: _Working, batch: int, n_active: int, iterations: int) -> Progress:
