@@ -25,6 +25,7 @@ import numpy as np
 
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_path
+from odecli.io.layout import as_batched
 
 HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
 
@@ -101,18 +102,8 @@ def _unique(columns: list[str], reserved: Iterable[str], prefix: str) -> list[st
     return out
 
 
-def _batched(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if y.ndim == 1:
-        y = y[None, :, None]
-    elif y.ndim == 2:
-        y = y[None]
-    if t.ndim == 1:
-        t = np.broadcast_to(t, y.shape[:2])
-    return t, y
-
-
 def _trajectories(h5, folder: Path) -> Path:
-    t, y = _batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
+    t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     states = _unique(_names(h5, y.shape[2]), ("sample", "t"), "state_")
     n_samples, n_eval, _ = y.shape
 

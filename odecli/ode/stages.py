@@ -18,8 +18,8 @@ from odecli.ode.methods import ExplicitRK
 BoundRHS = Callable[[Tensor, Tensor], Tensor]
 
 
-def weighted_sum(weights: Sequence[float], K: Sequence[Tensor]) -> Tensor:
-    """sum_j w_j K_j over the nonzero weights (tableaux are sparse).
+def weighted_sum(weights: Sequence[float], K: Sequence[Tensor], like: Tensor | None = None) -> Tensor:
+    """sum_j w_j K_j over the nonzero weights (tableaux are sparse); zeros like ``like`` (or K[0]) if none.
 
     ``add(acc, k, alpha=w)`` fuses each multiply into the add: per-op dispatch, not arithmetic,
     dominates small batches, so fewer ops are faster (a stack + matvec was measured slower).
@@ -29,7 +29,7 @@ def weighted_sum(weights: Sequence[float], K: Sequence[Tensor]) -> Tensor:
         if w == 0.0:
             continue
         acc = w * k if acc is None else torch.add(acc, k, alpha=w)
-    return acc if acc is not None else torch.zeros_like(K[0])
+    return acc if acc is not None else torch.zeros_like(K[0] if like is None else like)
 
 
 def rms_error_norm(err: Tensor, y0: Tensor, y1: Tensor, rtol: Tensor, atol: Tensor) -> Tensor:

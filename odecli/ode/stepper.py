@@ -53,6 +53,28 @@ class Stepper(Protocol):
         """Attempt a step of size ``h`` (per sample; 0 for inactive rows) from (t, y)."""
 
 
+class TableauProperties:
+    """``name``, ``order``, ``error_order`` and ``description`` read from ``self.tableau``."""
+
+    tableau: object
+
+    @property
+    def name(self) -> str:
+        return self.tableau.name
+
+    @property
+    def order(self) -> int:
+        return self.tableau.order
+
+    @property
+    def error_order(self) -> int | None:
+        return self.tableau.error_order
+
+    @property
+    def description(self) -> str:
+        return self.tableau.description
+
+
 @dataclass(frozen=True)
 class ExplicitStepper:
     """Any explicit RK tableau as a :class:`Stepper`."""

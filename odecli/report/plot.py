@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from odecli.errors import InputError
+from odecli.io.layout import as_batched
 
 DPI = 100
 MAX_DEFAULT_SAMPLES = 20
@@ -210,17 +211,6 @@ def _sample_labels(h5, n_samples: int) -> list[str]:
     return labels
 
 
-def _as_batched(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """t to (batch, time), y to (batch, time, state) from whichever of the usual layouts they have."""
-    if y.ndim == 1:
-        y = y[None, :, None]
-    elif y.ndim == 2:
-        y = y[None]
-    if t.ndim == 1:
-        t = np.broadcast_to(t, y.shape[:2])
-    return t, y
-
-
 def _draw_trajectories(axes, t, y, status, picked, states, names, labels, plt) -> None:
     colours = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(picked), 1)))
     for ax, s in zip(axes, states):
@@ -245,7 +235,7 @@ def _legend(ax, n_entries: int) -> None:
 
 
 def _plot_ode(h5, request: PlotRequest, plt):
-    t, y = _as_batched(h5["t"][...], h5["y"][...])
+    t, y = as_batched(h5["t"][...], h5["y"][...])
     status = h5["status"][...].astype(int) if "status" in h5 else None
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
@@ -411,7 +401,7 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
     if "t" not in h5 or "y" not in h5:
         raise InputError(f"{h5.filename}: ode-inverse run has no fitted trajectories (datasets t and y)")
-    t, y = _as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
+    t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
     states = parse_states(request.states, names)
@@ -447,7 +437,7 @@ def _ode_observations(h5, shape) -> Optional[tuple[np.ndarray, np.ndarray]]:
     if t_obs is None:
         return None
     try:
-        t_obs, y_obs = _as_batched(t_obs, y_obs)
+        t_obs, y_obs = as_batched(t_obs, y_obs)
     except ValueError:
         return None
     if y_obs.shape[0] != shape[0] or y_obs.shape[2] != shape[2] or t_obs.shape != y_obs.shape[:2]:

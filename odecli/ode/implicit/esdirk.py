@@ -36,7 +36,8 @@ from torch import Tensor
 
 from odecli.ode.implicit.linalg import jacobian, lu_factor, lu_solve
 from odecli.ode.interpolation import Interpolant, hermite
-from odecli.ode.stepper import StepResult
+from odecli.ode.stages import weighted_sum
+from odecli.ode.stepper import StepResult, TableauProperties
 
 COUNTERS = ("n_jac_evals", "n_lu_decomps", "n_newton_iters")
 KAPPA = 0.03  # Newton stopping tolerance, in units of the error tolerance
@@ -111,35 +112,11 @@ def _kvaerno5() -> EsdirkTableau:
 TABLEAUS = {t.name: t for t in (_kvaerno5(), _kvaerno3())}
 
 
-def _combine(weights, ks: list[Tensor]) -> Tensor | None:
-    acc = None
-    for w, k in zip(weights, ks):
-        if w != 0.0:
-            acc = w * k if acc is None else acc + w * k
-    return acc
-
-
 @dataclass(frozen=True)
-class EsdirkStepper:
+class EsdirkStepper(TableauProperties):
     tableau: EsdirkTableau
     adaptive: bool = True
     counter_names: tuple[str, ...] = field(default=COUNTERS)
-
-    @property
-    def name(self) -> str:
-        return self.tableau.name
-
-    @property
-    def order(self) -> int:
-        return self.tableau.order
-
-    @property
-    def error_order(self) -> int:
-        return self.tableau.error_order
-
-    @property
-    def description(self) -> str:
-        return self.tableau.description
 
     def init_state(self, rhs, t: Tensor, y: Tensor, f0: Tensor) -> dict[str, Tensor]:
         batch, n = y.shape
@@ -190,9 +167,9 @@ class EsdirkStepper:
         z = y
         stage_values = [y]
         for i in range(1, tab.stages):
-            psi = y + hcol * _combine(tab.a[i][:i], K)
-            guess = _combine(tab.predictor[i], K)
-            z = psi + hg[:, None] * (guess if guess is not None else f0)
+            psi = y + hcol * weighted_sum(tab.a[i][:i], K)
+            guess = weighted_sum(tab.predictor[i], K) if any(tab.predictor[i]) else f0
+            z = psi + hg[:, None] * guess
             ti = t + tab.c[i] * h
             iterating = active & ~failed
             eta = torch.pow(eta, 0.8)

@@ -38,8 +38,8 @@ from torch import Tensor
 
 from odecli.ode.implicit.linalg import jacobian, lu_factor, lu_solve
 from odecli.ode.interpolation import Interpolant
-from odecli.ode.stages import rms_error_norm
-from odecli.ode.stepper import StepResult
+from odecli.ode.stages import rms_error_norm, weighted_sum
+from odecli.ode.stepper import StepResult, TableauProperties
 
 COUNTERS = ("n_jac_evals", "n_lu_decomps", "n_newton_iters")
 
@@ -193,37 +193,13 @@ RODAS4 = _tableau(
 TABLEAUS = {t.name: t for t in (RODAS5, RODAS5P, RODAS4)}
 
 
-def _combine(weights: tuple[float, ...], ks: list[Tensor], like: Tensor) -> Tensor:
-    acc = None
-    for w, k in zip(weights, ks):
-        if w != 0.0:
-            acc = w * k if acc is None else acc + w * k
-    return acc if acc is not None else torch.zeros_like(like)
-
-
 @dataclass(frozen=True)
-class RosenbrockStepper:
+class RosenbrockStepper(TableauProperties):
     """A :class:`~odecli.ode.stepper.Stepper` for a :class:`RodasTableau`."""
 
     tableau: RodasTableau
     adaptive: bool = True
     counter_names: tuple[str, ...] = field(default=COUNTERS)
-
-    @property
-    def name(self) -> str:
-        return self.tableau.name
-
-    @property
-    def order(self) -> int:
-        return self.tableau.order
-
-    @property
-    def error_order(self) -> int:
-        return self.tableau.error_order
-
-    @property
-    def description(self) -> str:
-        return self.tableau.description
 
     def init_state(self, rhs, t: Tensor, y: Tensor, f0: Tensor) -> dict[str, Tensor]:
         batch, n = y.shape
@@ -259,21 +235,21 @@ class RosenbrockStepper:
             if i == 0:
                 fi = f0
             else:
-                u = y + _combine(tab.a[i], ks, y)
+                u = y + weighted_sum(tab.a[i], ks, like=y)
                 fi = rhs(t + tab.c[i] * h, u)
             rhs_i = fi
             if i > 0:
-                rhs_i = rhs_i + hinv * _combine(tab.C[i], ks, y)
+                rhs_i = rhs_i + hinv * weighted_sum(tab.C[i], ks, like=y)
             if tab.d[i] != 0.0:
                 rhs_i = rhs_i + (tab.d[i] * hcol) * f_t
             ks.append(lu_solve(LU, piv, rhs_i))
-        y1 = y + _combine(tab.b, ks, y)
+        y1 = y + weighted_sum(tab.b, ks, like=y)
         f1 = rhs(t + h, y1)
         err = rms_error_norm(ks[-1], y, y1, rtol, atol)
         ones = use.to(torch.int64)
 
         def dense() -> tuple[Interpolant, int]:
-            Ks = [_combine(row, ks, y) for row in tab.H]
+            Ks = [weighted_sum(row, ks, like=y) for row in tab.H]
 
             def evaluate(theta: Tensor) -> Tensor:
                 th = theta[:, None]
