@@ -224,8 +224,9 @@ def train_inverse(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output."),
-    force: bool = typer.Option(True, "--force/--no-force", help="Overwrite an existing output file."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    log: Optional[Path] = typer.Option(None, "--log", help="Append the run's start and outcome to this file (rank 0)."),
 ) -> None:
     """Fit unknown fields or parameters to data; run under mpirun for domain decomposition.
 
@@ -240,8 +241,12 @@ def train_inverse(
     elif kind == "ode":
         from odecli.inverse_ode import train_inverse as run
     else:
-        raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse, got {kind!r}")
-    raise typer.Exit(run(spec, output, iterations, resume, force, quiet))
+        raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse or ode, got {kind!r}")
+    logger = _file_logger(log if _mpi_rank() == 0 else None)
+    logger(f"train-inverse {spec} ({kind}) -> {output or 'default output'}{' (resume)' if resume else ''}")
+    code = run(spec, output, iterations, resume, force, quiet)
+    logger(f"train-inverse {spec}: finished with exit code {code}")
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -115,3 +115,19 @@ def test_schema_rejects_bad_pde_specs(change):
     spec.update(change)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(spec, document)
+
+
+def test_train_inverse_logs_and_never_overwrites_without_force(tmp_path):
+    spec, out, log = tmp_path / "fit.yaml", tmp_path / "fit.h5", tmp_path / "run.log"
+    assert runner.invoke(app, ["init", "pde-inverse", "-o", str(spec)]).exit_code == 0
+    args = ["train-inverse", str(spec), "-o", str(out), "--iterations", "1", "--quiet"]
+    result = runner.invoke(app, [*args, "--log", str(log)])
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and "finished with exit code 0" in lines[1]
+    before = out.stat().st_mtime_ns
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--force" in result.output
+    assert out.stat().st_mtime_ns == before
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
