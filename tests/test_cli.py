@@ -170,3 +170,12 @@ def test_version_and_help():
     for command in ("solve", "stats", "train-inverse"):
         result = runner.invoke(app, [command, "--help"])
         assert result.exit_code == 0 and "Example:" in result.output
+
+
+def test_the_package_exposes_the_solver_lazily():
+    code = ("import sys, odecli; assert 'torch' not in sys.modules; import torch; "
+            "s = odecli.solve(lambda t, y, p: -y, torch.ones(3, 1, dtype=torch.float64), 0.0, 1.0); "
+            "assert abs(float(s.y_final[0, 0]) - 0.36787944117144233) < 1e-5; "
+            "assert odecli.odeint is not None and odecli.Solution is not None")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
