@@ -326,7 +326,10 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
         history["wall_time_s"].append(time.perf_counter() - started)
         history["n_evals"].append(problem.n_evals)
         if log is not None:
-            log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}")
+            times = history["wall_time_s"]
+            step_s = times[-1] - (times[-2] if len(times) > 1 else 0.0)
+            log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}  "
+                f"{step_s:.2f} s")
 
     x0 = np.clip(problem.x0, problem.lower, problem.upper)
     n_iter = inv.iterations if iterations is None else iterations
