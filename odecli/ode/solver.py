@@ -4,8 +4,10 @@ Each sample has its own time, step size, accept/reject decision, controller hist
 pointer, status and counters. One loop iteration attempts one step for every *active* sample.
 Finished and failed samples are dropped from the working set (compaction) once they make up half
 of it, so they stop costing RHS evaluations. The loop synchronises with the host once per step
-(how many evaluation times fell into this step, and how many samples are still running); all
-other decisions are per-sample ``torch.where`` masks.
+(how many evaluation times fell into this step, and how many samples are still running), and
+once more per evaluation column in steps that hold evaluation times; all other decisions are
+per-sample ``torch.where`` masks. For explicit methods one pure function (``_explicit_attempt``)
+does a whole attempt, eagerly or under ``torch.compile``.
 
 Dense output is recorded as (row, column, value) triples and scattered into the result once at
 the end, which keeps the loop free of in-place writes so autograd can differentiate through it.
