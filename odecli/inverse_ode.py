@@ -232,6 +232,15 @@ def _read_observations(path: str, ode: OdeSpec, inv: InverseSpec) -> tuple[np.nd
 # ---------------------------------------------------------------------------------- optimisers
 
 
+def _converged(f_prev: float, f: float, g: np.ndarray, tol: float, gtol: float) -> str | None:
+    """The stop test both optimisers share: a small gradient, or a small relative loss change."""
+    if f == 0.0 or np.linalg.norm(g) <= gtol:
+        return "converged: gradient"
+    if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
+        return "converged: loss change"
+    return None
+
+
 def _adam(evaluate, x, lower, upper, lr, iterations, tol, gtol, record) -> tuple[np.ndarray, str, int]:
     f, g = evaluate(x)
     if g is None:
@@ -248,10 +257,9 @@ def _adam(evaluate, x, lower, upper, lr, iterations, tol, gtol, record) -> tuple
             return x, "failed: a sample did not solve", it - 1
         x, f_prev, f, g = x_new, f, f_new, g_new
         record(f, g)
-        if f == 0.0 or np.linalg.norm(g) <= gtol:
-            return x, "converged: gradient", it
-        if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
-            return x, "converged: loss change", it
+        reason = _converged(f_prev, f, g, tol, gtol)
+        if reason:
+            return x, reason, it
     return x, "max iterations", iterations
 
 
@@ -302,10 +310,9 @@ def _lbfgs(evaluate, x, lower, upper, lr, iterations, tol, gtol, record, history
                 y_hist.pop(0)
         x, f_prev, f, g = x_new, f, f_new, g_new
         record(f, g)
-        if f == 0.0 or np.linalg.norm(g) <= gtol:
-            return x, "converged: gradient", it
-        if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
-            return x, "converged: loss change", it
+        reason = _converged(f_prev, f, g, tol, gtol)
+        if reason:
+            return x, reason, it
     return x, "max iterations", iterations
 
 
