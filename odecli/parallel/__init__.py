@@ -2,7 +2,7 @@
 
 from .comm import Comm, get_comm
 from .decomposition import Decomposition, choose_proc_grid, decompose
-from .ops import allreduce_sum, broadcast, gather_global, halo_exchange, local_block
+from .ops import allreduce_sum, broadcast, gather_global, halo_exchange, halo_fill, local_block
 
 __all__ = [
     "Comm",
@@ -14,5 +14,6 @@ __all__ = [
     "gather_global",
     "get_comm",
     "halo_exchange",
+    "halo_fill",
     "local_block",
 ]

@@ -8,11 +8,15 @@ Each backward is itself an autograd Function, so double backward works too.
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd import Function
+from torch.autograd.function import once_differentiable
 
 from .comm import Comm
 from .decomposition import Decomposition, decompose
@@ -126,6 +130,80 @@ class _HaloAdjoint(Function):
     @staticmethod
     def backward(ctx, gg: Tensor):
         return _HaloExchange.apply(gg, *ctx.args, 0.0), None, None, None
+
+
+def _fill_links(up: Tensor, d: Decomposition, w: int, tag: int, adjoint: bool) -> tuple[list, list]:
+    """The east/west and north/south links of a ringed block ``up`` (ghost ring of width ``w``).
+
+    Forward, a link sends the owner's edge strip and receives into the ghost strip; the adjoint
+    sends the ghost strip back and adds it into the edge strip.
+    """
+    ny, nx = up.shape[-2] - 2 * w, up.shape[-1] - 2 * w
+    rows = up[..., w : w + ny, :]
+    ew = [(d.west, rows[..., w : 2 * w], rows[..., :w], _WESTWARD, _EASTWARD),
+          (d.east, rows[..., nx : nx + w], rows[..., nx + w :], _EASTWARD, _WESTWARD)]
+    ns = [(d.north, up[..., w : 2 * w, :], up[..., :w, :], _NORTHWARD, _SOUTHWARD),
+          (d.south, up[..., ny : ny + w, :], up[..., ny + w :, :], _SOUTHWARD, _NORTHWARD)]
+
+    def links(group):
+        if adjoint:  # send the ghost strip, add into the edge strip
+            return [(peer, ghost, edge, tag + s, tag + r) for peer, edge, ghost, s, r in group]
+        return [(peer, edge, ghost, tag + s, tag + r) for peer, edge, ghost, s, r in group]
+
+    return links(ew), links(ns)
+
+
+class _HaloFill(Function):
+    """In-place ghost fill of a ringed block; its adjoint returns ghost gradients to their owners."""
+
+    @staticmethod
+    def forward(ctx, up: Tensor, d: Decomposition, comm: Comm, w: int, clock) -> Tensor:
+        ctx.args = (d, comm, w)
+        ctx.clock = clock
+        ew, ns = _fill_links(up, d, w, _TAG_HALO_FWD, adjoint=False)
+        _swap(comm, ew, accumulate=False)
+        _swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
+        ctx.mark_dirty(up)
+        return up
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        t0 = time.perf_counter()
+        d, comm, w = ctx.args
+        acc = g.clone()
+        ew, ns = _fill_links(acc, d, w, _TAG_HALO_ADJ, adjoint=True)
+        for group in (ns, ew):  # the forward's phases in reverse
+            _swap(comm, group, accumulate=True)
+            for peer, ghost, _, _, _ in group:
+                if peer is not None:
+                    ghost.zero_()  # overwritten in the forward: no gradient of its own
+        if ctx.clock is not None:
+            ctx.clock(time.perf_counter() - t0)
+        return acc, None, None, None, None
+
+
+def halo_fill(up: Tensor, decomp: Decomposition, comm: Comm, width: int,
+              clock: Callable[[float], None] | None = None) -> Tensor:
+    """Overwrite the ghost ring of ``up`` (``(..., ny + 2w, nx + 2w)``) with the neighbours' edges.
+
+    The in-place counterpart of :func:`halo_exchange` for fields stored with their ring: only
+    the strips move, no full-size copy is made.  Ghosts outside the global grid keep their
+    values. Returns ``up`` (modified in place; differentiable). ``clock``, if given, is told
+    the wall time of each backward (an in-place op leaves no room for timing marks around it).
+    """
+    _check_float(up, "halo_fill")
+    _check_layout(decomp, comm, "halo_fill")
+    expect = (decomp.local_shape[0] + 2 * width, decomp.local_shape[1] + 2 * width)
+    if up.dim() < 2 or tuple(up.shape[-2:]) != expect:
+        raise ValueError(f"halo_fill: expected a tensor ending in {expect} (the local shape plus "
+                         f"a ring of {width}), got {tuple(up.shape)}")
+    if width > min(decomp.min_local_shape):
+        raise ValueError(f"halo_fill: halo width {width} exceeds the smallest block "
+                         f"{decomp.min_local_shape}; use fewer ranks or a narrower stencil")
+    if comm.size == 1 or width == 0:
+        return up
+    return _HaloFill.apply(up, decomp, comm, width, clock)
 
 
 def _check_layout(decomp: Decomposition, comm: Comm, op: str) -> None:

@@ -3,8 +3,10 @@
 Leapfrog in time, 4th order in space (halo width 2, one halo exchange per step), Cerjan sponge
 (``u`` and ``u_prev`` multiplied by ``G = exp(-(alpha*(w-i))^2)`` in the outer ``w`` cells every
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
-dimension.  Gradients flow through autograd; the time loop is split into segments recomputed in
-the backward pass (``torch.utils.checkpoint``) so memory grows like sqrt(nt), not nt.
+dimension.  Each step is one operation of :mod:`odecli.pde.leapfrog` (a fused C kernel on CPU);
+sources are added after the sponge, scaled by it.  Gradients flow through autograd; the time loop
+is split into segments recomputed in the backward pass (``torch.utils.checkpoint``) so memory
+grows like sqrt(nt), not nt.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from torch.utils.checkpoint import checkpoint
 
 from odecli.pde.grid import Block, Grid
 from odecli.pde.sources import LocalGeometry
-from odecli.pde.stencils import acoustic_cfl_limit, laplacian4
+from odecli.pde.leapfrog import RING, interior, leapfrog_step, native_available
+from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
-HALO = 2
+HALO = RING
 
 
 def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, free_surface: bool,
@@ -48,29 +51,44 @@ class AcousticPropagator:
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, sponge: torch.Tensor | None, segments: int,
-                 timer: CommTimer | None = None) -> None:
+                 timer: CommTimer | None = None, fused: bool | None = None) -> None:
+        """``fused``: None uses the C kernel where it runs; False forces the PyTorch reference."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
         self.segments = segment_bounds(nt, segments)
         self.timer = timer
+        self.fused = fused
+        # Sources are injected after the sponge, so they are damped like the field they join.
+        self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
+        self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
+
+    def _use_fused(self, like: torch.Tensor) -> bool:
+        if self.fused is False:
+            return False
+        ok, why = native_available(like)
+        if self.fused and not ok:
+            raise RuntimeError(f"fused acoustic kernel unavailable: {why}")
+        return ok
 
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""
         return acoustic_cfl_limit(self.grid.dy, self.grid.dx) / self.dt
 
-    def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
-        g = self.geom
-        G = self.sponge
+    def _run(self, t0: int, t1: int, u_prev, u, c2dt2, recycle: bool = False):
+        """Steps ``t0 .. t1-1`` on ringed fields; ``recycle``: no autograd, buffers may be reused."""
+        g = self.rgeom
         dt2 = self.dt * self.dt
+        fused = self._use_fused(c2dt2)
         recs = []
         for it in range(t0, t1):
-            up = timed_halo(u, self.decomp, self.comm, HALO, 0.0, self.timer)
-            lap = laplacian4(up, self.grid.dy, self.grid.dx)
-            u_next = (u + u).sub_(u_prev).add_(lap.mul_(c2dt2))
-            u_next = g.inject(u_next, dt2, it)
-            if G is not None:
-                u_next = u_next * G
-                u = u * G
+            u_next = leapfrog_step(u, u_prev, c2dt2, self.sponge, self.grid.dy, self.grid.dx,
+                                   fused, recycle=recycle)
+            u_next = g.inject(u_next, dt2, it, self.src_gain)
+            if self.comm.size > 1:
+                # Filled here, while u_next is new: a field that crosses a checkpointed segment
+                # boundary is never modified in place afterwards.
+                u_next = timed_halo(u_next, self.decomp, self.comm, HALO, 0.0, self.timer,
+                                    in_place=True)
             u_prev, u = u, u_next
             recs.append(g.record(u))
         traces = torch.stack(recs, dim=-1) if recs else u.new_zeros((u.shape[0], g.nrec_local, 0))
@@ -78,13 +96,13 @@ class AcousticPropagator:
 
     def forward(self, c: torch.Tensor, return_field: bool = False):
         """Receiver traces ``(shots, nrec_local, nt)`` for local wave speed ``c`` (ny_l, nx_l)."""
-        g = self.geom
         c2dt2 = (c * c) * (self.dt * self.dt)
-        shape = (g.nshots,) + tuple(c.shape)
+        shape = (self.geom.nshots, c.shape[0] + 2 * HALO, c.shape[1] + 2 * HALO)
         u_prev = c.new_zeros(shape).detach()
         u = c.new_zeros(shape).detach()
         out = []
         use_ckpt = torch.is_grad_enabled() and c.requires_grad and len(self.segments) > 1
+        recycle = not torch.is_grad_enabled()
         for t0, t1 in self.segments:
             if use_ckpt:
                 u_prev, u, tr = checkpoint(
@@ -92,7 +110,7 @@ class AcousticPropagator:
                     preserve_rng_state=False,
                 )
             else:
-                u_prev, u, tr = self._run(t0, t1, u_prev, u, c2dt2)
+                u_prev, u, tr = self._run(t0, t1, u_prev, u, c2dt2, recycle)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
-        return (traces, u) if return_field else traces
+        return (traces, interior(u)) if return_field else traces

@@ -8,7 +8,7 @@ shared by all shots.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -87,6 +87,11 @@ class LocalGeometry:
     nshots: int
     nrec: int
 
+    def ringed(self, ring: int) -> "LocalGeometry":
+        """The same geometry for fields stored with a ghost ring of width ``ring``."""
+        return replace(self, src_iy=self.src_iy + ring, src_ix=self.src_ix + ring,
+                       rec_iy=self.rec_iy + ring, rec_ix=self.rec_ix + ring)
+
     @property
     def has_sources(self) -> bool:
         return self.src_shot.numel() > 0
@@ -99,14 +104,17 @@ class LocalGeometry:
         """Values of ``u`` (B, ny, nx) at the local receivers: (B, nrec_local)."""
         return u[:, self.rec_iy, self.rec_ix]
 
-    def inject(self, u: torch.Tensor, scale: float, it: int) -> torch.Tensor:
-        """Add ``scale * amp * wavelet[it]`` at the local source nodes, in place.
+    def inject(self, u: torch.Tensor, scale: float, it: int,
+               gain: torch.Tensor | None = None) -> torch.Tensor:
+        """Add ``scale * amp * wavelet[it]`` (times ``gain`` per source) at the source nodes, in place.
 
         ``u`` must be a fresh temporary (not saved by autograd), as in the time loops.
         """
         if not self.has_sources:
             return u
         vals = self.src_amp * (self.wavelet[it] * scale)
+        if gain is not None:
+            vals = vals * gain
         return u.index_put_((self.src_shot, self.src_iy, self.src_ix), vals, accumulate=True)
 
     def scatter_traces(self, local_traces: torch.Tensor) -> torch.Tensor:

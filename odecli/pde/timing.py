@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from odecli.parallel.ops import halo_exchange
+from odecli.parallel.ops import halo_exchange, halo_fill
 
 
 class CommTimer:
@@ -16,6 +16,9 @@ class CommTimer:
 
     def reset(self) -> None:
         self.comm_s = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.comm_s += seconds
 
 
 class _Mark(torch.autograd.Function):
@@ -37,8 +40,16 @@ class _Mark(torch.autograd.Function):
         return g, None, None
 
 
-def timed_halo(u, decomp, comm, width: int, fill: float, timer: CommTimer | None):
-    """``halo_exchange`` that adds its forward and backward wall time to ``timer.comm_s``."""
+def timed_halo(u, decomp, comm, width: int, fill: float, timer: CommTimer | None,
+               in_place: bool = False):
+    """``halo_exchange`` (or ``halo_fill`` of a ringed ``u``, ``in_place=True``) that adds its
+    forward and backward wall time to ``timer.comm_s``."""
+    if in_place:
+        t0 = time.perf_counter()
+        out = halo_fill(u, decomp, comm, width, clock=None if timer is None else timer.add)
+        if timer is not None:
+            timer.add(time.perf_counter() - t0)
+        return out
     if timer is None:
         return halo_exchange(u, decomp, comm, width, fill=fill)
     track = torch.is_grad_enabled() and u.requires_grad

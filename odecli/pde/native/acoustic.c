@@ -1,0 +1,134 @@
+/* Fused leapfrog step of the 2-D acoustic wave equation, 4th order in space, and its adjoint.
+ *
+ * Fields are C-contiguous (B, ny+4, nx+4): B shots, each with a ghost ring of width 2 around its
+ * ny x nx block (the ring holds neighbours' values or zeros at the edge of the grid).
+ * c2dt2 = c^2 dt^2 and the sponge G are (ny, nx), shared by all shots; G may be NULL (none).
+ *
+ *   u_next = G * ((2u - G*u_prev) + c2dt2 * lap(u))      on the block; zeros on the ring.
+ *
+ * Every operation rounds on its own, in the order of odecli.pde.leapfrog.reference_step (build
+ * with -ffp-contract=off), so the kernel reproduces the PyTorch reference bit for bit.  It makes
+ * one pass over the grid where eager PyTorch makes about twenty full-size temporaries.
+ * u_next may be the same array as u_prev (each point of u_prev is read once, before its point of
+ * u_next is written): a forward run without gradients recycles the buffer.
+ */
+#include <stddef.h>
+#include <string.h>
+
+#define C0 (-5.0 / 2.0)
+#define C1 (4.0 / 3.0)
+#define C2 (-1.0 / 12.0)
+
+/* lap at column j of the block row whose padded row starts at r (row stride s) */
+#define LAP(r, s, j)                                                                  \
+    ((((((r)[(j) + 2] * kc) + (((r)[(j) + 1] + (r)[(j) + 3]) * k1x))                  \
+       + (((r)[(j)] + (r)[(j) + 4]) * k2x))                                           \
+      + (((r)[(j) + 2 - (s)] + (r)[(j) + 2 + (s)]) * k1y))                            \
+     + (((r)[(j) + 2 - 2 * (s)] + (r)[(j) + 2 + 2 * (s)]) * k2y))
+
+#define COEFFS(T)                                                                     \
+    const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
+    const T k1y = (T)(C1 * iy2), k2y = (T)(C2 * iy2)
+
+#define DEFINE_KERNELS(T, SUFFIX)                                                             \
+static void zero_ring_##SUFFIX(T *f, long ny, long nx)                                        \
+{                                                                                             \
+    const long w = nx + 4;                                                                    \
+    memset(f, 0, sizeof(T) * 2 * w);                                                          \
+    memset(f + (ny + 2) * w, 0, sizeof(T) * 2 * w);                                           \
+    for (long i = 2; i < ny + 2; ++i) {                                                       \
+        f[i * w] = f[i * w + 1] = 0;                                                          \
+        f[i * w + nx + 2] = f[i * w + nx + 3] = 0;                                            \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
+                               const T *u_prev, const T *restrict c2dt2,                     \
+                               const T *restrict sponge, double iy2, double ix2, T *u_next)  \
+{                                                                                             \
+    const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    COEFFS(T);                                                                                \
+    for (long b = 0; b < B; ++b) {                                                            \
+        for (long i = 0; i < ny; ++i) {                                                       \
+            const long row = b * plane + (i + 2) * w;                                         \
+            const T *restrict r = up + row;                                                   \
+            const T *p = u_prev + row + 2;                                                    \
+            const T *restrict cc = c2dt2 + i * nx;                                            \
+            T *out = u_next + row + 2;                                                        \
+            if (sponge) {                                                                     \
+                const T *restrict g = sponge + i * nx;                                        \
+                for (long j = 0; j < nx; ++j) {                                               \
+                    const T c = r[j + 2];                                                     \
+                    out[j] = (((c + c) - p[j] * g[j]) + LAP(r, w, j) * cc[j]) * g[j];         \
+                }                                                                             \
+            } else {                                                                          \
+                for (long j = 0; j < nx; ++j) {                                               \
+                    const T c = r[j + 2];                                                     \
+                    out[j] = ((c + c) - p[j]) + LAP(r, w, j) * cc[j];                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        zero_ring_##SUFFIX(u_next + b * plane, ny, nx);                                       \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+/* Adjoint of the forward map.  g_next: gradient of u_next (its ring is ignored: the forward  \
+ * wrote constants there).  Writes grad_up and grad_prev (B, ny+4, nx+4) and adds the          \
+ * shot-summed gradient of c2dt2 into grad_c2 (ny, nx).  scratch: (ny+8)*(nx+8) elements.      \
+ * lap is symmetric, so its adjoint is the same stencil applied to h = c2dt2*G*g_next, padded  \
+ * with zeros: pass 1 computes h and the pointwise terms, pass 2 the stencil over the padded   \
+ * block (the ring's share goes to the neighbours through the halo exchange's adjoint).        \
+ */                                                                                           \
+void leapfrog_backward_##SUFFIX(long B, long ny, long nx, const T *restrict up,              \
+                                const T *restrict c2dt2, const T *restrict sponge,           \
+                                const T *restrict g_next, double iy2, double ix2,            \
+                                T *restrict grad_up, T *restrict grad_prev,                  \
+                                T *restrict grad_c2, T *restrict scratch)                    \
+{                                                                                             \
+    const long w = nx + 4, plane = (ny + 4) * w, hw = nx + 8;                                 \
+    COEFFS(T);                                                                                \
+    memset(scratch, 0, sizeof(T) * (size_t)(ny + 8) * (size_t)hw);                            \
+    for (long b = 0; b < B; ++b) {                                                            \
+        for (long i = 0; i < ny; ++i) {                                                       \
+            const long row = b * plane + (i + 2) * w;                                         \
+            const T *restrict r = up + row;                                                   \
+            const T *restrict gn = g_next + row + 2;                                          \
+            const T *restrict cc = c2dt2 + i * nx;                                            \
+            T *restrict gp = grad_prev + row + 2;                                             \
+            T *restrict gc = grad_c2 + i * nx;                                                \
+            T *restrict h = scratch + (i + 4) * hw + 4;                                       \
+            T *restrict d = grad_up + row + 2;                                                \
+            if (sponge) {                                                                     \
+                const T *restrict s = sponge + i * nx;                                        \
+                for (long j = 0; j < nx; ++j) {                                               \
+                    const T g = gn[j] * s[j];                                                 \
+                    gp[j] = -(g * s[j]);                                                      \
+                    gc[j] += g * LAP(r, w, j);                                                \
+                    h[j] = g * cc[j];                                                         \
+                    d[j] = g + g;                                                             \
+                }                                                                             \
+            } else {                                                                          \
+                for (long j = 0; j < nx; ++j) {                                               \
+                    const T g = gn[j];                                                        \
+                    gp[j] = -g;                                                               \
+                    gc[j] += g * LAP(r, w, j);                                                \
+                    h[j] = g * cc[j];                                                         \
+                    d[j] = g + g;                                                             \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        zero_ring_##SUFFIX(grad_prev + b * plane, ny, nx);                                    \
+        for (long I = 0; I < ny + 4; ++I) {                                                   \
+            const T *hr = scratch + (I + 2) * hw;                                             \
+            T *restrict out = grad_up + b * plane + I * w;                                    \
+            /* ring cells get the stencil term only; block cells add it to pass 1's term */   \
+            const long j0 = (I >= 2 && I < ny + 2) ? 2 : w, j1 = (j0 == 2) ? nx + 2 : w;      \
+            for (long J = 0; J < j0; ++J) out[J] = LAP(hr, hw, J);                            \
+            for (long J = j0; J < j1; ++J) out[J] = out[J] + LAP(hr, hw, J);                  \
+            for (long J = j1; J < w; ++J) out[J] = LAP(hr, hw, J);                            \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_KERNELS(double, f64)
+DEFINE_KERNELS(float, f32)

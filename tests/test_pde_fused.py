@@ -1,0 +1,142 @@
+"""The fused C acoustic step against the PyTorch reference step, and the kernel build cache."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from odecli.parallel.comm import get_comm
+from odecli.pde import native
+from odecli.pde.leapfrog import leapfrog_step, native_available, reference_step
+from odecli.pde.problem import Problem
+from odecli.pde.spec import validate
+
+sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
+from pde_equivalence import BASE, variants  # noqa: E402
+
+sys.path.pop(0)
+
+HAVE_NATIVE, WHY = native_available(torch.zeros(1, dtype=torch.float64))
+
+
+def test_kernel_builds_here():
+    """CI has a C compiler, so a missing kernel is a failure here, not a skip."""
+    assert HAVE_NATIVE, WHY
+
+
+def _problem(raw: dict, fused: bool, dtype: str = "float64") -> Problem:
+    raw = copy.deepcopy(raw)
+    raw.setdefault("compute", {})["dtype"] = dtype
+    spec = validate(raw, "t.yaml")
+    spec["text"] = ""
+    P = Problem(spec, get_comm())
+    P.prop.fused = fused
+    return P
+
+
+@pytest.mark.parametrize("name", ["grid", "grid_free_surface", "mlp"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_fused_forward_equals_reference_bit_for_bit(name, dtype):
+    raw = variants()[name]
+    traces = []
+    for fused in (False, True):
+        P = _problem(raw, fused, dtype)
+        c = P.unknown.field().detach()
+        with torch.no_grad():
+            tr, field = P.prop.forward(c, return_field=True)
+        traces.append((tr, field))
+    (t0, f0), (t1, f1) = traces
+    assert t0.abs().max() > 0
+    assert torch.equal(t0, t1) and torch.equal(f0, f1)
+
+
+@pytest.mark.parametrize("name", ["grid", "grid_free_surface", "scalars"])
+def test_fused_gradient_matches_reference(name):
+    raw = variants()[name]
+    (l0, g0), (l1, g1) = (_problem(raw, fused).evaluate(0) for fused in (False, True))
+    assert l0 == l1
+    for a, b in zip(g0, g1):
+        assert float(a.abs().max()) > 0
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14 * float(a.abs().max()))
+
+
+def test_forward_without_autograd_recycles_buffers_but_not_results():
+    """The no-grad forward writes each new field over the one two steps back; traces must not change."""
+    P = _problem(BASE, True)
+    c = P.unknown.field().detach()
+    with torch.no_grad():
+        recycled = P.prop.forward(c)
+    tracked = P.prop.forward(c.clone().requires_grad_())
+    assert torch.equal(recycled, tracked.detach())
+
+
+@pytest.mark.parametrize("with_sponge", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_step_value_and_adjoint_against_autograd_of_reference(with_sponge, dtype):
+    gen = torch.Generator().manual_seed(3)
+    b, ny, nx, dy, dx = 2, 9, 13, 10.0, 12.0
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
+    u = rnd(b, ny + 4, nx + 4).requires_grad_()  # a full ring: as a neighbour-filled field
+    u_prev = rnd(b, ny + 4, nx + 4).requires_grad_()
+    c2dt2 = (0.1 + rnd(ny, nx).abs() * 0.1).requires_grad_()
+    sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
+    out_ref = reference_step(u, u_prev, c2dt2, sponge, dy, dx)
+    out = leapfrog_step(u, u_prev, c2dt2, sponge, dy, dx, fused=True)
+    assert torch.equal(out, out_ref)
+    w = rnd(b, ny + 4, nx + 4)
+    ref = torch.autograd.grad(out_ref, (u, u_prev, c2dt2), w)
+    got = torch.autograd.grad(out, (u, u_prev, c2dt2), w)
+    tol = 1e-12 if dtype is torch.float64 else 2e-5
+    for name, a, g in zip(("u", "u_prev", "c2dt2"), ref, got):
+        torch.testing.assert_close(g, a, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_step_rejects_mismatched_layout():
+    u = torch.zeros(1, 10, 10, dtype=torch.float64)
+    with pytest.raises(ValueError, match="expected u, u_prev"):
+        leapfrog_step(u, u, torch.zeros(5, 5, dtype=torch.float64), None, 1.0, 1.0, fused=True)
+
+
+def test_turned_off_kernel_falls_back_with_a_reason(monkeypatch):
+    monkeypatch.setenv("ODECLI_NATIVE", "0")
+    native.load.cache_clear()
+    try:
+        ok, why = native_available(torch.zeros(1, dtype=torch.float64))
+        assert not ok and "ODECLI_NATIVE" in why
+        P = _problem(BASE, None)
+        with torch.no_grad():
+            P.prop.forward(P.unknown.field().detach())  # the reference path runs
+        P.prop.fused = True
+        with pytest.raises(RuntimeError, match="ODECLI_NATIVE"):
+            P.prop.forward(P.unknown.field().detach())
+    finally:
+        native.load.cache_clear()
+
+
+def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setenv("ODECLI_CACHE_DIR", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        lib, why = native.load("acoustic")
+        assert lib is not None, why
+        built = list(tmp_path.glob("acoustic-*.so"))
+        assert len(built) == 1 and not list(tmp_path.glob("*.tmp.so"))
+        stamp = built[0].stat().st_mtime_ns
+        native.load.cache_clear()
+        assert native.load("acoustic")[0] is not None
+        assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+        fake = tmp_path / "broken-cc"
+        fake.write_text("#!/bin/sh\necho 'fake 1.0'; [ \"$1\" = --version ] && exit 0; "
+                        "echo 'no such flag' >&2; exit 1\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("CC", str(fake))
+        native.load.cache_clear()
+        lib, why = native.load("acoustic")
+        assert lib is None and "failed" in why and "no such flag" in why
+    finally:
+        native.load.cache_clear()
