@@ -11,7 +11,8 @@ import torch
 
 from odecli.parallel.comm import get_comm
 from odecli.pde import native
-from odecli.pde.leapfrog import leapfrog_step, native_available, reference_step
+from odecli.pde.leapfrog import (adjoint_scratch, native_available, reference_step, step_adjoint,
+                                 step_forward)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
 
@@ -76,7 +77,8 @@ def test_forward_without_autograd_recycles_buffers_but_not_results():
 
 @pytest.mark.parametrize("with_sponge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_fused_step_value_and_adjoint_against_autograd_of_reference(with_sponge, dtype):
+def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype):
+    """Forward bit for bit; the in-place adjoint equals autograd's vector-Jacobian product."""
     gen = torch.Generator().manual_seed(3)
     b, ny, nx, dy, dx = 2, 9, 13, 10.0, 12.0
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
@@ -84,21 +86,33 @@ def test_fused_step_value_and_adjoint_against_autograd_of_reference(with_sponge,
     u_prev = rnd(b, ny + 4, nx + 4).requires_grad_()
     c2dt2 = (0.1 + rnd(ny, nx).abs() * 0.1).requires_grad_()
     sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
-    out_ref = reference_step(u, u_prev, c2dt2, sponge, dy, dx)
-    out = leapfrog_step(u, u_prev, c2dt2, sponge, dy, dx, fused=True)
-    assert torch.equal(out, out_ref)
+    expected = reference_step(u, u_prev, c2dt2, sponge, dy, dx)
+    out = step_forward(u.detach(), u_prev.detach(), c2dt2.detach(), sponge, dy, dx,
+                       torch.empty_like(u))
+    assert torch.equal(out, expected)
+    recycled = u_prev.detach().clone()
+    step_forward(u.detach(), recycled, c2dt2.detach(), sponge, dy, dx, recycled)
+    assert torch.equal(recycled, expected)  # writing over u_prev while reading it is safe
+
     w = rnd(b, ny + 4, nx + 4)
-    ref = torch.autograd.grad(out_ref, (u, u_prev, c2dt2), w)
-    got = torch.autograd.grad(out, (u, u_prev, c2dt2), w)
+    ref_u, ref_prev, ref_c2 = torch.autograd.grad(expected, (u, u_prev, c2dt2), w)
+    already = torch.zeros_like(w)
+    already[:, 2:-2, 2:-2] = rnd(b, ny, nx)  # adjoint u has from the next step (block only)
+    g, a, grad_c2 = w.clone(), already.clone(), torch.zeros(ny, nx, dtype=dtype)
+    step_adjoint(u.detach(), c2dt2.detach(), sponge, g, a, dy, dx, grad_c2, adjoint_scratch(c2dt2))
     tol = 1e-12 if dtype is torch.float64 else 2e-5
-    for name, a, g in zip(("u", "u_prev", "c2dt2"), ref, got):
-        torch.testing.assert_close(g, a, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
+    for name, got, want in (("u", a, ref_u + already), ("u_prev", g, ref_prev),
+                            ("c2dt2", grad_c2, ref_c2)):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
 
 
-def test_step_rejects_mismatched_layout():
+def test_kernels_reject_mismatched_layout():
     u = torch.zeros(1, 10, 10, dtype=torch.float64)
-    with pytest.raises(ValueError, match="expected u, u_prev"):
-        leapfrog_step(u, u, torch.zeros(5, 5, dtype=torch.float64), None, 1.0, 1.0, fused=True)
+    with pytest.raises(ValueError, match="expected fields"):
+        step_forward(u, u, torch.zeros(5, 5, dtype=torch.float64), None, 1.0, 1.0, u)
+    c2 = torch.zeros(6, 6, dtype=torch.float64)
+    with pytest.raises(ValueError, match="different buffers"):
+        step_adjoint(u, c2, None, u, u, 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
 
 
 def test_turned_off_kernel_falls_back_with_a_reason(monkeypatch):

@@ -36,3 +36,17 @@ def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid):
         err = float(np.abs(val - ref).max()) / scale
         tol = 1e-10 if ("/grad/" in key or key.endswith("/loss")) else 1e-12
         assert err <= tol, f"{key} on {grid}: relative difference {err:.3e} > {tol}"
+
+
+def test_reference_path_on_two_ranks_equals_fused_one_rank(reference, tmp_path, monkeypatch):
+    """The PyTorch reference (CUDA's path, or no C compiler) with in-place halo fills across ranks."""
+    monkeypatch.setenv("ODECLI_NATIVE", "0")
+    out = tmp_path / "res.npz"
+    proc = run_mpi(SCRIPTS / "pde_equivalence.py", 2, [str(out), "1x2"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out)
+    for key, ref in reference.items():
+        scale = max(float(np.abs(ref).max()), 1e-300)
+        err = float(np.abs(got[key] - ref).max()) / scale
+        tol = 1e-10 if ("/grad/" in key or key.endswith("/loss")) else 1e-12
+        assert err <= tol, f"{key}: relative difference {err:.3e} > {tol}"

@@ -153,16 +153,29 @@ def _fill_links(up: Tensor, d: Decomposition, w: int, tag: int, adjoint: bool) -
     return links(ew), links(ns)
 
 
-class _HaloFill(Function):
-    """In-place ghost fill of a ringed block; its adjoint returns ghost gradients to their owners."""
+def fill_ring_(up: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
+    """Overwrite the ghost ring of ``up`` with the neighbours' edge strips (no autograd)."""
+    ew, ns = _fill_links(up, d, w, _TAG_HALO_FWD, adjoint=False)
+    _swap(comm, ew, accumulate=False)
+    _swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
 
+
+def fill_ring_adjoint_(g: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
+    """Adjoint of :func:`fill_ring_` in place: ghost gradients are added into their owners'
+    edge strips and then zeroed (an overwritten ghost has no gradient of its own)."""
+    ew, ns = _fill_links(g, d, w, _TAG_HALO_ADJ, adjoint=True)
+    for group in (ns, ew):  # the forward's phases in reverse
+        _swap(comm, group, accumulate=True)
+        for peer, ghost, _, _, _ in group:
+            if peer is not None:
+                ghost.zero_()
+
+
+class _HaloFill(Function):
     @staticmethod
     def forward(ctx, up: Tensor, d: Decomposition, comm: Comm, w: int, clock) -> Tensor:
-        ctx.args = (d, comm, w)
-        ctx.clock = clock
-        ew, ns = _fill_links(up, d, w, _TAG_HALO_FWD, adjoint=False)
-        _swap(comm, ew, accumulate=False)
-        _swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
+        ctx.args, ctx.clock = (d, comm, w), clock
+        fill_ring_(up, d, comm, w)
         ctx.mark_dirty(up)
         return up
 
@@ -170,14 +183,8 @@ class _HaloFill(Function):
     @once_differentiable
     def backward(ctx, g: Tensor):
         t0 = time.perf_counter()
-        d, comm, w = ctx.args
         acc = g.clone()
-        ew, ns = _fill_links(acc, d, w, _TAG_HALO_ADJ, adjoint=True)
-        for group in (ns, ew):  # the forward's phases in reverse
-            _swap(comm, group, accumulate=True)
-            for peer, ghost, _, _, _ in group:
-                if peer is not None:
-                    ghost.zero_()  # overwritten in the forward: no gradient of its own
+        fill_ring_adjoint_(acc, *ctx.args)
         if ctx.clock is not None:
             ctx.clock(time.perf_counter() - t0)
         return acc, None, None, None, None

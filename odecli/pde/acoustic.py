@@ -3,10 +3,11 @@
 Leapfrog in time, 4th order in space (halo width 2, one halo exchange per step), Cerjan sponge
 (``u`` and ``u_prev`` multiplied by ``G = exp(-(alpha*(w-i))^2)`` in the outer ``w`` cells every
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
-dimension.  Each step is one operation of :mod:`odecli.pde.leapfrog` (a fused C kernel on CPU);
-sources are added after the sponge, scaled by it.  Gradients flow through autograd; the time loop
-is split into segments recomputed in the backward pass (``torch.utils.checkpoint``) so memory
-grows like sqrt(nt), not nt.
+dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
+ring (:mod:`odecli.pde.leapfrog`).  On CPU the time loop runs on fused C kernels with a
+hand-written adjoint loop (:mod:`odecli.pde.acoustic_native`); elsewhere autograd differentiates
+the PyTorch reference step, with the time loop split into segments recomputed in the backward
+pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not nt.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 from odecli.pde.grid import Block, Grid
 from odecli.pde.sources import LocalGeometry
-from odecli.pde.leapfrog import RING, interior, leapfrog_step, native_available
+from odecli.pde.acoustic_native import Loop, Workspace, propagate
+from odecli.pde.leapfrog import RING, interior, native_available, reference_step
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
@@ -61,6 +63,7 @@ class AcousticPropagator:
         # Sources are injected after the sponge, so they are damped like the field they join.
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
+        self.workspace = Workspace()
 
     def _use_fused(self, like: torch.Tensor) -> bool:
         if self.fused is False:
@@ -74,15 +77,13 @@ class AcousticPropagator:
         """Largest stable wave speed for this dt and grid."""
         return acoustic_cfl_limit(self.grid.dy, self.grid.dx) / self.dt
 
-    def _run(self, t0: int, t1: int, u_prev, u, c2dt2, recycle: bool = False):
-        """Steps ``t0 .. t1-1`` on ringed fields; ``recycle``: no autograd, buffers may be reused."""
+    def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
+        """Reference steps ``t0 .. t1-1`` on ringed fields (autograd records them)."""
         g = self.rgeom
         dt2 = self.dt * self.dt
-        fused = self._use_fused(c2dt2)
         recs = []
         for it in range(t0, t1):
-            u_next = leapfrog_step(u, u_prev, c2dt2, self.sponge, self.grid.dy, self.grid.dx,
-                                   fused, recycle=recycle)
+            u_next = reference_step(u, u_prev, c2dt2, self.sponge, self.grid.dy, self.grid.dx)
             u_next = g.inject(u_next, dt2, it, self.src_gain)
             if self.comm.size > 1:
                 # Filled here, while u_next is new: a field that crosses a checkpointed segment
@@ -94,15 +95,12 @@ class AcousticPropagator:
         traces = torch.stack(recs, dim=-1) if recs else u.new_zeros((u.shape[0], g.nrec_local, 0))
         return u_prev, u, traces
 
-    def forward(self, c: torch.Tensor, return_field: bool = False):
-        """Receiver traces ``(shots, nrec_local, nt)`` for local wave speed ``c`` (ny_l, nx_l)."""
-        c2dt2 = (c * c) * (self.dt * self.dt)
-        shape = (self.geom.nshots, c.shape[0] + 2 * HALO, c.shape[1] + 2 * HALO)
-        u_prev = c.new_zeros(shape).detach()
-        u = c.new_zeros(shape).detach()
+    def _reference(self, c2dt2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (self.geom.nshots, c2dt2.shape[0] + 2 * HALO, c2dt2.shape[1] + 2 * HALO)
+        u_prev = c2dt2.new_zeros(shape).detach()
+        u = c2dt2.new_zeros(shape).detach()
         out = []
-        use_ckpt = torch.is_grad_enabled() and c.requires_grad and len(self.segments) > 1
-        recycle = not torch.is_grad_enabled()
+        use_ckpt = torch.is_grad_enabled() and c2dt2.requires_grad and len(self.segments) > 1
         for t0, t1 in self.segments:
             if use_ckpt:
                 u_prev, u, tr = checkpoint(
@@ -110,7 +108,21 @@ class AcousticPropagator:
                     preserve_rng_state=False,
                 )
             else:
-                u_prev, u, tr = self._run(t0, t1, u_prev, u, c2dt2, recycle)
+                u_prev, u, tr = self._run(t0, t1, u_prev, u, c2dt2)
             out.append(tr)
-        traces = torch.cat(out, dim=-1)
+        return torch.cat(out, dim=-1), u
+
+    def forward(self, c: torch.Tensor, return_field: bool = False):
+        """Receiver traces ``(shots, nrec_local, nt)`` for local wave speed ``c`` (ny_l, nx_l).
+
+        ``return_field`` also gives the final wavefield on the block (values only on CPU).
+        """
+        c2dt2 = (c * c) * (self.dt * self.dt)
+        if self._use_fused(c2dt2):
+            loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
+                        self.sponge, self.rgeom, self.src_gain, self.decomp, self.comm, self.timer,
+                        self.workspace)
+            traces, u = propagate(loop, c2dt2.contiguous(), self.geom.nshots)
+        else:
+            traces, u = self._reference(c2dt2)
         return (traces, interior(u)) if return_field else traces

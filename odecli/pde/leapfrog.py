@@ -1,18 +1,19 @@
-"""One leapfrog step of the acoustic equation, as one autograd operation.
+"""One leapfrog step of the acoustic equation: the PyTorch reference and the fused C kernels.
 
 Fields are kept with their ghost ring: ``(B, ny + 4, nx + 4)``, the block at ``[2:-2, 2:-2]``.
-``leapfrog_step(u, u_prev, c2dt2, sponge)`` returns
+One step maps ``(u_prev, u)`` to
 
     u_next = G * ((2u - G*u_prev) + c2dt2 * lap4(u))     (zeros on the ring),
 
 ``G`` the sponge (taken as 1 when ``None``).  Applying ``G`` to ``u_prev`` here, rather than
 storing a damped copy of ``u`` each step, is what Cerjan damping of both time levels amounts to,
-with one array less to write.  On CPU the step runs as a fused C kernel with a hand-written
-adjoint (:mod:`odecli.pde.native`): one pass over the grid forward and two backward, instead of
-about twenty full-size temporaries, and no padding copy (a one-rank run never touches the ring;
-with neighbours, :func:`odecli.parallel.ops.halo_fill` overwrites it in place).  Elsewhere, or
-without a C compiler, :func:`reference_step` runs: the readable PyTorch version, which the kernel
-reproduces bit for bit in the forward pass and to round-off in the gradient.
+with one array less to write.
+
+:func:`reference_step` is the readable PyTorch version (any device; autograd differentiates it).
+:func:`step_forward` and :func:`step_adjoint` are the fused C kernels (:mod:`odecli.pde.native`)
+that :mod:`odecli.pde.acoustic` drives on CPU: one pass over the grid each, instead of about
+twenty full-size temporaries, and no padding copy.  The forward kernel reproduces the reference
+bit for bit; the adjoint matches autograd of the reference to round-off (tests).
 """
 
 from __future__ import annotations
@@ -58,22 +59,6 @@ def native_available(t: Tensor) -> tuple[bool, str]:
     return lib is not None, why
 
 
-def leapfrog_step(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
-                  dy: float, dx: float, fused: bool, recycle: bool = False) -> Tensor:
-    """The step: fused (the caller checked :func:`native_available`) or the reference.
-
-    ``recycle=True`` (fused, no autograd) writes ``u_next`` over ``u_prev``'s buffer, which a
-    caller that keeps no reference to ``u_prev`` does not need any more.
-    """
-    if not fused:
-        return reference_step(u, u_prev, c2dt2, sponge, dy, dx)
-    _check(u, u_prev, c2dt2, sponge)
-    inv = (1.0 / (dy * dy), 1.0 / (dx * dx))
-    if recycle and not torch.is_grad_enabled():
-        return _forward(u, u_prev, c2dt2, sponge, *inv, out=u_prev)
-    return _FusedStep.apply(u, u_prev, c2dt2, sponge, *inv)
-
-
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
@@ -85,49 +70,60 @@ def _kernel(kind: str, dtype: torch.dtype):
     return getattr(lib, f"leapfrog_{kind}_{_SUFFIX[dtype]}")
 
 
-def _forward(u, u_prev, c2dt2, sponge, iy2, ix2, out: Tensor) -> Tensor:
-    b, ny, nx = u.shape[0], u.shape[1] - 2 * RING, u.shape[2] - 2 * RING
+def _dims(u: Tensor) -> tuple[ctypes.c_long, ctypes.c_long, ctypes.c_long]:
+    return (ctypes.c_long(u.shape[0]), ctypes.c_long(u.shape[1] - 2 * RING),
+            ctypes.c_long(u.shape[2] - 2 * RING))
+
+
+def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
+                 dy: float, dx: float, out: Tensor) -> Tensor:
+    """The fused step into ``out`` (which may be ``u_prev``): no autograd, plain tensors."""
+    check_layout(u, c2dt2, sponge, u_prev, out)
     _kernel("forward", u.dtype)(
-        ctypes.c_long(b), ctypes.c_long(ny), ctypes.c_long(nx), _ptr(u), _ptr(u_prev),
-        _ptr(c2dt2), _ptr(sponge), ctypes.c_double(iy2), ctypes.c_double(ix2), _ptr(out))
+        *_dims(u), _ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge),
+        ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(out))
     return out
 
 
-class _FusedStep(torch.autograd.Function):
-    """The C forward and its C adjoint."""
+def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
+                 dy: float, dx: float, grad_c2: Tensor, scratch: Tensor) -> None:
+    """Adjoint of :func:`step_forward` at field ``u``, in place (the C source has the exact map).
 
-    @staticmethod
-    def forward(ctx, u, u_prev, c2dt2, sponge, iy2, ix2):
-        u_next = _forward(u, u_prev, c2dt2, sponge, iy2, ix2, out=torch.empty_like(u))
-        ctx.save_for_backward(u, c2dt2, sponge)
-        ctx.inv = (iy2, ix2)
-        return u_next
-
-    @staticmethod
-    def backward(ctx, g_next):
-        u, c2dt2, sponge = ctx.saved_tensors
-        b, ny, nx = u.shape[0], u.shape[1] - 2 * RING, u.shape[2] - 2 * RING
-        g_next = g_next.contiguous()
-        grad_u, grad_prev = torch.empty_like(u), torch.empty_like(u)
-        grad_c2 = torch.zeros_like(c2dt2)
-        scratch = u.new_empty(((ny + 4 * RING) * (nx + 4 * RING),))
-        _kernel("backward", u.dtype)(
-            ctypes.c_long(b), ctypes.c_long(ny), ctypes.c_long(nx), _ptr(u), _ptr(c2dt2),
-            _ptr(sponge), _ptr(g_next), ctypes.c_double(ctx.inv[0]), ctypes.c_double(ctx.inv[1]),
-            _ptr(grad_u), _ptr(grad_prev), _ptr(grad_c2), _ptr(scratch))
-        return grad_u, grad_prev, grad_c2, None, None, None
+    On entry ``g`` is the adjoint of ``u_next`` and ``a`` what ``u``'s adjoint already holds;
+    on exit ``a`` is the adjoint of ``u`` and ``g`` that of ``u_prev``; ``grad_c2`` is added to.
+    ``scratch``: :func:`adjoint_scratch` (zeroed once, reusable across steps).
+    """
+    check_layout(u, c2dt2, sponge, g, a)
+    ny, nx = c2dt2.shape
+    if scratch.numel() != _SCRATCH_ROWS * (nx + 4 * RING) or grad_c2.shape != c2dt2.shape:
+        raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
+    if g.data_ptr() == a.data_ptr():
+        raise ValueError("step_adjoint: g and a must be different buffers")
+    _kernel("adjoint", u.dtype)(
+        *_dims(u), _ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(g), _ptr(a),
+        ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(grad_c2),
+        _ptr(scratch))
 
 
-def _check(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None) -> None:
-    """The kernel reads raw memory: shapes, dtypes and layouts must be exactly as it assumes."""
+_SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c
+
+
+def adjoint_scratch(c2dt2: Tensor) -> Tensor:
+    """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``."""
+    return c2dt2.new_zeros((_SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING),))
+
+
+def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:
+    """The kernels read raw memory: shapes, dtypes and layouts must be exactly as they assume."""
     block = tuple(c2dt2.shape)
-    ok = (u.dim() == 3 and u.shape == u_prev.shape and len(block) == 2
+    ok = (u.dim() == 3 and len(block) == 2
           and tuple(u.shape[1:]) == (block[0] + 2 * RING, block[1] + 2 * RING)
-          and (sponge is None or tuple(sponge.shape) == block))
+          and (sponge is None or tuple(sponge.shape) == block)
+          and all(f is None or f.shape == u.shape for f in fields))
     if not ok:
-        raise ValueError(f"leapfrog_step: expected u, u_prev (B, ny+4, nx+4) and c2dt2, sponge "
-                         f"(ny, nx); got {tuple(u.shape)}, {tuple(u_prev.shape)}, {block}, "
-                         f"{None if sponge is None else tuple(sponge.shape)}")
-    for t in (u, u_prev, c2dt2, sponge):
-        if t is not None and (t.dtype != u.dtype or not t.is_contiguous() or t.device != u.device):
-            raise ValueError("leapfrog_step: all tensors must be contiguous and share dtype and device")
+        raise ValueError(f"leapfrog: expected fields (B, ny+4, nx+4) and c2dt2, sponge (ny, nx); "
+                         f"got {tuple(u.shape)}, {[None if f is None else tuple(f.shape) for f in fields]}, "
+                         f"{block}, {None if sponge is None else tuple(sponge.shape)}")
+    for t in (u, c2dt2, sponge, *fields):
+        if t is not None and (t.dtype != u.dtype or not t.is_contiguous() or t.device.type != "cpu"):
+            raise ValueError("leapfrog: the kernels need contiguous CPU tensors of one dtype")

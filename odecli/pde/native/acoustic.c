@@ -26,6 +26,15 @@
       + (((r)[(j) + 2 - (s)] + (r)[(j) + 2 + (s)]) * k1y))                            \
      + (((r)[(j) + 2 - 2 * (s)] + (r)[(j) + 2 + 2 * (s)]) * k2y))
 
+/* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
+#define HROWS 8
+#define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
+#define LAPT(J)                                                                       \
+    (((((hc[(J) + 2] * kc) + ((hc[(J) + 1] + hc[(J) + 3]) * k1x))                     \
+       + ((hc[(J)] + hc[(J) + 4]) * k2x))                                             \
+      + ((n1[(J) + 2] + s1[(J) + 2]) * k1y))                                          \
+     + ((n2[(J) + 2] + s2[(J) + 2]) * k2y))
+
 #define COEFFS(T)                                                                     \
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
     const T k1y = (T)(C1 * iy2), k2y = (T)(C2 * iy2)
@@ -72,61 +81,67 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
     }                                                                                         \
 }                                                                                             \
                                                                                               \
-/* Adjoint of the forward map.  g_next: gradient of u_next (its ring is ignored: the forward  \
- * wrote constants there).  Writes grad_up and grad_prev (B, ny+4, nx+4) and adds the          \
- * shot-summed gradient of c2dt2 into grad_c2 (ny, nx).  scratch: (ny+8)*(nx+8) elements.      \
- * lap is symmetric, so its adjoint is the same stencil applied to h = c2dt2*G*g_next, padded  \
- * with zeros: pass 1 computes h and the pointwise terms, pass 2 the stencil over the padded   \
- * block (the ring's share goes to the neighbours through the halo exchange's adjoint).        \
+/* Adjoint of one step, in place, as the adjoint time loop needs it.                          \
+ * On entry g holds the adjoint of u_next (its ring is ignored: the forward wrote constants    \
+ * there) and a the adjoint u already has from elsewhere (the next step reads u as its u_prev:  \
+ * block only, zero ring).  On exit a holds the whole adjoint of u (ring included, for the     \
+ * halo adjoint to send back), a += 2 G g' + lap^T(c2dt2 G g'), g' = g, and g the adjoint of   \
+ * u_prev, -G G g' (zero ring); the shot-summed gradient of c2dt2 is added into grad_c2.       \
+ * lap is symmetric, so lap^T is the same stencil applied to h = c2dt2 G g' padded with zeros.  \
+ * Row i of the pointwise pass is followed by row i of the stencil pass (which needs h rows     \
+ * i-4 .. i), so each row comes from memory once and h lives in a ring of HROWS rows: scratch   \
+ * holds (HROWS + 1) rows of nx+8 (4 zero columns each side, then one all-zero row standing in  \
+ * for rows off the block); the caller zeroes it once, the kernel writes only inside columns.  \
+ * Every pointer is distinct (restrict): gcc vectorises without run-time alias checks.         \
  */                                                                                           \
-void leapfrog_backward_##SUFFIX(long B, long ny, long nx, const T *restrict up,              \
-                                const T *restrict c2dt2, const T *restrict sponge,           \
-                                const T *restrict g_next, double iy2, double ix2,            \
-                                T *restrict grad_up, T *restrict grad_prev,                  \
-                                T *restrict grad_c2, T *restrict scratch)                    \
+void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
+                               const T *restrict c2dt2, const T *restrict sponge,            \
+                               T *restrict g, T *restrict a, double iy2, double ix2,         \
+                               T *restrict grad_c2, T *restrict scratch)                     \
 {                                                                                             \
     const long w = nx + 4, plane = (ny + 4) * w, hw = nx + 8;                                 \
     COEFFS(T);                                                                                \
-    memset(scratch, 0, sizeof(T) * (size_t)(ny + 8) * (size_t)hw);                            \
     for (long b = 0; b < B; ++b) {                                                            \
-        for (long i = 0; i < ny; ++i) {                                                       \
-            const long row = b * plane + (i + 2) * w;                                         \
-            const T *restrict r = up + row;                                                   \
-            const T *restrict gn = g_next + row + 2;                                          \
-            const T *restrict cc = c2dt2 + i * nx;                                            \
-            T *restrict gp = grad_prev + row + 2;                                             \
-            T *restrict gc = grad_c2 + i * nx;                                                \
-            T *restrict h = scratch + (i + 4) * hw + 4;                                       \
-            T *restrict d = grad_up + row + 2;                                                \
-            if (sponge) {                                                                     \
-                const T *restrict s = sponge + i * nx;                                        \
-                for (long j = 0; j < nx; ++j) {                                               \
-                    const T g = gn[j] * s[j];                                                 \
-                    gp[j] = -(g * s[j]);                                                      \
-                    gc[j] += g * LAP(r, w, j);                                                \
-                    h[j] = g * cc[j];                                                         \
-                    d[j] = g + g;                                                             \
-                }                                                                             \
-            } else {                                                                          \
-                for (long j = 0; j < nx; ++j) {                                               \
-                    const T g = gn[j];                                                        \
-                    gp[j] = -g;                                                               \
-                    gc[j] += g * LAP(r, w, j);                                                \
-                    h[j] = g * cc[j];                                                         \
-                    d[j] = g + g;                                                             \
+        for (long I = 0; I < ny + 4; ++I) {                                                   \
+            const long i = I;                                                                 \
+            if (i < ny) {                                                                     \
+                const long row = b * plane + (i + 2) * w + 2;                                 \
+                const T *restrict r = up + row - 2;                                           \
+                const T *restrict cc = c2dt2 + i * nx;                                        \
+                T *restrict gi = g + row;                                                     \
+                T *restrict ai = a + row;                                                     \
+                T *restrict gc = grad_c2 + i * nx;                                            \
+                T *restrict h = scratch + (i % HROWS) * hw + 4;                               \
+                if (sponge) {                                                                 \
+                    const T *restrict s = sponge + i * nx;                                    \
+                    for (long j = 0; j < nx; ++j) {                                           \
+                        const T gj = gi[j] * s[j];                                            \
+                        gi[j] = -(gj * s[j]);                                                 \
+                        gc[j] += gj * LAP(r, w, j);                                           \
+                        h[j] = gj * cc[j];                                                    \
+                        ai[j] = (gj + gj) + ai[j];                                            \
+                    }                                                                         \
+                } else {                                                                      \
+                    for (long j = 0; j < nx; ++j) {                                           \
+                        const T gj = gi[j];                                                   \
+                        gi[j] = -gj;                                                          \
+                        gc[j] += gj * LAP(r, w, j);                                           \
+                        h[j] = gj * cc[j];                                                    \
+                        ai[j] = (gj + gj) + ai[j];                                            \
+                    }                                                                         \
                 }                                                                             \
             }                                                                                 \
-        }                                                                                     \
-        zero_ring_##SUFFIX(grad_prev + b * plane, ny, nx);                                    \
-        for (long I = 0; I < ny + 4; ++I) {                                                   \
-            const T *hr = scratch + (I + 2) * hw;                                             \
-            T *restrict out = grad_up + b * plane + I * w;                                    \
-            /* ring cells get the stencil term only; block cells add it to pass 1's term */   \
+            /* stencil pass for ringed row I: h rows I-4 .. I, centre I-2 */                   \
+            const T *restrict n2 = HROW(I - 4), *restrict n1 = HROW(I - 3);                   \
+            const T *restrict hc = HROW(I - 2);                                               \
+            const T *restrict s1 = HROW(I - 1), *restrict s2 = HROW(I);                       \
+            T *restrict out = a + b * plane + I * w;                                          \
             const long j0 = (I >= 2 && I < ny + 2) ? 2 : w, j1 = (j0 == 2) ? nx + 2 : w;      \
-            for (long J = 0; J < j0; ++J) out[J] = LAP(hr, hw, J);                            \
-            for (long J = j0; J < j1; ++J) out[J] = out[J] + LAP(hr, hw, J);                  \
-            for (long J = j1; J < w; ++J) out[J] = LAP(hr, hw, J);                            \
+            for (long J = 0; J < j0; ++J) out[J] = LAPT(J);                                   \
+            for (long J = j0; J < j1; ++J) out[J] = out[J] + LAPT(J);                         \
+            for (long J = j1; J < w; ++J) out[J] = LAPT(J);                                   \
         }                                                                                     \
+        zero_ring_##SUFFIX(g + b * plane, ny, nx);                                            \
     }                                                                                         \
 }
 
