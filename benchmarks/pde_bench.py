@@ -1,14 +1,19 @@
 """Benchmark the acoustic2d propagator: forward and forward+gradient per iteration on 1/2/4 ranks.
 
     python benchmarks/pde_bench.py                       # 1000x1000, 100 steps, ranks 1 2 4
-    python benchmarks/pde_bench.py --sizes 1000 2000 --steps 100 --ranks 1 2 4 --dtype float32
+    python benchmarks/pde_bench.py --sizes 1000 2000 --steps 100 --ranks 1 2 --dtype float32
+    python benchmarks/pde_bench.py --kernels fused reference   # also the PyTorch reference path
+    python benchmarks/pde_bench.py --weak 512 --ranks 1 2       # weak scaling, 512^2 per rank
 
 The driver launches itself under mpiexec for each rank count (worker mode), prints grid-point
 updates per second (GPts/s = ny*nx*steps / wall), speedup, parallel efficiency and the
 communication fraction (time inside halo exchanges, forward and backward), plus single-rank
-baselines: a plain in-place torch leapfrog loop (no autograd, no sponge: the floor of what eager
-PyTorch can do) and Deepwave's scalar propagator when ``import deepwave`` works.
-Timings are the median of --repeats calls after one warm-up call.
+baselines measured in the same run: the STREAM-convention triad bound (torch.add(b, c, alpha,
+out=a) on 400 MB arrays, 16 / 32 bytes per point for float32 / float64), a plain in-place torch
+leapfrog loop (no autograd, no sponge: the floor of what eager PyTorch can do) and Deepwave's
+scalar propagator when ``import deepwave`` works.  ``--kernels reference`` runs odecli with
+ODECLI_NATIVE=0 (the PyTorch reference step that CUDA uses).  Timings are the median of
+--repeats calls after one warm-up call; every RATIO line compares numbers from this run.
 """
 
 from __future__ import annotations
@@ -25,19 +30,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spec_dict(n: int, steps: int, dtype: str, segments) -> dict:
+def spec_dict(n: int, steps: int, dtype: str, segments, nx: int | None = None) -> dict:
     h = 10.0
+    nx = nx or n
     ext = (n - 1) * h
     return {
         "kind": "pde-inverse", "equation": "acoustic2d",
-        "grid": {"shape": [n, n], "spacing": h},
+        "grid": {"shape": [n, nx], "spacing": h},
         "time": {"dt": 0.001, "steps": steps},
         "boundary": {"absorbing_width": 20},
         "sources": {"wavelet": {"type": "ricker", "peak_frequency": 15, "delay": 0.1},
                     "positions": [[100.0, ext / 2]]},
-        "receivers": {"line": {"from": [100.0, 0.0], "to": [100.0, ext], "count": n // 4}},
+        "receivers": {"line": {"from": [100.0, 0.0], "to": [100.0, (nx - 1) * h], "count": nx // 4}},
         "true_model": {"type": "gaussian", "background": 2000, "amplitude": 200,
-                       "center": [ext / 2, ext / 2], "sigma": ext / 20},
+                       "center": [ext / 2, (nx - 1) * h / 2], "sigma": ext / 20},
         "unknown": {"type": "grid", "initial": 2000.0},
         "optimizer": {"iterations": 1},
         "compute": {"dtype": dtype, "time_segments": segments},
@@ -53,7 +59,7 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     comm = get_comm()
-    spec = validate(spec_dict(args.n, args.steps, args.dtype, args.segments), "bench")
+    spec = validate(spec_dict(args.n, args.steps, args.dtype, args.segments, args.nx), "bench")
     spec["text"] = ""
     spec["observed"]["noise"] = 0.0
     P = Problem(spec, comm)
@@ -65,6 +71,8 @@ def worker(args) -> None:
 
     def fb():
         P.evaluate(None)
+
+    import resource
 
     rows = {}
     for name, fn in (("forward", fwd), ("forward+gradient", fb)):
@@ -82,13 +90,15 @@ def worker(args) -> None:
         cfrac = comm.allreduce_scalar(statistics.median(comms) / t, op="sum") / comm.size
         tmax = comm.allreduce_scalar(t, op="max")
         rows[name] = {"time_s": tmax, "comm_fraction": cfrac}
-    import resource
-
+        if name == "forward":
+            comm.barrier()
+            rss_fwd = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     rss = comm.allreduce_scalar(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, op="max")
     if comm.rank == 0:
         print("RESULT " + json.dumps({"n": args.n, "steps": args.steps, "ranks": comm.size,
                                       "proc_grid": list(P.decomp.proc_grid), "rows": rows,
-                                      "peak_rss_gb_max_rank": rss}), flush=True)
+                                      "peak_rss_gb_max_rank": rss,
+                                      "peak_rss_gb_forward": rss_fwd}), flush=True)
 
 
 def plain_loop(n: int, steps: int, dtype: str, threads: int) -> float:
@@ -149,6 +159,50 @@ def deepwave_times(n: int, steps: int, dtype: str, threads: int):
     return out
 
 
+def triad_gpts(dtype: str, threads: int) -> float:
+    """The STREAM-convention triad bound in GPts/s: best of 5 ``a = b + s*c`` on 400 MB arrays."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dt_ = getattr(torch, dtype)
+    size = torch.tensor([], dtype=dt_).element_size()
+    n = 400_000_000 // size
+    a, b, c = (torch.ones(n, dtype=dt_) for _ in range(3))
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=0.5, out=a)
+        best = min(best, time.perf_counter() - t0)
+    gbs = 3 * n * size / best / 1e9
+    return gbs / (4 * size)  # a leapfrog update moves 4 arrays: 16 B (fp32) / 32 B (fp64)
+
+
+def run_ranks(args, n: int, nx: int, r: int, kernel: str, env: dict) -> dict | None:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    cmd = [str(mpiexec), "-n", str(r), sys.executable, __file__, "--worker", "--n", str(n),
+           "--nx", str(nx), "--steps", str(args.steps), "--dtype", args.dtype, "--repeats",
+           str(args.repeats), "--threads", str(args.threads), "--segments", str(args.segments)]
+    env = dict(env, ODECLI_NATIVE="0" if kernel == "reference" else "1")
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not line:
+        print(f"ranks={r} {kernel}: failed\n{p.stderr[-2000:]}")
+        return None
+    return json.loads(line[0][7:])
+
+
+def report(res: dict, kernel: str, pts: int, base: dict, r0: int, r: int) -> None:
+    for name, row in res["rows"].items():
+        t = row["time_s"]
+        b = base.setdefault(name, t)
+        sp = b / t
+        print(f"odecli {kernel:<9} ranks={r} ({'x'.join(map(str, res['proc_grid']))})  {name:<17} "
+              f"{t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s  speedup {sp:5.2f}  "
+              f"efficiency {100 * sp / (r / r0):5.1f}%  comm {100 * row['comm_fraction']:5.1f}%  "
+              f"peak RSS/rank {res['peak_rss_gb_max_rank']:.2f} GB "
+              f"(forward only {res['peak_rss_gb_forward']:.2f} GB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000])
@@ -158,41 +212,54 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--segments", default="auto")
+    ap.add_argument("--kernels", nargs="+", default=["fused"], choices=["fused", "reference"])
+    ap.add_argument("--weak", type=int, metavar="N",
+                    help="weak scaling: N x N points per rank (grid N x N*ranks, 1 x ranks split)")
+    ap.add_argument("--no-peers", action="store_true", help="skip the plain loop and Deepwave")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--nx", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.segments != "auto":
         args.segments = int(args.segments)
     if args.worker:
         worker(args)
         return
-    mpiexec = Path(sys.executable).parent / "mpiexec"
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=str(ROOT))
+    bound = triad_gpts(args.dtype, args.threads)
+    print(f"triad bound ({args.threads} thread(s), {args.dtype}): {bound:.3f} GPts/s")
+    if args.weak:
+        n = args.weak
+        print(f"\n== weak scaling: {n}x{n} points per rank, {args.steps} steps, {args.dtype} ==")
+        for kernel in args.kernels:
+            base = {}
+            for r in args.ranks:
+                res = run_ranks(args, n, n * r, r, kernel, env)
+                if res is None:
+                    continue
+                for name, row in res["rows"].items():
+                    t = row["time_s"]
+                    b = base.setdefault(name, t)
+                    print(f"odecli {kernel:<9} ranks={r} grid {n}x{n * r} {name:<17} {t:8.3f} s  "
+                          f"weak-scaling efficiency {100 * b / t:5.1f}%  "
+                          f"comm {100 * row['comm_fraction']:5.1f}%")
+        return
     for n in args.sizes:
         pts = n * n * args.steps
         print(f"\n== acoustic2d {n}x{n}, {args.steps} steps, {args.dtype}, "
-              f"{args.threads} thread(s)/rank ==")
-        base = {}
-        for r in args.ranks:
-            cmd = [str(mpiexec), "-n", str(r), sys.executable, __file__, "--worker", "--n", str(n),
-                   "--steps", str(args.steps), "--dtype", args.dtype, "--repeats", str(args.repeats),
-                   "--threads", str(args.threads), "--segments", str(args.segments)]
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode or not line:
-                print(f"ranks={r}: failed\n{p.stderr[-2000:]}")
-                continue
-            res = json.loads(line[0][7:])
-            for name, row in res["rows"].items():
-                t = row["time_s"]
-                base.setdefault(name, t if r == args.ranks[0] else None)
-                b = base[name]
-                sp = b / t if b else float("nan")
-                eff = sp / (r / args.ranks[0]) if b else float("nan")
-                print(f"ranks={r} ({'x'.join(map(str, res['proc_grid']))})  {name:<17} "
-                      f"{t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s  speedup {sp:5.2f}  "
-                      f"efficiency {100 * eff:5.1f}%  comm {100 * row['comm_fraction']:5.1f}%  "
-                      f"peak RSS/rank {res['peak_rss_gb_max_rank']:.2f} GB")
+              f"{args.threads} thread(s)/rank, segments {args.segments} ==")
+        one_rank = {}
+        for kernel in args.kernels:
+            base = {}
+            for r in args.ranks:
+                res = run_ranks(args, n, n, r, kernel, env)
+                if res is None:
+                    continue
+                report(res, kernel, pts, base, args.ranks[0], r)
+                if r == 1:
+                    one_rank[kernel] = {k: v["time_s"] for k, v in res["rows"].items()}
+        if args.no_peers:
+            continue
         t = plain_loop(n, args.steps, args.dtype, args.threads)
         print(f"plain in-place torch leapfrog (1 rank, no autograd/sponge)  {t:8.3f} s  "
               f"{pts / t / 1e9:7.4f} GPts/s")
@@ -202,6 +269,19 @@ def main() -> None:
         else:
             for name, t in dw.items():
                 print(f"deepwave.scalar {name:<17} {t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s (model grid)")
+        fused = one_rank.get("fused")
+        if fused:
+            fwd, fb = fused["forward"], fused["forward+gradient"]
+            print(f"RATIO odecli fused 1 rank: forward {pts / fwd / 1e9 / bound:.2f} of the triad bound; "
+                  f"gradient step rate / forward rate {fwd / fb:.3f}")
+            if dw:
+                print(f"RATIO odecli fused / deepwave throughput: forward {dw['forward'] / fwd:.2f}x, "
+                      f"forward+gradient {dw['forward+gradient'] / fb:.2f}x")
+            if "reference" in one_rank:
+                ref = one_rank["reference"]
+                print(f"RATIO odecli fused / odecli reference throughput: forward "
+                      f"{ref['forward'] / fwd:.1f}x, forward+gradient "
+                      f"{ref['forward+gradient'] / fb:.1f}x")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from odecli.pde.grid import Block, Grid
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.acoustic_native import Loop, Workspace, propagate
-from odecli.pde.leapfrog import RING, interior, native_available, reference_step
+from odecli.pde.leapfrog import RING, interior, native_available, reference_step, sponge_spans
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
@@ -64,6 +64,7 @@ class AcousticPropagator:
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
         self.workspace = Workspace()
+        self.spans = sponge_spans(sponge) if sponge is not None and sponge.device.type == "cpu" else None
 
     def _use_fused(self, like: torch.Tensor) -> bool:
         if self.fused is False:
@@ -120,7 +121,7 @@ class AcousticPropagator:
         c2dt2 = (c * c) * (self.dt * self.dt)
         if self._use_fused(c2dt2):
             loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
-                        self.sponge, self.rgeom, self.src_gain, self.decomp, self.comm, self.timer,
+                        self.sponge, self.spans, self.rgeom, self.src_gain, self.decomp, self.comm, self.timer,
                         self.workspace)
             traces, u = propagate(loop, c2dt2.contiguous(), self.geom.nshots)
         else:

@@ -54,6 +54,7 @@ class Loop:
     dx: float
     dt2: float
     sponge: Tensor | None
+    spans: Tensor | None  # sponge_spans(sponge)
     geom: LocalGeometry  # ringed indices
     src_gain: Tensor | None
     decomp: object
@@ -86,7 +87,7 @@ def _steps(loop: Loop, c2dt2: Tensor, p: Tensor, u: Tensor, t0: int, t1: int,
     g = loop.geom
     for k in range(t0, t1):
         out = p if store is None else store[k - t0 + 1]
-        step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out)
+        step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans)
         g.inject(out, loop.dt2, k, loop.src_gain)
         loop.fill(out)
         if traces is not None:
@@ -131,7 +132,8 @@ class _Propagation(torch.autograd.Function):
             return None, None, None
         ny, nx = c2dt2.shape
         shape = store.shape[1:]
-        a_u, a_p = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)  # adjoints of u_k, u_{k-1}
+        # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
+        a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
         scratch = adjoint_scratch(c2dt2)
         g_traces = g_traces.contiguous()
@@ -148,9 +150,9 @@ class _Propagation(torch.autograd.Function):
                     a_u.index_put_((shot, g.rec_iy[None, :], g.rec_ix[None, :]),
                                    g_traces[:, :, k], accumulate=True)
                 loop.fill(a_u, adjoint=True)
-                step_adjoint(store[k - t0], c2dt2, loop.sponge, a_u, a_p, loop.dy, loop.dx,
-                             grad_c2, scratch)
-                a_u, a_p = a_p, a_u  # now the adjoints of u_k and u_{k-1}
+                step_adjoint(store[k - t0], c2dt2, loop.sponge, a_u, a_later, loop.dy, loop.dx,
+                             grad_c2, scratch, loop.spans)
+                a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
         loop.workspace.give(store)
         ctx.starts = ctx.store = None
         return grad_c2, None, None

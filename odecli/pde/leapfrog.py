@@ -75,23 +75,43 @@ def _dims(u: Tensor) -> tuple[ctypes.c_long, ctypes.c_long, ctypes.c_long]:
             ctypes.c_long(u.shape[2] - 2 * RING))
 
 
+def sponge_spans(sponge: Tensor | None) -> Tensor | None:
+    """Per block row, the column range ``[lo, hi)`` where the sponge is exactly 1, as ``(ny, 2)``
+    int64: the kernels neither read nor apply it there (a row without one gets ``[0, 0)``)."""
+    if sponge is None:
+        return None
+    ones = sponge == 1
+    nx = ones.shape[1]
+    lo = ones.int().argmax(dim=1)
+    hi = nx - ones.flip(1).int().argmax(dim=1)
+    usable = ones.any(dim=1) & (ones.sum(dim=1) == hi - lo)  # one unbroken run of ones
+    spans = torch.stack([lo, hi], dim=1).where(usable[:, None], 0)
+    return spans.to(device="cpu", dtype=torch.int64).contiguous()
+
+
 def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
-                 dy: float, dx: float, out: Tensor) -> Tensor:
-    """The fused step into ``out`` (which may be ``u_prev``): no autograd, plain tensors."""
+                 dy: float, dx: float, out: Tensor, spans: Tensor | None = None) -> Tensor:
+    """The fused step into ``out`` (which may be ``u_prev``): no autograd, plain tensors.
+
+    ``spans``: :func:`sponge_spans` of ``sponge`` (computed here when not given).
+    """
     check_layout(u, c2dt2, sponge, u_prev, out)
+    spans = _spans(sponge, spans)
     _kernel("forward", u.dtype)(
-        *_dims(u), _ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge),
+        *_dims(u), _ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
         ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(out))
     return out
 
 
 def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
-                 dy: float, dx: float, grad_c2: Tensor, scratch: Tensor) -> None:
+                 dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
+                 spans: Tensor | None = None) -> None:
     """Adjoint of :func:`step_forward` at field ``u``, in place (the C source has the exact map).
 
-    On entry ``g`` is the adjoint of ``u_next`` and ``a`` what ``u``'s adjoint already holds;
-    on exit ``a`` is the adjoint of ``u`` and ``g`` that of ``u_prev``; ``grad_c2`` is added to.
-    ``scratch``: :func:`adjoint_scratch` (zeroed once, reusable across steps).
+    On entry ``g`` is the adjoint of ``u_next`` (only read) and ``a`` the ``g`` of the step
+    after this one (zeros for the last step); on exit ``a`` is the adjoint of ``u``, and
+    ``grad_c2`` has this step's share added.  ``scratch``: :func:`adjoint_scratch` (zeroed once,
+    reusable across steps).
     """
     check_layout(u, c2dt2, sponge, g, a)
     ny, nx = c2dt2.shape
@@ -99,10 +119,20 @@ def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: 
         raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
     if g.data_ptr() == a.data_ptr():
         raise ValueError("step_adjoint: g and a must be different buffers")
+    spans = _spans(sponge, spans)
     _kernel("adjoint", u.dtype)(
-        *_dims(u), _ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(g), _ptr(a),
+        *_dims(u), _ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(spans), _ptr(g), _ptr(a),
         ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(grad_c2),
         _ptr(scratch))
+
+
+def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
+    if sponge is None:
+        return None
+    spans = sponge_spans(sponge) if spans is None else spans
+    if spans.shape != (sponge.shape[0], 2) or spans.dtype != torch.int64 or not spans.is_contiguous():
+        raise ValueError("leapfrog: spans must be sponge_spans(sponge)")
+    return spans
 
 
 _SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c

@@ -9,17 +9,22 @@
  * Every operation rounds on its own, in the order of odecli.pde.leapfrog.reference_step (build
  * with -ffp-contract=off), so the kernel reproduces the PyTorch reference bit for bit.  It makes
  * one pass over the grid where eager PyTorch makes about twenty full-size temporaries.
- * u_next may be the same array as u_prev (each point of u_prev is read once, before its point of
- * u_next is written): a forward run without gradients recycles the buffer.
+ *
+ * The kernels are bound by memory traffic, so they skip what they can: span[2i], span[2i+1]
+ * give the columns [lo, hi) of block row i where G is exactly 1 (most of the grid), and there
+ * G is neither read nor multiplied by (x * 1 == x, so the results stay bit for bit the same).
+ * u_next may be the same array as u_prev (each point of u_prev is read once, before its point
+ * of u_next is written): a forward run without gradients recycles the buffer.
  */
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define C0 (-5.0 / 2.0)
 #define C1 (4.0 / 3.0)
 #define C2 (-1.0 / 12.0)
 
-/* lap at column j of the block row whose padded row starts at r (row stride s) */
+/* lap at column j of the block row whose ringed row starts at r (row stride s) */
 #define LAP(r, s, j)                                                                  \
     ((((((r)[(j) + 2] * kc) + (((r)[(j) + 1] + (r)[(j) + 3]) * k1x))                  \
        + (((r)[(j)] + (r)[(j) + 4]) * k2x))                                           \
@@ -39,6 +44,21 @@
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
     const T k1y = (T)(C1 * iy2), k2y = (T)(C2 * iy2)
 
+/* Run BODY(j) for j in [0, nx), with the sponge on [0, lo) and [hi, nx) and without it on
+ * [lo, hi): DAMPED and PLAIN are the two versions of the loop body. */
+#define SPLIT_ROW(i, DAMPED, PLAIN)                                                   \
+    do {                                                                              \
+        const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
+        const long hi = sponge ? (long)span[2 * (i) + 1] : 0;                         \
+        if (!sponge) {                                                                \
+            for (long j = 0; j < nx; ++j) PLAIN(j);                                   \
+        } else {                                                                      \
+            for (long j = 0; j < lo; ++j) DAMPED(j);                                  \
+            for (long j = lo; j < hi; ++j) PLAIN(j);                                  \
+            for (long j = hi > lo ? hi : lo; j < nx; ++j) DAMPED(j);                  \
+        }                                                                             \
+    } while (0)
+
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
 static void zero_ring_##SUFFIX(T *f, long ny, long nx)                                        \
 {                                                                                             \
@@ -53,8 +73,10 @@ static void zero_ring_##SUFFIX(T *f, long ny, long nx)                          
                                                                                               \
 void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
                                const T *u_prev, const T *restrict c2dt2,                     \
-                               const T *restrict sponge, double iy2, double ix2, T *u_next)  \
+                               const T *restrict sponge, const int64_t *restrict span,       \
+                               double iy2, double ix2, T *u_next)                            \
 {                                                                                             \
+    typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
@@ -63,42 +85,36 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
             const T *restrict r = up + row;                                                   \
             const T *p = u_prev + row + 2;                                                    \
             const T *restrict cc = c2dt2 + i * nx;                                            \
+            const T *restrict g = sponge ? sponge + i * nx : NULL;                            \
             T *out = u_next + row + 2;                                                        \
-            if (sponge) {                                                                     \
-                const T *restrict g = sponge + i * nx;                                        \
-                for (long j = 0; j < nx; ++j) {                                               \
-                    const T c = r[j + 2];                                                     \
-                    out[j] = (((c + c) - p[j] * g[j]) + LAP(r, w, j) * cc[j]) * g[j];         \
-                }                                                                             \
-            } else {                                                                          \
-                for (long j = 0; j < nx; ++j) {                                               \
-                    const T c = r[j + 2];                                                     \
-                    out[j] = ((c + c) - p[j]) + LAP(r, w, j) * cc[j];                         \
-                }                                                                             \
-            }                                                                                 \
+            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN);                                              \
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx);                                       \
     }                                                                                         \
 }                                                                                             \
                                                                                               \
-/* Adjoint of one step, in place, as the adjoint time loop needs it.                          \
+/* Adjoint of one step, as the adjoint time loop needs it (in place).                         \
  * On entry g holds the adjoint of u_next (its ring is ignored: the forward wrote constants    \
- * there) and a the adjoint u already has from elsewhere (the next step reads u as its u_prev:  \
- * block only, zero ring).  On exit a holds the whole adjoint of u (ring included, for the     \
- * halo adjoint to send back), a += 2 G g' + lap^T(c2dt2 G g'), g' = g, and g the adjoint of   \
- * u_prev, -G G g' (zero ring); the shot-summed gradient of c2dt2 is added into grad_c2.       \
- * lap is symmetric, so lap^T is the same stencil applied to h = c2dt2 G g' padded with zeros.  \
- * Row i of the pointwise pass is followed by row i of the stencil pass (which needs h rows     \
- * i-4 .. i), so each row comes from memory once and h lives in a ring of HROWS rows: scratch   \
- * holds (HROWS + 1) rows of nx+8 (4 zero columns each side, then one all-zero row standing in  \
+ * there; g is only read) and a the adjoint of u_next of the step after this one (that step    \
+ * read u as its u_prev; block only), or zeros.  On exit a holds the whole adjoint of u, ring  \
+ * included (for the halo adjoint to send back):                                               \
+ *   a = 2 G g + lap^T(c2dt2 G g) - G G a_entry,                                               \
+ * and the shot-summed gradient of c2dt2, G g lap(u), is added into grad_c2.  Carrying the     \
+ * next step's g instead of a stored adjoint of u_prev saves one array write per step.         \
+ * lap is symmetric, so lap^T is the same stencil applied to h = c2dt2 G g padded with zeros.  \
+ * Row i of the pointwise pass is followed by row i of the stencil pass (which needs h rows    \
+ * i-4 .. i), so each row comes from memory once and h lives in a ring of HROWS rows: scratch  \
+ * holds (HROWS + 1) rows of nx+8 (4 zero columns each side, then one all-zero row standing in \
  * for rows off the block); the caller zeroes it once, the kernel writes only inside columns.  \
  * Every pointer is distinct (restrict): gcc vectorises without run-time alias checks.         \
  */                                                                                           \
 void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
                                const T *restrict c2dt2, const T *restrict sponge,            \
-                               T *restrict g, T *restrict a, double iy2, double ix2,         \
-                               T *restrict grad_c2, T *restrict scratch)                     \
+                               const int64_t *restrict span, const T *restrict g,            \
+                               T *restrict a, double iy2, double ix2, T *restrict grad_c2,   \
+                               T *restrict scratch)                                          \
 {                                                                                             \
+    typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w, hw = nx + 8;                                 \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
@@ -108,28 +124,12 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
                 const long row = b * plane + (i + 2) * w + 2;                                 \
                 const T *restrict r = up + row - 2;                                           \
                 const T *restrict cc = c2dt2 + i * nx;                                        \
-                T *restrict gi = g + row;                                                     \
+                const T *restrict s = sponge ? sponge + i * nx : NULL;                        \
+                const T *restrict gi = g + row;                                               \
                 T *restrict ai = a + row;                                                     \
                 T *restrict gc = grad_c2 + i * nx;                                            \
                 T *restrict h = scratch + (i % HROWS) * hw + 4;                               \
-                if (sponge) {                                                                 \
-                    const T *restrict s = sponge + i * nx;                                    \
-                    for (long j = 0; j < nx; ++j) {                                           \
-                        const T gj = gi[j] * s[j];                                            \
-                        gi[j] = -(gj * s[j]);                                                 \
-                        gc[j] += gj * LAP(r, w, j);                                           \
-                        h[j] = gj * cc[j];                                                    \
-                        ai[j] = (gj + gj) + ai[j];                                            \
-                    }                                                                         \
-                } else {                                                                      \
-                    for (long j = 0; j < nx; ++j) {                                           \
-                        const T gj = gi[j];                                                   \
-                        gi[j] = -gj;                                                          \
-                        gc[j] += gj * LAP(r, w, j);                                           \
-                        h[j] = gj * cc[j];                                                    \
-                        ai[j] = (gj + gj) + ai[j];                                            \
-                    }                                                                         \
-                }                                                                             \
+                SPLIT_ROW(i, ADJ_DAMPED, ADJ_PLAIN);                                          \
             }                                                                                 \
             /* stencil pass for ringed row I: h rows I-4 .. I, centre I-2 */                   \
             const T *restrict n2 = HROW(I - 4), *restrict n1 = HROW(I - 3);                   \
@@ -141,9 +141,34 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
             for (long J = j0; J < j1; ++J) out[J] = out[J] + LAPT(J);                         \
             for (long J = j1; J < w; ++J) out[J] = LAPT(J);                                   \
         }                                                                                     \
-        zero_ring_##SUFFIX(g + b * plane, ny, nx);                                            \
     }                                                                                         \
 }
+
+/* Loop bodies for SPLIT_ROW (they use the names of the kernels above; real is their T). */
+#define FWD_DAMPED(j)                                                                 \
+    do {                                                                              \
+        const real c = r[(j) + 2];                                                       \
+        out[j] = (((c + c) - p[j] * g[j]) + LAP(r, w, j) * cc[j]) * g[j];             \
+    } while (0)
+#define FWD_PLAIN(j)                                                                  \
+    do {                                                                              \
+        const real c = r[(j) + 2];                                                       \
+        out[j] = ((c + c) - p[j]) + LAP(r, w, j) * cc[j];                             \
+    } while (0)
+#define ADJ_DAMPED(j)                                                                 \
+    do {                                                                              \
+        const real gj = gi[j] * s[j];                                                    \
+        gc[j] += gj * LAP(r, w, j);                                                   \
+        h[j] = gj * cc[j];                                                            \
+        ai[j] = (gj + gj) + (-((ai[j] * s[j]) * s[j]));                               \
+    } while (0)
+#define ADJ_PLAIN(j)                                                                  \
+    do {                                                                              \
+        const real gj = gi[j];                                                           \
+        gc[j] += gj * LAP(r, w, j);                                                   \
+        h[j] = gj * cc[j];                                                            \
+        ai[j] = (gj + gj) - ai[j];                                                    \
+    } while (0)
 
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
