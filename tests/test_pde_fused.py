@@ -172,3 +172,14 @@ def test_sponge_spans_cover_exactly_the_undamped_run_of_each_row():
             assert torch.equal(inside, G[i] == 1) or (lo == hi == 0 and not (G[i] == 1).any())
     broken = torch.tensor([[1.0, 0.5, 1.0], [0.5, 1.0, 1.0]])  # two runs of ones: use none
     assert sponge_spans(broken).tolist() == [[0, 0], [1, 3]]
+
+
+def test_auto_segments_keep_every_field_when_the_budget_allows():
+    from odecli.pde.acoustic import fused_auto_segments
+
+    assert fused_auto_segments(100, 1, 101) == 1  # all 100 steps + the start field
+    assert fused_auto_segments(100, 1, 100) == 2  # 50 + 1 + 2 starts = 53
+    assert fused_auto_segments(100, 1, 53) == 2
+    assert fused_auto_segments(100, 1, 52) == 3  # 34 + 1 + 4 = 39
+    assert fused_auto_segments(100, 1, 10) == 10  # nothing fits: sqrt(nt), the least memory
+    assert fused_auto_segments(1, 10**9, 0) == 1

@@ -42,6 +42,32 @@ def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, fr
     return torch.exp(-((alpha * d) ** 2))
 
 
+def fused_auto_segments(nt: int, field_bytes: int, budget_bytes: float) -> int:
+    """Fewest time segments whose fused-gradient store fits ``budget_bytes``.
+
+    Fewer segments mean less recomputation; one segment keeps every wavefield, and
+    ``round(sqrt(nt))`` (the fewest fields, about ``3 sqrt(nt)``) is the fallback.
+    """
+    sqrt_nt = max(1, round(math.sqrt(nt)))
+    for s in range(1, sqrt_nt):
+        fields = math.ceil(nt / s) + 1 + 2 * (s - 1)  # the longest segment's store + starts
+        if fields * field_bytes <= budget_bytes:
+            return s
+    return sqrt_nt
+
+
+def available_memory_bytes() -> float | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def segment_bounds(nt: int, segments: int) -> list[tuple[int, int]]:
     segments = max(1, min(segments, nt))
     size = math.ceil(nt / segments)

@@ -12,7 +12,9 @@ from odecli.errors import InputError, SpecError
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models
-from odecli.pde.acoustic import AcousticPropagator, sponge_profile
+from odecli.pde.acoustic import (HALO, AcousticPropagator, available_memory_bytes,
+                                 fused_auto_segments, sponge_profile)
+from odecli.pde.leapfrog import native_available
 from odecli.pde.grid import Block, Grid
 from odecli.pde.heat import HeatPropagator
 from odecli.pde.sources import Geometry, ricker
@@ -94,14 +96,18 @@ class Problem:
         recs = [grid.snap(p) for p in spec["receivers"]["points"]]
         self.geometry = Geometry(shots, recs, wavelet)
         self.lgeom = self.geometry.local(block, self.device, self.dtype)
+        # Every rank takes the same path (they exchange halos in the same pattern).
+        self.fused = spec["equation"] == "acoustic2d" and self._everywhere(
+            native_available(torch.zeros(0, dtype=self.dtype, device=self.device))[0])
         segs = spec["compute"]["time_segments"]
-        segs = max(1, round(math.sqrt(nt))) if segs == "auto" else segs
+        if segs == "auto":
+            segs = self._auto_segments(spec, block, nt)
         if spec["equation"] == "acoustic2d":
             b = spec["boundary"]
             sponge = sponge_profile(grid, block, b["absorbing_width"], b["absorbing_strength"],
                                     b["free_surface"], self.dtype, self.device)
             self.prop = AcousticPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
-                                           sponge, segs, self.timer)
+                                           sponge, segs, self.timer, fused=self.fused)
         else:
             self.prop = HeatPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
                                        spec["boundary"], spec["initial_condition"], segs,
@@ -122,6 +128,28 @@ class Problem:
         norm = float((self.observed * self.observed).sum()) if spec["loss"]["normalize"] else 1.0
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
+
+    def _everywhere(self, flag: bool) -> bool:
+        if self.comm.size == 1:
+            return flag
+        return self.comm.allreduce_scalar(1.0 if flag else 0.0, op="min") > 0
+
+    def _auto_segments(self, spec: dict, block: Block, nt: int) -> int:
+        """``round(sqrt(nt))`` checkpoint segments, or fewer for the fused acoustic gradient
+        when its store fits a quarter of the available memory shared by the ranks (less
+        recomputation).  Every rank must recompute the same segments: the choice is agreed."""
+        sqrt_nt = max(1, round(math.sqrt(nt)))
+        if not self.fused:
+            return sqrt_nt
+        avail = available_memory_bytes()
+        budget = 0.0 if avail is None else avail / (4 * self.comm.size)
+        if self.comm.size > 1:
+            budget = self.comm.allreduce_scalar(budget, op="min")
+        shots = len(spec["sources"]["shots"])
+        itemsize = torch.zeros(0, dtype=self.dtype).element_size()
+        field = shots * (block.shape[0] + 2 * HALO) * (block.shape[1] + 2 * HALO) * itemsize
+        segs = fused_auto_segments(nt, field, budget)
+        return int(self.comm.allreduce_scalar(segs, op="max")) if self.comm.size > 1 else segs
 
     # ------------------------------------------------------------------ checks
     def _what(self) -> str:
