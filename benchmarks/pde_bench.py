@@ -98,6 +98,7 @@ def worker(args) -> None:
         print("RESULT " + json.dumps({"n": args.n, "steps": args.steps, "ranks": comm.size,
                                       "proc_grid": list(P.decomp.proc_grid), "rows": rows,
                                       "peak_rss_gb_max_rank": rss,
+                                      "time_segments": len(P.prop.segments),
                                       "peak_rss_gb_forward": rss_fwd}), flush=True)
 
 
@@ -200,7 +201,8 @@ def report(res: dict, kernel: str, pts: int, base: dict, r0: int, r: int) -> Non
               f"{t:8.3f} s  {pts / t / 1e9:7.4f} GPts/s  speedup {sp:5.2f}  "
               f"efficiency {100 * sp / (r / r0):5.1f}%  comm {100 * row['comm_fraction']:5.1f}%  "
               f"peak RSS/rank {res['peak_rss_gb_max_rank']:.2f} GB "
-              f"(forward only {res['peak_rss_gb_forward']:.2f} GB)")
+              f"(forward only {res['peak_rss_gb_forward']:.2f} GB)  "
+              f"time segments {res['time_segments']}")
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,15 @@ def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatc
         native.load.cache_clear()
         assert native.load("acoustic")[0] is not None
         assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        monkeypatch.setenv("ODECLI_CACHE_DIR", str(blocker / "cache"))  # cannot be created
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+        (tmp_path / "tmp").mkdir()
+        native.load.cache_clear()
+        assert native.load("acoustic")[0] is not None
+        assert len(list((tmp_path / "tmp").glob("odecli-*/acoustic-*.so"))) == 1
 
         fake = tmp_path / "broken-cc"
         fake.write_text("#!/bin/sh\necho 'fake 1.0'; [ \"$1\" = --version ] && exit 0; "

@@ -3,7 +3,9 @@
 Every op is collective: all ranks must call the same ops in the same order with the same
 leading (batch) shapes. Messages are staged through host memory as contiguous numpy
 buffers; only halo strips travel, so the bulk of a CUDA tensor stays on the device.
-Each backward is itself an autograd Function, so double backward works too.
+Each backward is itself an autograd Function, so double backward works too (except for the
+in-place ``halo_fill``, which is once differentiable). ``fill_ring_`` and ``fill_ring_adjoint_``
+are the plain in-place pair for engines that run their own adjoint loop.
 """
 
 from __future__ import annotations

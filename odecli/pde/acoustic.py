@@ -90,7 +90,8 @@ class AcousticPropagator:
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
         self.workspace = Workspace()
-        self.spans = sponge_spans(sponge) if sponge is not None and sponge.device.type == "cpu" else None
+        on_cpu = sponge is not None and sponge.device.type == "cpu"
+        self.spans = sponge_spans(sponge) if on_cpu else None
 
     def _use_fused(self, like: torch.Tensor) -> bool:
         if self.fused is False:
@@ -142,13 +143,14 @@ class AcousticPropagator:
     def forward(self, c: torch.Tensor, return_field: bool = False):
         """Receiver traces ``(shots, nrec_local, nt)`` for local wave speed ``c`` (ny_l, nx_l).
 
-        ``return_field`` also gives the final wavefield on the block (values only on CPU).
+        ``return_field`` also gives the final wavefield on the block (values: on the fused
+        path no gradient flows through it).
         """
         c2dt2 = (c * c) * (self.dt * self.dt)
         if self._use_fused(c2dt2):
             loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
-                        self.sponge, self.spans, self.rgeom, self.src_gain, self.decomp, self.comm, self.timer,
-                        self.workspace)
+                        self.sponge, self.spans, self.rgeom, self.src_gain, self.decomp,
+                        self.comm, self.timer, self.workspace)
             traces, u = propagate(loop, c2dt2.contiguous(), self.geom.nshots)
         else:
             traces, u = self._reference(c2dt2)

@@ -3,8 +3,9 @@
 Why not a build step: odecli installs as pure Python (``pip install -e .`` needs no toolchain),
 and a kernel built on the machine that runs it can use that machine's vector instructions
 (``-march=native``), as Devito does.  The shared library is cached under
-``$ODECLI_CACHE_DIR`` (default ``~/.cache/odecli``), keyed by the source, the flags, the compiler
-and the CPU, and is written atomically so that MPI ranks compiling at once do not collide.
+``$ODECLI_CACHE_DIR`` (default ``~/.cache/odecli``; a folder in the temporary directory when
+that is not writable), keyed by the source, the flags, the compiler and the CPU, and is written
+atomically so that MPI ranks compiling at once do not collide.
 Where no compiler works, :func:`load` returns ``None`` with the reason and callers use their
 PyTorch reference code.  ``ODECLI_NATIVE=0`` turns the kernels off.
 """
@@ -69,15 +70,18 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str]:
         return None, f"{cc} --version failed: {exc}"
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
-    target = cache_dir() / f"{name}-{key}.so"
-    if not target.exists():
-        why = _build(cc, HERE / f"{name}.c", target)
-        if why:
-            return None, why
-    try:
-        return ctypes.CDLL(str(target)), ""
-    except OSError as exc:
-        return None, f"cannot load {target}: {exc}"
+    why = ""
+    for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"odecli-{os.getuid()}"):
+        target = folder / f"{name}-{key}.so"
+        why = "" if target.exists() else _build(cc, HERE / f"{name}.c", target)
+        if not why:
+            try:
+                return ctypes.CDLL(str(target)), ""
+            except OSError as exc:
+                why = f"cannot load {target}: {exc}"
+        if "not writable" not in why:
+            break  # a compiler or loader failure: another folder would not help
+    return None, why
 
 
 def _build(cc: str, source: Path, target: Path) -> str:
