@@ -7,9 +7,9 @@ its start into a store of its fields (the last segment's store is kept from the 
 the adjoint steps run through it in reverse: receiver residuals are injected as adjoint sources,
 ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per step
 advances both adjoint fields and accumulates the gradient of ``c2dt2``.  Against autograd over
-per-step ops this saves the graph, the zero-filled index gradients and the gradient
-accumulations: about one forward's work per adjoint step.  Memory: (segments + segment length)
-fields, about ``3 sqrt(nt)`` with the default ``sqrt(nt)`` segments.
+per-step ops this saves the graph, the zero-filled index gradients, the gradient accumulations
+and every per-step allocation.  Memory: ``2 (segments - 1)`` start fields plus the longest
+segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
 """
 
 from __future__ import annotations
@@ -130,7 +130,6 @@ class _Propagation(torch.autograd.Function):
         if g_traces is None:
             loop.workspace.give(store)
             return None, None, None
-        ny, nx = c2dt2.shape
         shape = store.shape[1:]
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
