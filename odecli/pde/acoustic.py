@@ -79,13 +79,16 @@ class AcousticPropagator:
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, sponge: torch.Tensor | None, segments: int,
-                 timer: CommTimer | None = None, fused: bool | None = None) -> None:
-        """``fused``: None uses the C kernel where it runs; False forces the PyTorch reference."""
+                 timer: CommTimer | None = None, fused: bool | None = None,
+                 threads: int = 1) -> None:
+        """``fused``: None uses the C kernels where they run; False forces the PyTorch reference.
+        ``threads``: how many threads the C kernels split each step over."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
         self.segments = segment_bounds(nt, segments)
         self.timer = timer
         self.fused = fused
+        self.threads = threads
         # Sources are injected after the sponge, so they are damped like the field they join.
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
@@ -150,7 +153,7 @@ class AcousticPropagator:
         if self._use_fused(c2dt2):
             loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
                         self.sponge, self.spans, self.rgeom, self.src_gain, self.decomp,
-                        self.comm, self.timer, self.workspace)
+                        self.comm, self.timer, self.workspace, self.threads)
             traces, u = propagate(loop, c2dt2.contiguous(), self.geom.nshots)
         else:
             traces, u = self._reference(c2dt2)

@@ -61,6 +61,7 @@ class Loop:
     comm: object
     timer: CommTimer | None
     workspace: Workspace
+    threads: int = 1  # the kernels split each step's rows over this many threads
 
     @property
     def nt(self) -> int:
@@ -87,7 +88,7 @@ def _steps(loop: Loop, c2dt2: Tensor, p: Tensor, u: Tensor, t0: int, t1: int,
     g = loop.geom
     for k in range(t0, t1):
         out = p if store is None else store[k - t0 + 1]
-        step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans)
+        step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans, loop.threads)
         g.inject(out, loop.dt2, k, loop.src_gain)
         loop.fill(out)
         if traces is not None:
@@ -134,7 +135,7 @@ class _Propagation(torch.autograd.Function):
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
-        scratch = adjoint_scratch(c2dt2)
+        scratch = adjoint_scratch(c2dt2, loop.threads)
         g_traces = g_traces.contiguous()
         g = loop.geom
         shot = torch.arange(shape[0], device=c2dt2.device)[:, None]

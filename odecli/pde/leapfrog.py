@@ -19,6 +19,8 @@ bit for bit; the adjoint matches autograd of the reference to round-off (tests).
 from __future__ import annotations
 
 import ctypes
+import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +73,7 @@ def _kernel(kind: str, dtype: torch.dtype):
 
 
 def _dims(u: Tensor) -> tuple[ctypes.c_long, ctypes.c_long, ctypes.c_long]:
+    """(B, ny, nx) of a ringed field, as the kernels take them."""
     return (ctypes.c_long(u.shape[0]), ctypes.c_long(u.shape[1] - 2 * RING),
             ctypes.c_long(u.shape[2] - 2 * RING))
 
@@ -90,16 +93,20 @@ def sponge_spans(sponge: Tensor | None) -> Tensor | None:
 
 
 def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
-                 dy: float, dx: float, out: Tensor, spans: Tensor | None = None) -> Tensor:
+                 dy: float, dx: float, out: Tensor, spans: Tensor | None = None,
+                 threads: int = 1) -> Tensor:
     """The fused step into ``out`` (which may be ``u_prev``): no autograd, plain tensors.
 
-    ``spans``: :func:`sponge_spans` of ``sponge`` (computed here when not given).
+    ``spans``: :func:`sponge_spans` of ``sponge`` (computed here when not given).  ``threads``
+    split the rows (the kernel releases the GIL; results do not depend on the split).
     """
     check_layout(u, c2dt2, sponge, u_prev, out)
     spans = _spans(sponge, spans)
-    _kernel("forward", u.dtype)(
-        *_dims(u), _ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
-        ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(out))
+    kernel, ny = _kernel("forward", u.dtype), c2dt2.shape[0]
+    fixed = (_ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
+             ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(out))
+    _run_pieces([functools.partial(kernel, *_dims(u), ctypes.c_long(a), ctypes.c_long(b), *fixed)
+                 for a, b in _pieces(ny, threads)])
     return out
 
 
@@ -111,19 +118,46 @@ def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: 
     On entry ``g`` is the adjoint of ``u_next`` (only read) and ``a`` the ``g`` of the step
     after this one (zeros for the last step); on exit ``a`` is the adjoint of ``u``, and
     ``grad_c2`` has this step's share added.  ``scratch``: :func:`adjoint_scratch` (zeroed once,
-    reusable across steps).
+    reusable across steps); its first dimension is the number of threads the rows are split
+    over.
     """
     check_layout(u, c2dt2, sponge, g, a)
     ny, nx = c2dt2.shape
-    if scratch.numel() != _SCRATCH_ROWS * (nx + 4 * RING) or grad_c2.shape != c2dt2.shape:
+    threads = scratch.shape[0]
+    if scratch.shape != (threads, _SCRATCH_ROWS * (nx + 4 * RING)) or grad_c2.shape != c2dt2.shape:
         raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
     if g.data_ptr() == a.data_ptr():
         raise ValueError("step_adjoint: g and a must be different buffers")
     spans = _spans(sponge, spans)
-    _kernel("adjoint", u.dtype)(
-        *_dims(u), _ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(spans), _ptr(g), _ptr(a),
-        ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(grad_c2),
-        _ptr(scratch))
+    kernel = _kernel("adjoint", u.dtype)
+    fixed = (_ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(spans), _ptr(g), _ptr(a),
+             ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(grad_c2))
+    _run_pieces([functools.partial(kernel, *_dims(u), ctypes.c_long(r0), ctypes.c_long(r1),
+                                   *fixed, _ptr(scratch[k]))
+                 for k, (r0, r1) in enumerate(_pieces(ny + 2 * RING, threads))])
+
+
+def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
+    """``rows`` split into ``threads`` contiguous, nearly equal, non-empty ranges."""
+    threads = max(1, min(threads, rows))
+    cuts = [rows * k // threads for k in range(threads + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _run_pieces(calls: list) -> None:
+    """Run the kernel calls at once: all but one on the pool, the last on this thread."""
+    if len(calls) == 1:
+        calls[0]()
+        return
+    futures = [_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
+    calls[-1]()
+    for f in futures:
+        f.result()
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="odecli-kernel")
 
 
 def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
@@ -138,9 +172,10 @@ def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
 _SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c
 
 
-def adjoint_scratch(c2dt2: Tensor) -> Tensor:
-    """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``."""
-    return c2dt2.new_zeros((_SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING),))
+def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
+    """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``, per thread."""
+    threads = max(1, min(threads, c2dt2.shape[0] + 2 * RING))
+    return c2dt2.new_zeros((threads, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
 
 
 def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:

@@ -63,6 +63,12 @@ def build_wavelet(spec: dict, nt: int, dt: float, base_dir: Path, file: str) -> 
     return out
 
 
+def kernel_threads(requested: int, ranks: int) -> int:
+    """Threads per rank for the fused kernels: ``compute.threads``, else torch's thread count
+    shared by the ranks (``mpirun -n 2`` on 2 cores: one each)."""
+    return requested if requested > 0 else max(1, torch.get_num_threads() // ranks)
+
+
 class Problem:
     def __init__(self, spec: dict, comm, timer: CommTimer | None = None) -> None:
         self.spec, self.comm = spec, comm
@@ -107,7 +113,9 @@ class Problem:
             sponge = sponge_profile(grid, block, b["absorbing_width"], b["absorbing_strength"],
                                     b["free_surface"], self.dtype, self.device)
             self.prop = AcousticPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
-                                           sponge, segs, self.timer, fused=self.fused)
+                                           sponge, segs, self.timer, fused=self.fused,
+                                           threads=kernel_threads(spec["compute"]["threads"],
+                                                                  comm.size))
         else:
             self.prop = HeatPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
                                        spec["boundary"], spec["initial_condition"], segs,

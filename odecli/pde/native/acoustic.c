@@ -60,27 +60,33 @@
     } while (0)
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
-static void zero_ring_##SUFFIX(T *f, long ny, long nx)                                        \
+/* zero the ghost ring of ringed rows [R0, R1) of one shot's field */                         \
+static void zero_ring_##SUFFIX(T *f, long ny, long nx, long R0, long R1)                      \
 {                                                                                             \
     const long w = nx + 4;                                                                    \
-    memset(f, 0, sizeof(T) * 2 * w);                                                          \
-    memset(f + (ny + 2) * w, 0, sizeof(T) * 2 * w);                                           \
-    for (long i = 2; i < ny + 2; ++i) {                                                       \
-        f[i * w] = f[i * w + 1] = 0;                                                          \
-        f[i * w + nx + 2] = f[i * w + nx + 3] = 0;                                            \
+    for (long R = R0; R < R1; ++R) {                                                          \
+        if (R < 2 || R >= ny + 2) {                                                           \
+            memset(f + R * w, 0, sizeof(T) * w);                                              \
+        } else {                                                                              \
+            f[R * w] = f[R * w + 1] = 0;                                                      \
+            f[R * w + nx + 2] = f[R * w + nx + 3] = 0;                                        \
+        }                                                                                     \
     }                                                                                         \
 }                                                                                             \
                                                                                               \
-void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
-                               const T *u_prev, const T *restrict c2dt2,                     \
-                               const T *restrict sponge, const int64_t *restrict span,       \
-                               double iy2, double ix2, T *u_next)                            \
+/* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
+ * the rows between threads; the first and last piece own the ring rows above and below). */ \
+void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,                   \
+                               const T *restrict up, const T *u_prev,                        \
+                               const T *restrict c2dt2, const T *restrict sponge,            \
+                               const int64_t *restrict span, double iy2, double ix2,         \
+                               T *u_next)                                                    \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
-        for (long i = 0; i < ny; ++i) {                                                       \
+        for (long i = i0; i < i1; ++i) {                                                      \
             const long row = b * plane + (i + 2) * w;                                         \
             const T *restrict r = up + row;                                                   \
             const T *p = u_prev + row + 2;                                                    \
@@ -89,7 +95,8 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
             T *out = u_next + row + 2;                                                        \
             SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN);                                              \
         }                                                                                     \
-        zero_ring_##SUFFIX(u_next + b * plane, ny, nx);                                       \
+        zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
+                           i1 == ny ? ny + 4 : i1 + 2);                                       \
     }                                                                                         \
 }                                                                                             \
                                                                                               \
@@ -102,26 +109,28 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
  * and the shot-summed gradient of c2dt2, G g lap(u), is added into grad_c2.  Carrying the     \
  * next step's g instead of a stored adjoint of u_prev saves one array write per step.         \
  * lap is symmetric, so lap^T is the same stencil applied to h = c2dt2 G g padded with zeros.  \
- * Row i of the pointwise pass is followed by row i of the stencil pass (which needs h rows    \
- * i-4 .. i), so each row comes from memory once and h lives in a ring of HROWS rows: scratch  \
- * holds (HROWS + 1) rows of nx+8 (4 zero columns each side, then one all-zero row standing in \
- * for rows off the block); the caller zeroes it once, the kernel writes only inside columns.  \
- * Every pointer is distinct (restrict): gcc vectorises without run-time alias checks.         \
+ * Ringed row R of a needs the pointwise terms of block row R-2 and h of block rows R-4 .. R:  \
+ * rows are visited in order, pointwise pass then stencil pass, so each row comes from memory  \
+ * once and h lives in a ring of HROWS rows.  This call owns ringed rows [R0, R1) of a (and    \
+ * block rows [R0-2, R1-2) of grad_c2); h of the two block rows on either side is recomputed   \
+ * (it only reads g), so pieces of one step can run on threads at once.  scratch holds         \
+ * (HROWS + 1) rows of nx+8 (4 zero columns each side, then one all-zero row standing in for   \
+ * rows off the block), one scratch per concurrent call; the caller zeroes it once, the kernel \
+ * writes only inside columns.  Every pointer is distinct (restrict): no alias checks.         \
  */                                                                                           \
-void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,               \
-                               const T *restrict c2dt2, const T *restrict sponge,            \
-                               const int64_t *restrict span, const T *restrict g,            \
-                               T *restrict a, double iy2, double ix2, T *restrict grad_c2,   \
-                               T *restrict scratch)                                          \
+void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,                   \
+                               const T *restrict up, const T *restrict c2dt2,                \
+                               const T *restrict sponge, const int64_t *restrict span,       \
+                               const T *restrict g, T *restrict a, double iy2, double ix2,   \
+                               T *restrict grad_c2, T *restrict scratch)                     \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w, hw = nx + 8;                                 \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
-        for (long I = 0; I < ny + 4; ++I) {                                                   \
-            const long i = I;                                                                 \
-            if (i < ny) {                                                                     \
-                const long row = b * plane + (i + 2) * w + 2;                                 \
+        for (long q = R0 - 4; q < R1; ++q) {                                                  \
+            if (q >= 0 && q < ny) { /* block row q: pointwise pass, or only its h */          \
+                const long i = q, row = b * plane + (i + 2) * w + 2;                          \
                 const T *restrict r = up + row - 2;                                           \
                 const T *restrict cc = c2dt2 + i * nx;                                        \
                 const T *restrict s = sponge ? sponge + i * nx : NULL;                        \
@@ -129,9 +138,15 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
                 T *restrict ai = a + row;                                                     \
                 T *restrict gc = grad_c2 + i * nx;                                            \
                 T *restrict h = scratch + (i % HROWS) * hw + 4;                               \
-                SPLIT_ROW(i, ADJ_DAMPED, ADJ_PLAIN);                                          \
+                if (q >= R0 - 2 && q < R1 - 2)                                                \
+                    SPLIT_ROW(i, ADJ_DAMPED, ADJ_PLAIN);                                      \
+                else                                                                          \
+                    SPLIT_ROW(i, H_DAMPED, H_PLAIN);                                          \
             }                                                                                 \
-            /* stencil pass for ringed row I: h rows I-4 .. I, centre I-2 */                   \
+            if (q < R0)                                                                       \
+                continue;                                                                     \
+            /* stencil pass for ringed row I = q: h rows I-4 .. I, centre I-2 */               \
+            const long I = q;                                                                 \
             const T *restrict n2 = HROW(I - 4), *restrict n1 = HROW(I - 3);                   \
             const T *restrict hc = HROW(I - 2);                                               \
             const T *restrict s1 = HROW(I - 1), *restrict s2 = HROW(I);                       \
@@ -162,6 +177,8 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, const T *restrict up,  
         h[j] = gj * cc[j];                                                            \
         ai[j] = (gj + gj) + (-((ai[j] * s[j]) * s[j]));                               \
     } while (0)
+#define H_DAMPED(j) (h[j] = (gi[j] * s[j]) * cc[j])
+#define H_PLAIN(j) (h[j] = gi[j] * cc[j])
 #define ADJ_PLAIN(j)                                                                  \
     do {                                                                              \
         const real gj = gi[j];                                                           \
