@@ -59,7 +59,9 @@ def worker(args) -> None:
 
     torch.set_num_threads(args.threads)
     comm = get_comm()
-    spec = validate(spec_dict(args.n, args.steps, args.dtype, args.segments, args.nx), "bench")
+    raw = spec_dict(args.n, args.steps, args.dtype, args.segments, args.nx)
+    raw["compute"]["threads"] = args.threads  # torch's and the fused kernels' threads per rank
+    spec = validate(raw, "bench")
     spec["text"] = ""
     spec["observed"]["noise"] = 0.0
     P = Problem(spec, comm)
