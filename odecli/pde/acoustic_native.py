@@ -86,10 +86,11 @@ def _steps(loop: Loop, c2dt2: Tensor, p: Tensor, u: Tensor, t0: int, t1: int,
     """Steps ``t0 .. t1-1`` from ``(p, u)``.  With ``store`` (``store[0]`` is ``u``), field
     ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer."""
     g = loop.geom
+    sources = g.source_values(loop.dt2, loop.src_gain)
     for k in range(t0, t1):
         out = p if store is None else store[k - t0 + 1]
         step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans, loop.threads)
-        g.inject(out, loop.dt2, k, loop.src_gain)
+        g.add_at_sources(out, sources[k])
         loop.fill(out)
         if traces is not None:
             traces[:, :, k] = g.record(out)

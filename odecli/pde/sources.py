@@ -115,6 +115,18 @@ class LocalGeometry:
         vals = self.src_amp * (self.wavelet[it] * scale)
         if gain is not None:
             vals = vals * gain
+        return self.add_at_sources(u, vals)
+
+    def source_values(self, scale: float, gain: torch.Tensor | None = None) -> torch.Tensor:
+        """What :meth:`inject` adds at every step, ``(nt, sources)``, computed in one go (the same
+        products, so the same numbers) for loops where a few ops per step matter."""
+        vals = self.src_amp[None, :] * (self.wavelet[:, None] * scale)
+        return vals * gain[None, :] if gain is not None else vals
+
+    def add_at_sources(self, u: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        """Add ``vals`` (one per source) at the source nodes of ``u``, in place."""
+        if not self.has_sources:
+            return u
         return u.index_put_((self.src_shot, self.src_iy, self.src_ix), vals, accumulate=True)
 
     def scatter_traces(self, local_traces: torch.Tensor) -> torch.Tensor:
