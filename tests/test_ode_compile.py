@@ -15,25 +15,42 @@ def vdp(t, y, p):
     return torch.stack([v, p["mu"] * (1 - x**2) * v - x], dim=-1)
 
 
-def _attempt_arguments(batch: int = 4):
+def _loop_state(batch: int) -> dict[str, torch.Tensor]:
     dtype = torch.float64
     mu = torch.linspace(0.5, 25.0, batch, dtype=dtype)
     y = torch.tensor([[2.0, 0.0]], dtype=dtype).expand(batch, 2).clone()
     t = torch.zeros(batch, dtype=dtype)
-    ones = torch.ones(batch, dtype=dtype)
     zeros_i = torch.zeros(batch, dtype=torch.int64)
+    return {
+        "t": t, "y": y, "f0": vdp(t, y, {"mu": mu}), "h": torch.full((batch,), 1e-2, dtype=dtype),
+        "active": torch.ones(batch, dtype=torch.bool), "status": zeros_i, "n_steps": zeros_i,
+        "n_accepted": zeros_i, "n_rejected": zeros_i, "n_f_evals": zeros_i + 1,
+        "err_prev": torch.ones(batch, dtype=dtype), "err_prev2": torch.ones(batch, dtype=dtype),
+        "rejected_last": torch.zeros(batch, dtype=torch.bool),
+    }
+
+
+def _fused_arguments(batch: int = 4) -> tuple:
+    """What the solver passes the fused attempt (and the chunk, after its length): VdP, 11 eval times."""
+    dtype = torch.float64
+    mu = torch.linspace(0.5, 25.0, batch, dtype=dtype)
+    grid = torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous()
     return (
-        DOPRI5, make_controller("pid"), vdp, {}, {"mu": mu}, t, y, vdp(t, y, {"mu": mu}),
-        torch.full((batch,), 1e-2, dtype=dtype), 10 * ones, ones, torch.ones(batch, dtype=torch.bool),
-        zeros_i, {name: zeros_i for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals")},
-        zeros_i + 1, torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous(),
-        ones, ones, torch.zeros(batch, dtype=torch.bool), torch.tensor(1e-6, dtype=dtype),
-        torch.tensor(1e-6, dtype=dtype), torch.tensor(0.0, dtype=dtype), torch.tensor(float("inf"), dtype=dtype), 1000,
+        DOPRI5, make_controller("pid"), vdp, {}, {"mu": mu}, _loop_state(batch), torch.ones(batch, dtype=torch.int64),
+        torch.full((batch,), 10.0, dtype=dtype), torch.ones(batch, dtype=dtype), grid,
+        torch.full((batch,), 10, dtype=torch.int64), torch.tensor([1e-6], dtype=dtype), torch.tensor([1e-6], dtype=dtype),
+        torch.tensor([0.0], dtype=dtype), torch.tensor([float("inf")], dtype=dtype), 1000,
     )
 
 
 def test_the_fused_step_has_no_graph_breaks():
-    explanation = torch._dynamo.explain(solver_module._explicit_attempt)(*_attempt_arguments())
+    explanation = torch._dynamo.explain(solver_module._explicit_attempt)(*_fused_arguments())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+def test_the_fused_chunk_has_no_graph_breaks():
+    explanation = torch._dynamo.explain(solver_module._explicit_chunk)(3, *_fused_arguments())
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 

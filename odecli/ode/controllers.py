@@ -39,8 +39,9 @@ class ControllerState:
 
     @staticmethod
     def initial(batch: int, dtype: torch.dtype, device: torch.device) -> "ControllerState":
+        # Two tensors, not one: aliased inputs make torch.compile guard on (and recompile for) the alias.
         ones = torch.ones(batch, dtype=dtype, device=device)
-        return ControllerState(ones, ones, torch.zeros(batch, dtype=torch.bool, device=device))
+        return ControllerState(ones, ones.clone(), torch.zeros(batch, dtype=torch.bool, device=device))
 
     def where(self, mask: Tensor, other: "ControllerState") -> "ControllerState":
         """Per sample: this state where ``mask`` holds, ``other`` elsewhere."""

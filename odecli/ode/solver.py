@@ -3,11 +3,14 @@
 Each sample has its own time, step size, accept/reject decision, controller history, evaluation
 pointer, status and counters. One loop iteration attempts one step for every *active* sample.
 Finished and failed samples are dropped from the working set (compaction) once they make up half
-of it, so they stop costing RHS evaluations. The loop synchronises with the host once per step
-(how many evaluation times fell into this step, and how many samples are still running), and
-once more per evaluation column in steps that hold evaluation times; all other decisions are
-per-sample ``torch.where`` masks. For explicit methods one pure function (``_explicit_attempt``)
-does a whole attempt, eagerly or under ``torch.compile``.
+of it, so they stop costing RHS evaluations. Explicit methods run ``chunk`` attempts per host
+read (``_explicit_chunk``, one pure function, eagerly or under ``torch.compile``): a sample whose
+next attempt would pass an evaluation time strictly inside its span waits, unchanged, for a
+host-driven attempt (``_explicit_attempt``) that records dense output, so every sample takes
+exactly the attempts it takes alone. That attempt, and every attempt of implicit methods, reads
+the host once per step (evaluation times in the step, samples still running, samples waiting)
+and once more per evaluation column it holds. Evaluation times at t_end take the final state.
+All other decisions are per-sample ``torch.where`` masks.
 
 Dense output is recorded as (row, column, value) triples and scattered into the result once at
 the end, which keeps the loop free of in-place writes so autograd can differentiate through it.
@@ -36,6 +39,9 @@ RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 """``f(t, y, p) -> dy/dt`` with t (A,), y (A, n) and p the per-sample parameters of those rows."""
 
 STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
+LOOP_STATE = ("t", "y", "f0", "h", "active", "status", *STAT_NAMES, "err_prev", "err_prev2", "rejected_last")
+"""Per-sample tensors that one attempt reads and replaces (the fused step's state)."""
+CHUNK_STEPS = 4  # explicit attempts per host read (solve's ``chunk``); compile time grows with it
 COMPACT_BELOW = 0.5  # compact the working set when fewer than this fraction of it is active
 COMPACT_MIN_ROWS = 32  # below this, gathering costs more than the rows it saves (and recompiles)
 PROGRESS_INTERVAL_S = 0.2
@@ -76,7 +82,19 @@ class Solution:
 
 def _as_batch_vector(value: Tensor | float, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     vec = torch.as_tensor(value, dtype=dtype, device=device)
-    return vec.expand(batch).clone() if vec.dim() == 0 else vec.reshape(batch).clone()
+    # contiguous_format: a size-1 batch would otherwise keep stride 0, and the compiled step
+    # guards on strides, so the first loop iteration would compile a second graph.
+    vec = vec.expand(batch) if vec.dim() == 0 else vec.reshape(batch)
+    return vec.clone(memory_format=torch.contiguous_format)
+
+
+def _scalar_input(value: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A number the fused step reads as a tensor, so one compiled graph serves every value.
+
+    Shape (1,), not (): torch 2.13's compile reads 0-d CPU tensors as Python floats, fails to
+    turn them back into tensors and restarts the whole trace (twice the compile time).
+    """
+    return torch.as_tensor(value, dtype=dtype, device=device).reshape(1)
 
 
 def _eval_grid(t_eval, t_start: Tensor, t_end: Tensor) -> Tensor:
@@ -107,8 +125,7 @@ class _Working:
         self.__dict__.update(tensors)
 
     def take(self, rows: Tensor) -> "_Working":
-        return _Working(**{k: (v.index(rows) if isinstance(v, ControllerState) else
-                               {n: p[rows] for n, p in v.items()} if isinstance(v, dict) else v[rows])
+        return _Working(**{k: {n: p[rows] for n, p in v.items()} if isinstance(v, dict) else v[rows]
                            for k, v in self.__dict__.items()})
 
 
@@ -128,6 +145,7 @@ def solve(
     max_steps: int = 100_000,
     compact: bool = True,
     compile: bool = False,
+    chunk: int = CHUNK_STEPS,
     progress: Callable[[Progress], None] | None = None,
 ) -> Solution:
     """Solve ``dy/dt = f(t, y, p)`` for a batch of independent samples.
@@ -141,6 +159,8 @@ def solve(
     per sample. ``compile=True`` runs each explicit step (stages, error norm, controller and
     bookkeeping) as one torch.compile'd function: worth its one-off compilation for long or
     large solves; results equal the eager path to round-off (implicit methods ignore it).
+    ``chunk`` is how many explicit attempts run between host reads (1: one read per attempt);
+    it changes no sample's steps, only the grouping, and is 1 while autograd records the solve.
     ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one extra
     reduction then, nothing otherwise). Returns a :class:`Solution` with per-sample status and
     statistics.
@@ -154,6 +174,8 @@ def solve(
         raise ValueError(f"method {method.name!r} has a fixed step: pass dt0")
     if max_steps < 1:
         raise ValueError("max_steps must be >= 1")
+    if chunk < 1:
+        raise ValueError("chunk must be >= 1")
     batch, n_states = y0.shape
     dtype, device = y0.dtype, y0.device
     t0 = _as_batch_vector(t_start, batch, dtype, device)
@@ -161,8 +183,7 @@ def solve(
     grid = _eval_grid(t_eval, t0, t1)
     n_eval = grid.shape[1]
     per_sample, shared = _split_params(params, batch)
-    rtol_t = torch.as_tensor(rtol, dtype=dtype, device=device)
-    atol_t = torch.as_tensor(atol, dtype=dtype, device=device)
+    rtol_t, atol_t = _scalar_input(rtol, dtype, device), _scalar_input(atol, dtype, device)
     direction = torch.where(t1 >= t0, 1.0, -1.0).to(dtype)
 
     def bound(p_rows: dict[str, Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
@@ -179,12 +200,16 @@ def solve(
         h_abs = _as_batch_vector(dt0, batch, dtype, device).abs()
     h_abs = torch.clamp(torch.minimum(h_abs, (t1 - t0).abs()), max=ctrl.dt_max).detach()
 
+    grid_dir = grid * direction[:, None]
+    n_interior = (grid_dir < (direction * t1)[:, None]).sum(1)
+    interior = bool((n_interior > 0).any())
+    ctrl0 = ControllerState.initial(batch, dtype, device)
     w = _Working(
         idx=torch.arange(batch, device=device), t=t0, y=y0, f0=f_init, h=direction * h_abs,
-        t_start=t0, t_end=t1, direction=direction, grid=grid * direction[:, None],
+        t_start=t0, t_end=t1, direction=direction, grid=grid_dir, n_interior=n_interior,
         ptr=zeros_i.clone(), status=zeros_i.clone(), active=t1 != t0,
         n_steps=zeros_i.clone(), n_accepted=zeros_i.clone(), n_rejected=zeros_i.clone(), n_f_evals=n_f_evals,
-        ctrl=ControllerState.initial(batch, dtype, device), p=per_sample,
+        err_prev=ctrl0.err_prev, err_prev2=ctrl0.err_prev2, rejected_last=ctrl0.rejected_last, p=per_sample,
         mstate=method.init_state(bound(per_sample), t0, y0, f_init),
         **{name: zeros_i.clone() for name in method.counter_names},
     )
@@ -198,68 +223,46 @@ def solve(
         cols = torch.where(rows_valid, cols, n_eval)  # invalid entries go to a discarded column
         records.append((w.idx, cols, values))
 
-    # Evaluation times equal to the start time take y0 directly.
+    # Evaluation times equal to the start time take y0 directly; those at t_end take the final
+    # state after the loop, so only interior times need dense output.
     at_start = torch.searchsorted(w.grid, (w.direction * w.t)[:, None], right=True).squeeze(1)
     for j in range(int(at_start.max())):
         record(j < at_start, torch.full_like(at_start, j), w.y)
-    w.ptr = at_start
+    w.ptr = at_start.clone()  # not a view: the compiled step guards on an input's base
 
-    n_active = int(w.active.sum())
-    reported = time.perf_counter()
-    total_steps = 0
-    fused = _fused_explicit_attempt(compile, f) if isinstance(method, ExplicitStepper) else None
-    dt_min_t = torch.as_tensor(ctrl.dt_min, dtype=dtype, device=device)
-    dt_max_t = torch.as_tensor(ctrl.dt_max, dtype=dtype, device=device)
-    while n_active > 0:
+    explicit = isinstance(method, ExplicitStepper)
+    fused = _fused(compile, f, _explicit_attempt) if explicit else None
+    # A chunk's masked attempts would cost graph memory when autograd records the solve
+    # (direct differentiation), so then every attempt reads the host, as chunk=1 does.
+    chunked = explicit and chunk > 1 and not f_init.requires_grad
+    fused_chunk = _fused(compile, f, _explicit_chunk) if chunked else None
+    dt_min_t, dt_max_t = _scalar_input(ctrl.dt_min, dtype, device), _scalar_input(ctrl.dt_max, dtype, device)
+
+    def attempt_with_dense_output() -> tuple[int, int]:
+        """One attempt for every active row, recording the evaluation times it passes.
+
+        Returns (rows still active, rows whose next attempt reaches an interior evaluation time).
+        """
+        s = _loop_state(w)
+        n_int = w.n_interior if interior else None
         if fused is not None:
             # Explicit RK: one pure function from state to outcome (torch.compile-able).
-            o, K = fused(method.method, ctrl, f, shared, w.p, w.t, w.y, w.f0, w.h, w.t_end, w.direction,
-                         w.active, w.status, _counters(w), w.ptr, w.grid, w.ctrl.err_prev, w.ctrl.err_prev2,
-                         w.ctrl.rejected_last, rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
-            rhs = bound(w.p)
+            o, K = fused(method.method, ctrl, f, shared, w.p, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
+                         rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
             result = StepResult(o["y_new"], o["f_new"], None, method.n_stages,
-                                dense=functools.partial(method.interpolant, rhs, w.t, w.y, w.f0, o["h"], o["y_new"], o["f_new"], K))
+                                dense=functools.partial(method.interpolant, bound(w.p), w.t, w.y, w.f0, o["h_try"],
+                                                        o["y_new"], o["f_new"], K))
         else:
             h, last = _step_size(w.h, w.t, w.t_end, w.direction, w.active)
-            rhs = bound(w.p)
-            result = method.step(rhs, w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
-            o = _outcome(ctrl, method.error_order, w.t, w.y, w.f0, w.h, w.t_end, w.direction, w.active,
-                         w.status, _counters(w), result.n_evals, w.ptr, w.grid, w.ctrl.err_prev,
-                         w.ctrl.err_prev2, w.ctrl.rejected_last, h, last, result.y1, result.f1, result.err,
-                         dt_min_t, dt_max_t, max_steps)
-        h, y_new, t_new, count, upto, accept, still_active = (
-            o["h"], o["y_new"], o["t_new"], o["count"], o["upto"], o["accept"], o["still_active"])
-        w.n_steps, w.n_accepted, w.n_rejected, w.n_f_evals = (
-            o["n_steps"], o["n_accepted"], o["n_rejected"], o["n_f_evals"])
+            result = method.step(bound(w.p), w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
+            o = _outcome(ctrl, method.error_order, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
+                         result.n_evals, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps)
+        max_count, n_active, n_crossing = o["sync"].tolist()
+        if max_count > 0:
+            o["n_f_evals"] = o["n_f_evals"] + record_dense_output(o, result, max_count)
         for name, increment in result.counters.items():
             setattr(w, name, getattr(w, name) + w.active * increment)
-        w.ctrl = ControllerState(o["err_prev"], o["err_prev2"], o["rejected_last"])
-        f_new = o["f_new"]
-
-        max_count, n_active = o["sync"].tolist()
-        if max_count > 0:
-            interp = None
-            for j in range(max_count):
-                valid = j < count
-                col = torch.clamp(w.ptr + j, max=n_eval - 1)
-                t_at = w.grid.gather(1, col[:, None]).squeeze(1) * w.direction
-                inside = valid & (t_at != t_new)
-                if interp is None and bool(inside.any()):
-                    # Built only when a time falls strictly inside a step: an eval time on the
-                    # step's end takes y_new as is, and DOP853's extension costs 3 evaluations.
-                    interp, extra_evals = result.dense()
-                    last_at = w.grid.gather(1, (upto - 1).clamp(min=0)[:, None]).squeeze(1) * w.direction
-                    needs_dense = (count > 1) | ((count == 1) & (last_at != t_new))
-                    w.n_f_evals = w.n_f_evals + extra_evals * needs_dense
-                if interp is None:
-                    value = y_new
-                else:
-                    theta = (t_at - w.t) / torch.where(h == 0, torch.ones_like(h), h)
-                    value = torch.where((t_at == t_new)[:, None], y_new, interp(theta))
-                record(valid, col, value)
-            w.ptr = w.ptr + count
-
-        w.t, w.y, w.f0, w.h, w.status = o["t"], o["y"], o["f0"], o["h_next"], o["status"]
+        accept = o["accept"]
         for key, value in result.state.items():
             mask = accept.reshape(accept.shape + (1,) * (value.dim() - 1))
             w.mstate[key] = torch.where(mask, value, w.mstate[key])
@@ -268,34 +271,77 @@ def solve(
             for key, value in result.retry_state.items():
                 mask = rejected.reshape(rejected.shape + (1,) * (value.dim() - 1))
                 w.mstate[key] = torch.where(mask, value, w.mstate[key])
-        w.active = still_active
+        w.ptr = w.ptr + o["count"]
+        w.__dict__.update({name: o[name] for name in LOOP_STATE})
+        return n_active, n_crossing
 
-        total_steps += 1
+    def record_dense_output(o: dict[str, Tensor], result: StepResult, max_count: int) -> Tensor:
+        """Record y at the interior evaluation times inside this step; returns the extra RHS evaluations."""
+        h, t_new, count, upto, y_new = o["h_try"], o["t_new"], o["count"], o["upto"], o["y_new"]
+        interp, extra = None, torch.zeros_like(count)
+        for j in range(max_count):
+            valid = j < count
+            col = torch.clamp(w.ptr + j, max=n_eval - 1)
+            t_at = w.grid.gather(1, col[:, None]).squeeze(1) * w.direction
+            inside = valid & (t_at != t_new)
+            if interp is None and bool(inside.any()):
+                # Built only when a time falls strictly inside a step: an eval time on the
+                # step's end takes y_new as is, and DOP853's extension costs 3 evaluations.
+                interp, extra_evals = result.dense()
+                last_at = w.grid.gather(1, (upto - 1).clamp(min=0)[:, None]).squeeze(1) * w.direction
+                extra = extra_evals * ((count > 1) | ((count == 1) & (last_at != t_new)))
+            if interp is None:
+                value = y_new
+            else:
+                theta = (t_at - w.t) / torch.where(h == 0, torch.ones_like(h), h)
+                value = torch.where((t_at == t_new)[:, None], y_new, interp(theta))
+            record(valid, col, value)
+        return extra
+
+    n_active = int(w.active.sum())
+    n_crossing = 0  # rows whose next attempt reaches an interior evaluation time
+    if fused_chunk is not None and interior:
+        n_crossing = int(_next_attempt_crosses(_loop_state(w), w.ptr, w.t_end, w.direction, w.grid, w.n_interior).sum())
+    reported = time.perf_counter()
+    iterations = 0
+    while n_active > 0:
+        if fused_chunk is not None and n_crossing == 0:
+            new = fused_chunk(chunk, method.method, ctrl, f, shared, w.p, _loop_state(w), w.ptr, w.t_end,
+                              w.direction, w.grid, w.n_interior if interior else None,
+                              rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            n_active, n_crossing = new.pop("sync").tolist()
+            w.__dict__.update(new)
+            iterations += chunk
+        else:
+            n_active, n_crossing = attempt_with_dense_output()
+            iterations += 1
         if progress is not None and time.perf_counter() - reported > PROGRESS_INTERVAL_S:
             reported = time.perf_counter()
-            progress(_progress(w, batch, n_active, total_steps))
+            progress(_progress(w, batch, n_active, iterations))
         if compact and w.idx.shape[0] > COMPACT_MIN_ROWS and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
             _store(full, w, method.counter_names)
             w = w.take(w.active.nonzero().squeeze(1))
     _store(full, w, method.counter_names)
     if progress is not None:
-        progress(Progress(batch, batch, 1.0, total_steps))
+        progress(Progress(batch, batch, 1.0, iterations))
 
     y_out = torch.full((batch, n_eval + 1, n_states), math.nan, dtype=dtype, device=device)
     if records:
         rows, cols, values = (torch.cat(parts) for parts in zip(*records))
         y_out = y_out.index_put((rows, cols), values)
+    at_end = (grid == t1[:, None]) & (full["status"] == SUCCESS)[:, None]
+    y_out = torch.where(at_end[:, :, None], full["y"][:, None, :], y_out[:, :n_eval])
     stats = {name: full[name] for name in STAT_NAMES + method.counter_names}
     stats["dt0"] = h_abs
     stats["dt_final"] = full["h"].abs()
     return Solution(
-        t=grid, y=y_out[:, :n_eval], status=full["status"], stats=stats,
+        t=grid, y=y_out, status=full["status"], stats=stats,
         t_final=full["t"], y_final=full["y"], wall_time_s=time.perf_counter() - started, method=method.name,
     )
 
 
-def _counters(w: _Working) -> dict[str, Tensor]:
-    return {name: getattr(w, name) for name in STAT_NAMES}
+def _loop_state(w: _Working) -> dict[str, Tensor]:
+    return {name: getattr(w, name) for name in LOOP_STATE}
 
 
 def _step_size(h_prev: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
@@ -308,36 +354,51 @@ def _step_size(h_prev: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, acti
     return h, last
 
 
-def _outcome(
-    ctrl: PIDController, error_order: int | None, t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor,
-    t_end: Tensor, direction: Tensor, active: Tensor, status: Tensor, counters: dict[str, Tensor],
-    n_evals: int | Tensor, ptr: Tensor, grid: Tensor, err_prev: Tensor, err_prev2: Tensor,
-    rejected_last: Tensor, h: Tensor, last: Tensor, y_new: Tensor, f_new: Tensor, err: Tensor | None,
+def _reaches_eval_time(
+    h: Tensor, last: Tensor, t: Tensor, t_end: Tensor, direction: Tensor, ptr: Tensor, grid: Tensor, n_interior: Tensor
+) -> Tensor:
+    """Rows whose attempt (t, t + h] would reach their next evaluation time before t_end."""
+    t_new = torch.where(last, t_end, t + h)
+    upcoming = grid.gather(1, ptr.clamp(max=grid.shape[1] - 1)[:, None]).squeeze(1)
+    return (ptr < n_interior) & (direction * t_new >= upcoming)
+
+
+def _next_attempt_crosses(
+    s: dict[str, Tensor], ptr: Tensor, t_end: Tensor, direction: Tensor, grid: Tensor, n_interior: Tensor | None
+) -> Tensor:
+    """Active rows whose next attempt needs dense output, which only the host-driven attempt records."""
+    if n_interior is None:
+        return torch.zeros_like(s["active"])
+    h, last = _step_size(s["h"], s["t"], t_end, direction, s["active"])
+    return s["active"] & _reaches_eval_time(h, last, s["t"], t_end, direction, ptr, grid, n_interior)
+
+
+def _advance(
+    ctrl: PIDController, error_order: int | None, s: dict[str, Tensor], active: Tensor, h: Tensor, last: Tensor,
+    y_new: Tensor, f_new: Tensor, err: Tensor | None, n_evals: int | Tensor, t_end: Tensor, direction: Tensor,
     dt_min: Tensor, dt_max: Tensor, max_steps: int,
 ) -> dict[str, Tensor]:
-    """Everything one attempted step decides, per sample, as pure tensor code (no host sync).
+    """The loop state after one attempt of the ``active`` rows, as pure tensor code (no host sync).
 
-    Accept/reject and the next step come from the controller; failures set the status; the
-    count of evaluation times inside (t, t_new] drives dense output. ``sync`` packs the two
-    numbers the host reads after each step (most eval times in a step, samples still running).
+    Accept/reject and the next step come from the controller; failures set the status. Also
+    returns ``accept`` and ``t_new`` (the attempted step's end).
     """
-    n_steps = counters["n_steps"] + active
+    t, h_prev, status = s["t"], s["h"], s["status"]
+    history = ControllerState(s["err_prev"], s["err_prev2"], s["rejected_last"])
+    n_steps = s["n_steps"] + active
     if err is None:
         finite = torch.isfinite(y_new).all(dim=-1)
         accept = active & finite
         factor = torch.ones_like(h)
-        state = ControllerState(err_prev, err_prev2, rejected_last)
+        state = history
     else:
         err = err.detach()
         finite = torch.isfinite(err)
-        ok, factor, new_state = ctrl.adapt(err, ControllerState(err_prev, err_prev2, rejected_last), error_order)
+        ok, factor, new_state = ctrl.adapt(err, history, error_order)
         accept = active & ok & finite
-        state = new_state.where(active, ControllerState(err_prev, err_prev2, rejected_last))
+        state = new_state.where(active, history)
     t_new = torch.where(last, t_end, t + h)
     done = accept & last
-    upto = torch.searchsorted(grid, (direction * t_new)[:, None], right=True).squeeze(1)
-    count = torch.where(accept, upto - ptr, torch.zeros_like(upto))
-
     h_next = torch.minimum((h.detach() * factor).abs(), dt_max) * direction
     h_next = torch.where(done | ~active, h_prev, h_next)
     status = torch.where(active & ~finite, INFINITE_NORM, status)
@@ -347,45 +408,99 @@ def _outcome(
     status = torch.where(running & too_small, REACHED_DT_MIN, status)
     status = torch.where(running & (n_steps >= max_steps) & (status == SUCCESS),
                          REACHED_MAX_STEPS, status)
-    still_active = active & ~done & (status == SUCCESS)
     return {
-        "h": h, "t_new": t_new, "y_new": y_new, "f_new": f_new, "count": count, "upto": upto,
-        "accept": accept, "still_active": still_active,
-        "sync": torch.stack([count.max(), still_active.sum()]),
-        "n_accepted": counters["n_accepted"] + accept,
-        "n_rejected": counters["n_rejected"] + (active & ~accept),
-        "n_f_evals": counters["n_f_evals"] + active * n_evals,
-        "t": t_after, "y": torch.where(accept[:, None], y_new, y), "f0": torch.where(accept[:, None], f_new, f0),
-        "h_next": h_next, "status": status, "n_steps": n_steps,
+        "t": t_after, "y": torch.where(accept[:, None], y_new, s["y"]),
+        "f0": torch.where(accept[:, None], f_new, s["f0"]), "h": h_next,
+        "active": active & ~done & (status == SUCCESS), "status": status, "n_steps": n_steps,
+        "n_accepted": s["n_accepted"] + accept, "n_rejected": s["n_rejected"] + (active & ~accept),
+        "n_f_evals": s["n_f_evals"] + active * n_evals,
         "err_prev": state.err_prev, "err_prev2": state.err_prev2, "rejected_last": state.rejected_last,
+        "accept": accept, "t_new": t_new,
     }
+
+
+def _outcome(
+    ctrl: PIDController, error_order: int | None, s: dict[str, Tensor], ptr: Tensor, t_end: Tensor,
+    direction: Tensor, grid: Tensor, n_interior: Tensor | None, n_evals: int | Tensor, h: Tensor, last: Tensor,
+    y_new: Tensor, f_new: Tensor, err: Tensor | None, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+) -> dict[str, Tensor]:
+    """:func:`_advance` plus the count of interior evaluation times inside (t, t_new] for dense output.
+
+    ``sync`` packs the three numbers the host reads after the step: most evaluation times in
+    one row's step, rows still running, and rows whose next attempt reaches an evaluation time.
+    ``n_interior`` is None when no row has an evaluation time strictly inside its span.
+    """
+    o = _advance(ctrl, error_order, s, s["active"], h, last, y_new, f_new, err, n_evals, t_end, direction,
+                 dt_min, dt_max, max_steps)
+    if n_interior is None:
+        count = upto = torch.zeros_like(ptr)
+    else:
+        upto = torch.searchsorted(grid, (direction * o["t_new"])[:, None], right=True).squeeze(1)
+        upto = torch.minimum(upto, n_interior)
+        count = torch.where(o["accept"], upto - ptr, torch.zeros_like(upto))
+    crossing = _next_attempt_crosses(o, ptr + count, t_end, direction, grid, n_interior)
+    o.update(h_try=h, y_new=y_new, f_new=f_new, count=count, upto=upto,
+             sync=torch.stack([count.max(), o["active"].sum(), crossing.sum()]))
+    return o
 
 
 def _explicit_attempt(
     method: ExplicitRK, ctrl: PIDController, f: RHS, shared: dict[str, Tensor], p: dict[str, Tensor],
-    t: Tensor, y: Tensor, f0: Tensor, h_prev: Tensor, t_end: Tensor, direction: Tensor, active: Tensor,
-    status: Tensor, counters: dict[str, Tensor], ptr: Tensor, grid: Tensor, err_prev: Tensor,
-    err_prev2: Tensor, rejected_last: Tensor, rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor,
-    max_steps: int,
+    s: dict[str, Tensor], ptr: Tensor, t_end: Tensor, direction: Tensor, grid: Tensor, n_interior: Tensor | None,
+    rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor, max_steps: int,
 ) -> tuple[dict[str, Tensor], list[Tensor]]:
-    """One explicit RK attempt plus its bookkeeping: the fused unit that torch.compile captures."""
+    """One explicit RK attempt plus its dense-output bookkeeping (the host records the values)."""
     merged = {**shared, **p}
-    h, last = _step_size(h_prev, t, t_end, direction, active)
-    y_new, f_new, K, err = rk_step(method, lambda tt, yy: f(tt, yy, merged), t, y, f0, h, rtol, atol)
-    outcome = _outcome(ctrl, method.error_order, t, y, f0, h_prev, t_end, direction, active, status,
-                       counters, method.n_stages, ptr, grid, err_prev, err_prev2, rejected_last, h, last,
-                       y_new, f_new, err, dt_min, dt_max, max_steps)
+    h, last = _step_size(s["h"], s["t"], t_end, direction, s["active"])
+    y_new, f_new, K, err = rk_step(method, lambda tt, yy: f(tt, yy, merged), s["t"], s["y"], s["f0"], h, rtol, atol)
+    outcome = _outcome(ctrl, method.error_order, s, ptr, t_end, direction, grid, n_interior, method.n_stages,
+                       h, last, y_new, f_new, err, dt_min, dt_max, max_steps)
     return outcome, K
 
 
-def _fused_explicit_attempt(compiled: bool, f: RHS) -> Callable:
-    """The eager reference, or the same function under torch.compile (dynamic batch size)."""
-    return _compiled_attempt_for(f) if compiled else _explicit_attempt
+def _explicit_chunk(
+    steps: int, method: ExplicitRK, ctrl: PIDController, f: RHS, shared: dict[str, Tensor], p: dict[str, Tensor],
+    s: dict[str, Tensor], ptr: Tensor, t_end: Tensor, direction: Tensor, grid: Tensor, n_interior: Tensor | None,
+    rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+) -> dict[str, Tensor]:
+    """``steps`` explicit attempts with one host read at the end: the fused unit torch.compile captures.
+
+    A row whose next attempt would reach an interior evaluation time waits (stays active,
+    unchanged) for the host-driven :func:`_explicit_attempt`, which records dense output; rows
+    that finish or fail mid-chunk are masked. Every row takes exactly the attempts it takes
+    alone, only the grouping into host reads changes. ``sync`` = (rows still active, rows
+    waiting for dense output).
+    """
+    merged = {**shared, **p}
+
+    def rhs(tt: Tensor, yy: Tensor) -> Tensor:
+        return f(tt, yy, merged)
+
+    for _ in range(steps):
+        h, last = _step_size(s["h"], s["t"], t_end, direction, s["active"])
+        stepping = s["active"]
+        if n_interior is not None:
+            waiting = stepping & _reaches_eval_time(h, last, s["t"], t_end, direction, ptr, grid, n_interior)
+            stepping = stepping & ~waiting
+            h = torch.where(waiting, torch.zeros_like(h), h)
+        y_new, f_new, _, err = rk_step(method, rhs, s["t"], s["y"], s["f0"], h, rtol, atol)
+        new = _advance(ctrl, method.error_order, s, stepping, h, last, y_new, f_new, err, method.n_stages,
+                       t_end, direction, dt_min, dt_max, max_steps)
+        if n_interior is not None:
+            new["active"] = new["active"] | waiting
+        s = {name: new[name] for name in LOOP_STATE}
+    crossing = _next_attempt_crosses(s, ptr, t_end, direction, grid, n_interior)
+    return {**s, "sync": torch.stack([s["active"].sum(), crossing.sum()])}
+
+
+def _fused(compiled: bool, f: RHS, fn: Callable) -> Callable:
+    """``fn`` itself (the eager reference), or the same function under torch.compile."""
+    return _compiled_for(f, fn) if compiled else fn
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_attempt_for(f: RHS) -> Callable:
-    """A compiled attempt of its own for each right-hand side.
+def _compiled_for(f: RHS, fn: Callable) -> Callable:
+    """A compiled copy of ``fn`` of its own for each right-hand side (dynamic batch size).
 
     Dynamo keeps compiled graphs on the code object and relies on guards to tell callers apart;
     a private copy of the code per RHS keeps one RHS's graph from ever serving another. Values
@@ -398,9 +513,11 @@ def _compiled_attempt_for(f: RHS) -> Callable:
     # One graph per dtype/device plus specialisations of small batch sizes; dynamo's default of
     # 8 recompiles would silently fall back to eager in a long session.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    code = _explicit_attempt.__code__.replace()
-    private = types.FunctionType(code, _explicit_attempt.__globals__, _explicit_attempt.__name__)
-    return torch.compile(private, dynamic=True)
+    private = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+    # Python numbers (tableau weights, chunk length, max_steps) become guarded constants: as
+    # dynamic inputs they cost a conversion per call and a restarted trace.
+    specialized = torch._dynamo.config.patch(specialize_float=True, specialize_int=True)
+    return specialized(torch.compile(private, dynamic=True))
 
 
 def _progress(w: _Working, batch: int, n_active: int, iterations: int) -> Progress:
