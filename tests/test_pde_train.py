@@ -77,6 +77,7 @@ def test_output_contract(anomaly_run):
         assert f.attrs["ranks"] == 1
         assert "proc_grid" in f.attrs["decomposition"]
         assert f.attrs["odecli_version"] == odecli.__version__
+        assert f.attrs["engine"].startswith("fused C kernels")  # CI has a C compiler
         n = f.attrs["iterations"]
         for k in ("loss", "grad_norm", "wall_time_s"):
             assert f[f"history/{k}"].shape == (n,)
@@ -103,7 +104,7 @@ def test_pde_summary(anomaly_run):
     console = Console(record=True, width=120)
     render_pde_summary(s, console)
     text = console.export_text()
-    assert "loss" in text and "comm" in text
+    assert "loss" in text and "comm" in text and "fused C kernels" in text
 
 
 @pytest.mark.parametrize("opt,ranks", [("adam", 2), ("lbfgs", 1)])

@@ -4,7 +4,7 @@ Contract (other tools rely on these names): datasets ``history/loss``, ``history
 ``history/wall_time_s`` (one entry per iteration), ``fields/true``, ``fields/initial``,
 ``fields/final`` (global grid, physical units), ``data/observed``, ``data/predicted``
 (shots x receivers x steps); root attributes ``kind`` = "pde-inverse", ``spec``, ``ranks``,
-``decomposition``, ``odecli_version``.  Also ``history/misfit``, ``history/regularization``,
+``decomposition``, ``odecli_version``.  Also ``engine`` (what ran the time loop), ``history/misfit``, ``history/regularization``,
 ``history/model_error``, ``timing/{total_s,comm_s,compute_s}`` (one entry per rank),
 ``geometry/{sources,receivers}`` (node indices), ``data/time``, ``unknown/*``.
 """
@@ -28,7 +28,7 @@ def write_result(path: Path, r: dict) -> None:
         f.attrs["decomposition"] = json.dumps(r["decomposition"])
         f.attrs["proc_grid"] = np.asarray(r["decomposition"]["proc_grid"], dtype=np.int64)
         f.attrs["odecli_version"] = __version__
-        for k in ("equation", "name", "optimizer", "unknown_type", "stop_reason"):
+        for k in ("equation", "name", "optimizer", "unknown_type", "stop_reason", "engine"):
             f.attrs[k] = str(r[k])
         f.attrs["iterations"] = int(len(r["history"]["loss"]))
         f.attrs["grid_spacing"] = np.asarray(r["spacing"], dtype=np.float64)

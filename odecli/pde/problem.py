@@ -137,6 +137,14 @@ class Problem:
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
 
+    def engine(self) -> str:
+        """What runs the time loop, for result files and ``odecli stats``."""
+        segs = len(self.prop.segments)
+        if self.fused:
+            return (f"fused C kernels, {self.prop.threads} thread(s) per rank, "
+                    f"{segs} time segment(s)")
+        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+
     def _everywhere(self, flag: bool) -> bool:
         if self.comm.size == 1:
             return flag

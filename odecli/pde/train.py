@@ -205,6 +205,7 @@ def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> i
             "receivers": geom.receivers,
             "sources": [(b, iy, ix) for b, shot in enumerate(geom.shots) for iy, ix, _ in shot],
             "timing": timing, "unknown": unknown_out, "final_model_error": final_err,
+            "engine": problem.engine(),
         }
         write_result(output, result)
         if cpath.exists():

@@ -28,6 +28,7 @@ def pde_summary(h5: h5py.File) -> dict:
         "unknown": str(h5.attrs.get("unknown_type", "")),
         "stop_reason": str(h5.attrs.get("stop_reason", "")),
         "odecli_version": str(h5.attrs.get("odecli_version", "")),
+        "engine": str(h5.attrs.get("engine", "")),
         "iterations": int(loss.size),
         "loss": {
             "first": _f(loss[0]) if loss.size else None,
@@ -90,6 +91,7 @@ def render_pde_summary(summary: dict, console) -> None:
         ("optimizer", summary.get("optimizer")),
         ("grid", "x".join(map(str, summary.get("grid_shape", []))) or None),
         ("ranks", f"{summary.get('ranks')} (proc grid {'x'.join(map(str, dec.get('proc_grid', [])))})"),
+        ("engine", summary.get("engine") or None),
         ("iterations", summary.get("iterations")),
         ("stop reason", summary.get("stop_reason")),
         ("loss first", summary["loss"]["first"]),
