@@ -262,8 +262,9 @@ class Solver:
     error: str | None = None
 
 
-def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = False) -> Solver:
-    from odecli.ode.solver import solve
+def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = False, chunk: int | None = None) -> Solver:
+    """odecli's solve; ``chunk`` overrides its attempts per host read (rows named "... k=<chunk>")."""
+    from odecli.ode.solver import CHUNK_STEPS, solve
 
     # A Python counter inside a compiled region would force recompiles: the compiled row counts
     # batched RHS calls from the solver's own per-sample statistics instead (max over samples).
@@ -273,14 +274,16 @@ def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = Fals
     def run():
         fc.reset()
         sol = solve(f, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
-                    rtol=rtol, atol=atol, controller="integral", compile=compiled)
+                    rtol=rtol, atol=atol, controller="integral", compile=compiled,
+                    chunk=CHUNK_STEPS if chunk is None else chunk)
         st = sol.stats
         calls = int(st["n_f_evals"].max()) if compiled else fc.calls
         return {"steps": st["n_steps"].numpy(), "accepted": st["n_accepted"].numpy(), "rhs_calls": calls,
                 "y_final": sol.y_final.numpy(), "ok": bool((sol.status == 0).all()),
                 "loop_iters": int(st["n_steps"].max()), "f_evals_max": int(st["n_f_evals"].max())}
 
-    return Solver("odecli compiled" if compiled else "odecli", run)
+    name = "odecli compiled" if compiled else "odecli"
+    return Solver(name if chunk is None else f"{name} k={chunk}", run)
 
 
 def torchode_solvers(prob: Problem, rtol: float, atol: float, compile_: bool) -> list[Solver]:
@@ -358,6 +361,10 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     solvers = [odecli_solver(prob, rtol, atol)]
     if args.compile_peers:
         solvers.append(odecli_solver(prob, rtol, atol, compiled=True))
+    if args.odecli_chunk1:  # the same solver with one host read per attempt: what chunking buys
+        solvers.append(odecli_solver(prob, rtol, atol, chunk=1))
+        if args.compile_peers:
+            solvers.append(odecli_solver(prob, rtol, atol, compiled=True, chunk=1))
     if "torchode" in args.peers:
         solvers += torchode_solvers(prob, rtol, atol, args.compile_peers)
     if "torchdiffeq" in args.peers:
@@ -441,7 +448,7 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     for mine in ("odecli", "odecli compiled"):
         if mine in walls:
             for other in walls:
-                if not other.startswith("odecli"):
+                if not other.startswith("odecli") or other == f"{mine} k=1":
                     summary[f"{mine}/{other}"] = walls[mine] / walls[other]
     return {"rows": rows, "summary": summary}
 
@@ -581,6 +588,8 @@ def parse_args(argv=None):
     p.add_argument("--peers", type=csv_list(str), default=list(ALL_PEERS), help="torchode,torchdiffeq,scipy")
     p.add_argument("--compile-peers", action="store_true",  # also adds an "odecli compiled" row
                    help="also run torch.compile(torchode solve) (~5-20 s compile per configuration)")
+    p.add_argument("--odecli-chunk1", action="store_true",
+                   help="add odecli rows with chunk=1 (one host read per attempt), compiled too with --compile-peers")
     p.add_argument("--scipy-max-batch", type=int, default=64, help="time the scipy loop only up to this batch")
     p.add_argument("--no-scipy-steps", dest="scipy_steps", action="store_false",
                    help="above --scipy-max-batch, skip the untimed scipy pass that gives step inflation")
