@@ -62,6 +62,29 @@ def _swap(comm: Comm, links: list[_Link], accumulate: bool) -> None:
             dst.copy_(_like(buf, dst))
 
 
+def _swap_host(comm: Comm, links: list, accumulate: bool) -> None:
+    """:func:`_swap` for numpy views of CPU memory: numpy slicing and copies cost a fraction of
+    torch's per-op dispatch, which is most of an exchange's time on small blocks."""
+    live = [link for link in links if link[0] is not None]
+    if not live:
+        return
+    sends = [(peer, np.ascontiguousarray(src), tag) for peer, src, _, tag, _ in live]
+    recvs = [(peer, np.empty(dst.shape, dst.dtype), tag) for peer, _, dst, _, tag in live]
+    comm.exchange(sends, recvs)
+    for (_, _, dst, _, _), (_, buf, _) in zip(live, recvs):
+        if accumulate:
+            dst += buf
+        else:
+            dst[...] = buf
+
+
+def _ring_view(up: Tensor):
+    """``up`` as something to slice and write strips of in place, with the matching swap."""
+    if up.device.type == "cpu":
+        return up.detach().numpy(), _swap_host
+    return up, _swap
+
+
 def _halo_forward(u: Tensor, d: Decomposition, comm: Comm, w: int, fill: float) -> Tensor:
     """Pad by ``w``; east/west first, then north/south on x-extended rows, so corners come along."""
     ny, nx = u.shape[-2:]
@@ -134,8 +157,9 @@ class _HaloAdjoint(Function):
         return _HaloExchange.apply(gg, *ctx.args, 0.0), None, None, None
 
 
-def _fill_links(up: Tensor, d: Decomposition, w: int, tag: int, adjoint: bool) -> tuple[list, list]:
-    """The east/west and north/south links of a ringed block ``up`` (ghost ring of width ``w``).
+def _fill_links(up, d: Decomposition, w: int, tag: int, adjoint: bool) -> tuple[list, list]:
+    """The east/west and north/south links of a ringed block ``up`` (ghost ring of width ``w``;
+    a tensor, or a numpy view of one).
 
     Forward, a link sends the owner's edge strip and receives into the ghost strip; the adjoint
     sends the ghost strip back and adds it into the edge strip.
@@ -157,20 +181,22 @@ def _fill_links(up: Tensor, d: Decomposition, w: int, tag: int, adjoint: bool) -
 
 def fill_ring_(up: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
     """Overwrite the ghost ring of ``up`` with the neighbours' edge strips (no autograd)."""
-    ew, ns = _fill_links(up, d, w, _TAG_HALO_FWD, adjoint=False)
-    _swap(comm, ew, accumulate=False)
-    _swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
+    arr, swap = _ring_view(up)
+    ew, ns = _fill_links(arr, d, w, _TAG_HALO_FWD, adjoint=False)
+    swap(comm, ew, accumulate=False)
+    swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
 
 
 def fill_ring_adjoint_(g: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
     """Adjoint of :func:`fill_ring_` in place: ghost gradients are added into their owners'
     edge strips and then zeroed (an overwritten ghost has no gradient of its own)."""
-    ew, ns = _fill_links(g, d, w, _TAG_HALO_ADJ, adjoint=True)
+    arr, swap = _ring_view(g)
+    ew, ns = _fill_links(arr, d, w, _TAG_HALO_ADJ, adjoint=True)
     for group in (ns, ew):  # the forward's phases in reverse
-        _swap(comm, group, accumulate=True)
+        swap(comm, group, accumulate=True)
         for peer, ghost, _, _, _ in group:
             if peer is not None:
-                ghost.zero_()
+                ghost[...] = 0
 
 
 class _HaloFill(Function):
