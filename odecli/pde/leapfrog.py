@@ -31,6 +31,7 @@ from odecli.pde.stencils import laplacian4
 
 RING = 2
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
+_SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c: the adjoint's ring of h rows and a zero row
 
 
 def interior(u: Tensor) -> Tensor:
@@ -167,9 +168,6 @@ def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
     if spans.shape != (sponge.shape[0], 2) or spans.dtype != torch.int64 or not spans.is_contiguous():
         raise ValueError("leapfrog: spans must be sponge_spans(sponge)")
     return spans
-
-
-_SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c
 
 
 def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
