@@ -218,7 +218,10 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         assert torch.equal(one, many)
 
 
-def test_problem_gradient_with_threads_equals_one_thread():
+def test_problem_gradient_with_threads_equals_one_thread(monkeypatch):
+    from odecli.pde import acoustic
+
+    monkeypatch.setattr(acoustic, "MIN_POINTS_PER_THREAD", 1)  # split even this small grid
     raw = copy.deepcopy(BASE)
     raw["compute"]["threads"] = 1
     P1 = _problem(raw, True)
@@ -227,3 +230,9 @@ def test_problem_gradient_with_threads_equals_one_thread():
     assert (P1.prop.threads, P3.prop.threads) == (1, 3)
     (l1, g1), (l3, g3) = P1.evaluate(0), P3.evaluate(0)
     assert l1 == l3 and torch.equal(g1[0], g3[0])
+
+
+def test_small_grids_stay_on_one_thread():
+    raw = copy.deepcopy(BASE)
+    raw["compute"]["threads"] = 8
+    assert _problem(raw, True).prop.threads == 1  # 2 shots x 41 x 39 points

@@ -25,6 +25,7 @@ from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
+MIN_POINTS_PER_THREAD = 50_000  # grid points per step below which another kernel thread does not pay
 
 
 def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, free_surface: bool,
@@ -82,13 +83,15 @@ class AcousticPropagator:
                  timer: CommTimer | None = None, fused: bool | None = None,
                  threads: int = 1) -> None:
         """``fused``: None uses the C kernels where they run; False forces the PyTorch reference.
-        ``threads``: how many threads the C kernels split each step over."""
+        ``threads``: at most how many threads the C kernels split each step over."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
         self.segments = segment_bounds(nt, segments)
         self.timer = timer
         self.fused = fused
-        self.threads = threads
+        # Below ~50k points a piece costs less than handing it to another thread.
+        points = geom.nshots * block.shape[0] * block.shape[1]
+        self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
         # Sources are injected after the sponge, so they are damped like the field they join.
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
