@@ -17,10 +17,10 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from odecli.pde.grid import Block, Grid
-from odecli.pde.sources import LocalGeometry
 from odecli.pde.acoustic_native import Loop, Workspace, propagate
+from odecli.pde.grid import Block, Grid
 from odecli.pde.leapfrog import RING, interior, native_available, reference_step, sponge_spans
+from odecli.pde.sources import LocalGeometry
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 

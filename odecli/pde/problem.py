@@ -14,9 +14,9 @@ from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models
 from odecli.pde.acoustic import (HALO, AcousticPropagator, available_memory_bytes,
                                  fused_auto_segments, sponge_profile)
-from odecli.pde.leapfrog import native_available
 from odecli.pde.grid import Block, Grid
 from odecli.pde.heat import HeatPropagator
+from odecli.pde.leapfrog import native_available
 from odecli.pde.sources import Geometry, ricker
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer
