@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from odecli.parallel.comm import get_comm
+import odecli.native
 from odecli.pde import native
 from odecli.pde.leapfrog import (adjoint_scratch, native_available, reference_step, step_adjoint,
                                  step_forward)
@@ -117,9 +118,15 @@ def test_kernels_reject_mismatched_layout():
         step_adjoint(u, c2, None, u, u, 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
 
 
+def _forget_builds() -> None:
+    """Drop the per-process library caches, so the next load looks at the environment again."""
+    native.load.cache_clear()
+    odecli.native.load_source.cache_clear()
+
+
 def test_turned_off_kernel_falls_back_with_a_reason(monkeypatch):
     monkeypatch.setenv("ODECLI_NATIVE", "0")
-    native.load.cache_clear()
+    _forget_builds()
     try:
         ok, why = native_available(torch.zeros(1, dtype=torch.float64))
         assert not ok and "ODECLI_NATIVE" in why
@@ -130,19 +137,19 @@ def test_turned_off_kernel_falls_back_with_a_reason(monkeypatch):
         with pytest.raises(RuntimeError, match="ODECLI_NATIVE"):
             P.prop.forward(P.unknown.field().detach())
     finally:
-        native.load.cache_clear()
+        _forget_builds()
 
 
 def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatch, tmp_path):
     monkeypatch.setenv("ODECLI_CACHE_DIR", str(tmp_path))
-    native.load.cache_clear()
+    _forget_builds()
     try:
         lib, why = native.load("acoustic")
         assert lib is not None, why
         built = list(tmp_path.glob("acoustic-*.so"))
         assert len(built) == 1 and not list(tmp_path.glob("*.tmp.so"))
         stamp = built[0].stat().st_mtime_ns
-        native.load.cache_clear()
+        _forget_builds()
         assert native.load("acoustic")[0] is not None
         assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
 
@@ -151,7 +158,7 @@ def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatc
         monkeypatch.setenv("ODECLI_CACHE_DIR", str(blocker / "cache"))  # cannot be created
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
         (tmp_path / "tmp").mkdir()
-        native.load.cache_clear()
+        _forget_builds()
         assert native.load("acoustic")[0] is not None
         assert len(list((tmp_path / "tmp").glob("odecli-*/acoustic-*.so"))) == 1
 
@@ -160,11 +167,11 @@ def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatc
                         "echo 'no such flag' >&2; exit 1\n")
         fake.chmod(0o755)
         monkeypatch.setenv("CC", str(fake))
-        native.load.cache_clear()
+        _forget_builds()
         lib, why = native.load("acoustic")
         assert lib is None and "failed" in why and "no such flag" in why
     finally:
-        native.load.cache_clear()
+        _forget_builds()
 
 
 def test_sponge_spans_cover_exactly_the_undamped_run_of_each_row():
