@@ -16,9 +16,10 @@ import torch
 
 from odecli.errors import InputError
 from odecli.ode.controllers import make_controller
+from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native, unsupported_reason
 from odecli.ode.stepper import available_methods
 from odecli.ode.solver import Progress, Solution, solve
-from odecli.spec import OdeSpec, build_rhs, param_tensors
+from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 
 
 def resolve_device(name: str) -> torch.device:
@@ -89,26 +90,42 @@ def check_memory(spec: OdeSpec, device: torch.device) -> None:
 
 
 def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None) -> Solution:
-    """Solve every sample of ``spec`` and return the batched :class:`Solution`."""
+    """Solve every sample of ``spec`` and return the batched :class:`Solution`.
+
+    ``solver.engine: auto`` runs the generated C solver when it can (equations, an explicit
+    Runge-Kutta method, CPU, float64, a C compiler) and the batched PyTorch loop otherwise;
+    ``native`` insists on C (a clear error when it cannot run), ``torch`` never uses it.
+    ``solution.extra["engine"]`` says which one ran.
+    """
     s = spec.solver
     device = resolve_device(s.device)
     check_memory(spec, device)
     dtype = getattr(torch, s.dtype)
-    rhs = build_rhs(spec)
     controller = make_controller(
         s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,
         factor_min=s.factor_min, factor_max=s.factor_max, dt_min=s.dt_min, dt_max=s.dt_max,
     )
-    solution = solve(
-        rhs,
-        torch.tensor(spec.initial, dtype=dtype, device=device),
-        torch.tensor(spec.t_start, dtype=dtype, device=device),
-        torch.tensor(spec.t_end, dtype=dtype, device=device),
-        torch.tensor(spec.t_eval, dtype=dtype, device=device),
-        params=param_tensors(spec, dtype, device),
-        method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
-        dt0=s.dt0, max_steps=s.max_steps, compile=s.compile, progress=progress,
-    )
+    y0 = torch.tensor(spec.initial, dtype=dtype, device=device)
+    t0 = torch.tensor(spec.t_start, dtype=dtype, device=device)
+    t1 = torch.tensor(spec.t_end, dtype=dtype, device=device)
+    t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=device)
+    params = param_tensors(spec, dtype, device)
+    common = dict(params=params, method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
+                  dt0=s.dt0, max_steps=s.max_steps, progress=progress)
+    solution = None
+    if s.engine != "torch":
+        equations = build_c_equations(spec)
+        why = "the right-hand side is Python code" if equations is None else unsupported_reason(s.method, dtype, device)
+        if not why:
+            try:
+                solution = solve_native(NativeRhs(*equations), y0, t0, t1, t_eval, **common)
+            except NativeUnavailable as exc:
+                why = str(exc)
+        if why and s.engine == "native":
+            raise InputError(f"{spec.file}: solver.engine: native cannot run this spec: {why}")
+    if solution is None:
+        solution = solve(build_rhs(spec), y0, t0, t1, t_eval, compile=s.compile, **common)
+        solution.extra["engine"] = "torch-compiled" if s.compile else "torch"
     solution.extra["device"] = str(device)
     return solution
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from mpi_helpers import run_mpi
 from odecli.cli import app
 from odecli.io.ode_run import write_ode_run
-from odecli.io.ode_stream import OdeRunStream, solution_part
+from odecli.io.ode_stream import ROOT_DATASETS, OdeRunStream, solution_part
 from odecli.parallel.ode_batch import GuidedSchedule, slice_spec
 from odecli.runner import solve_spec
 from odecli.spec.ode import parse_ode_spec
@@ -32,14 +32,15 @@ REL_DT_FINAL = 1e-9
 NOT_COMPARED = {"wall_time_s", "ranks", "DIMENSION_LIST", "REFERENCE_LIST"}
 
 
-def _vdp_spec(path: Path, mu, start, end, eval_=11, max_steps=100_000, name="vdp") -> Path:
+def _vdp_spec(path: Path, mu, start, end, eval_=11, max_steps=100_000, name="vdp", engine="auto") -> Path:
     data = {
         "kind": "ode", "name": name,
         "system": {"states": ["x", "v"], "params": {"mu": [float(m) for m in mu]},
                    "equations": {"x": "v", "v": "mu * (1 - x**2) * v - x"}},
         "initial": {"x": 2.0, "v": 0.0},
         "time": {"start": start, "end": end, "eval": eval_},
-        "solver": {"method": "dopri5", "rtol": 1e-6, "atol": 1e-6, "device": "cpu", "max_steps": max_steps},
+        "solver": {"method": "dopri5", "rtol": 1e-6, "atol": 1e-6, "device": "cpu", "max_steps": max_steps,
+                   "engine": engine},
     }
     path.write_text(yaml.safe_dump(data))
     return path
@@ -118,8 +119,9 @@ def test_stream_writer_reproduces_write_ode_run(tmp_path):
     with h5py.File(tmp_path / "streamed.h5", "w") as h5:
         writer = OdeRunStream(h5, spec)
         for start, stop in ((10, 24), (0, 3), (3, 10)):
-            piece = {k: v[start:stop] for k, v in part.items() if k != "stats"}
+            piece = {k: part[k][start:stop] for k in ROOT_DATASETS}
             piece["stats"] = {k: v[start:stop] for k, v in part["stats"].items()}
+            piece["engine"] = part["engine"]
             writer.write(start, piece)
         writer.finish(device=whole.extra["device"], wall_time_s=whole.wall_time_s)
     _assert_same_content(tmp_path / "streamed.h5", tmp_path / "whole.h5")
@@ -173,7 +175,9 @@ def test_cost_concentrated_batch_is_balanced_on_two_ranks(tmp_path, monkeypatch)
     rank 1; the queue spreads them. Measured on recorded step counts, not on wall time."""
     batch = 32
     mu = [0.5 + 2.5 * i / 27 for i in range(28)] + [100.0] * 4
-    spec = _vdp_spec(tmp_path / "tail.yaml", mu, 0.0, 5.0, eval_=5)
+    # The PyTorch engine: the C one solves this batch in milliseconds, so rank start-up, not
+    # the queue, would decide who gets which samples.
+    spec = _vdp_spec(tmp_path / "tail.yaml", mu, 0.0, 5.0, eval_=5, engine="torch")
     out = tmp_path / "tail.h5"
     monkeypatch.setenv("ODECLI_MPI_MIN_CHUNK", "1")
     p = run_mpi(CLI, 2, ["solve", str(spec), "-o", str(out), "--quiet"], timeout=90)

@@ -2,7 +2,8 @@
 
 Datasets ``t`` (batch, n_eval), ``y`` (batch, n_eval, n_states), ``status`` (batch,), group
 ``stats`` of (batch,) counters, group ``params``; root attributes ``kind``, ``states``,
-``method``, ``rtol``, ``atol``, ``spec``, ``odecli_version``, ``wall_time_s``.
+``method``, ``rtol``, ``atol``, ``device``, ``engine`` (``native``: the generated C solver,
+``torch``, ``torch-compiled``), ``spec``, ``odecli_version``, ``wall_time_s``.
 
 The root group is also a netCDF-4 style dataset: HDF5 dimension scales ``sample`` (0..batch-1),
 ``time`` (output index 0..n_eval-1; the times themselves are ``t``, one row per sample) and
@@ -37,6 +38,7 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution) -> None:
         h5.attrs["atol"] = spec.solver.atol
         h5.attrs["dtype"] = spec.solver.dtype
         h5.attrs["device"] = solution.extra.get("device", "cpu")
+        h5.attrs["engine"] = solution.extra.get("engine", "")
         h5.attrs["spec"] = spec.text
         h5.attrs["spec_file"] = spec.file
         h5.attrs["python_rhs"] = spec.python or ""

@@ -38,10 +38,11 @@ def solution_part(solution: Solution) -> Part:
     part: Part = {name: getattr(solution, name).detach().cpu().numpy() for name in ROOT_DATASETS}
     part["status"] = part["status"].astype(np.int8)
     part["stats"] = {name: values.detach().cpu().numpy() for name, values in solution.stats.items()}
+    part["engine"] = solution.extra.get("engine", "")
     return part
 
 
-def root_attributes(spec: OdeSpec, device: str, wall_time_s: float) -> dict[str, Any]:
+def root_attributes(spec: OdeSpec, device: str, wall_time_s: float, engine: str = "") -> dict[str, Any]:
     """The root attributes of an ODE run file, exactly as write_ode_run sets them."""
     return {
         "kind": "ode",
@@ -53,6 +54,7 @@ def root_attributes(spec: OdeSpec, device: str, wall_time_s: float) -> dict[str,
         "atol": spec.solver.atol,
         "dtype": spec.solver.dtype,
         "device": device,
+        "engine": engine,
         "spec": spec.text,
         "spec_file": spec.file,
         "python_rhs": spec.python or "",
@@ -74,6 +76,7 @@ class OdeRunStream:
         self.spec = spec
         self.batch = spec.batch
         self.written = 0
+        self.engines: set[str] = set()  # the engine of every chunk (one, unless ranks differ)
         self._created = False
 
     def write(self, start: int, part: Part) -> None:
@@ -88,13 +91,15 @@ class OdeRunStream:
             self.h5[name][rows] = part[name]
         for name, values in part["stats"].items():
             self.h5["stats"][name][rows] = values
+        self.engines.add(part.get("engine", ""))
         self.written += count
 
     def finish(self, *, device: str, wall_time_s: float) -> None:
         """Root attributes, ``params`` and dimension scales; every sample must have been written."""
         if self.written != self.batch:
             raise RuntimeError(f"only {self.written} of {self.batch} samples were written")
-        for key, value in root_attributes(self.spec, device, wall_time_s).items():
+        engine = "+".join(sorted(self.engines))
+        for key, value in root_attributes(self.spec, device, wall_time_s, engine).items():
             self.h5.attrs[key] = value
         _add_dimensions(self.h5, list(self.spec.states))
         params = self.h5.create_group("params")

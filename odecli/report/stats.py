@@ -80,6 +80,7 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
         "rtol": float(h5.attrs["rtol"]),
         "atol": float(h5.attrs["atol"]),
         "device": str(h5.attrs.get("device", "")),
+        "engine": str(h5.attrs.get("engine", "")),
         "wall_time_s": float(h5.attrs["wall_time_s"]),
         "python_rhs": str(h5.attrs.get("python_rhs", "")),
         "steps": _describe(stats["n_steps"]),
@@ -112,7 +113,8 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
     head.add_row("status", ", ".join(f"{name}: {n}" for name, n in summary["status_counts"].items()))
     head.add_row("method", f"{summary['method']} ({summary['controller']} controller)")
     head.add_row("tolerances", f"rtol={summary['rtol']:g} atol={summary['atol']:g}")
-    head.add_row("wall time", f"{summary['wall_time_s']:.3f} s on {summary['device']}")
+    engine = f" ({summary['engine']} engine)" if summary.get("engine") else ""
+    head.add_row("wall time", f"{summary['wall_time_s']:.3f} s on {summary['device']}{engine}")
     head.add_row("rejected fraction", f"{summary['rejected_fraction']:.3f}")
     if summary["python_rhs"]:
         head.add_row("python RHS", summary["python_rhs"])

@@ -3,11 +3,12 @@
 from odecli.spec.expr import compile_expression
 from odecli.spec.loader import load_yaml, parse_yaml, spec_kind
 from odecli.spec.ode import OdeSpec, SolverSpec, load_ode_spec, parse_ode_spec, validate_ode_spec_all
-from odecli.spec.rhs import build_rhs, param_tensors
+from odecli.spec.rhs import build_c_equations, build_rhs, param_tensors
 
 __all__ = [
     "OdeSpec",
     "SolverSpec",
+    "build_c_equations",
     "build_rhs",
     "compile_expression",
     "load_ode_spec",

@@ -109,6 +109,60 @@ def compile_expression(text: str, names: set[str], file: str, field: str) -> Cal
     return evaluate
 
 
+# name -> C spelling; the NaN-propagating helpers are defined by the code that embeds the text.
+C_FUNCTIONS: dict[str, str] = {
+    "sin": "sin", "cos": "cos", "tan": "tan", "exp": "exp", "log": "log", "sqrt": "sqrt",
+    "tanh": "tanh", "abs": "fabs", "min": "odecli_fmin", "max": "odecli_fmax",
+}
+
+
+def expression_to_c(text: str, symbols: Mapping[str, str], file: str, field: str) -> str:
+    """``text`` as one C ``double`` expression; ``symbols`` maps each allowed name to its C spelling.
+
+    Validated by the same compiler as :func:`compile_expression` (same one-line errors), so the
+    C text can only contain numbers, the given symbols, + - * /, ``pow`` and the whitelisted
+    functions. ``x**2`` becomes ``odecli_sq(x)`` (torch squares exactly too, and ``pow`` is slow).
+    """
+    tree, source = _parse(text, file, field)
+    _Compiler(set(symbols), file, field, source).compile(tree.body)
+    return _to_c(tree.body, symbols)
+
+
+def c_double(number: float) -> str:
+    """A C literal that parses back to exactly ``number`` (``repr`` round-trips)."""
+    if math.isinf(number):
+        return "INFINITY" if number > 0 else "(-INFINITY)"
+    if math.isnan(number):
+        return "NAN"
+    return repr(float(number))
+
+
+def _to_c(node: ast.AST, symbols: Mapping[str, str]) -> str:
+    """Print an already validated tree (depth is bounded by MAX_DEPTH, so recursion is safe)."""
+    if isinstance(node, ast.Constant):
+        try:
+            return c_double(float(node.value))
+        except OverflowError:
+            return "INFINITY"
+    if isinstance(node, ast.Name):
+        return symbols[node.id] if node.id in symbols else c_double(CONSTANTS[node.id])
+    if isinstance(node, ast.UnaryOp):
+        operand = _to_c(node.operand, symbols)
+        return f"(-{operand})" if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp):
+        left, right = _to_c(node.left, symbols), _to_c(node.right, symbols)
+        if isinstance(node.op, ast.Pow):
+            exponent = node.right
+            if isinstance(exponent, ast.Constant) and exponent.value == 2:
+                return f"odecli_sq({left})"
+            return f"pow({left}, {right})"
+        symbol, _ = _BINARY[type(node.op)]
+        return f"({left} {symbol} {right})"
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    args = ", ".join(_to_c(arg, symbols) for arg in node.args)
+    return f"{C_FUNCTIONS[node.func.id]}({args})"
+
+
 def _parse(text: str, file: str, field: str) -> tuple[ast.Expression, str]:
     """Parse with cheap size and depth limits first, so hostile input fails fast.
 

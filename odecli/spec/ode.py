@@ -28,11 +28,13 @@ TIME_KEYS = ("start", "end", "eval")
 SOLVER_KEYS = (
     "method", "rtol", "atol", "controller", "dt0", "max_steps", "dtype", "device", "dt_min",
     "dt_max", "safety", "factor_min", "factor_max", "pcoeff", "icoeff", "dcoeff", "adjoint", "compile",
+    "engine",
 )
 CONTROLLERS = ("integral", "pi", "pid")
 DTYPES = ("float32", "float64")
 DEVICES = ("cpu", "cuda", "auto")  # plus "cuda:N"
 ADJOINTS = ("direct", "backsolve", "checkpoint")
+ENGINES = ("auto", "native", "torch")
 # Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
 MAX_BATCH = 10_000_000
 MAX_EVAL_POINTS = 20_000_000
@@ -60,6 +62,7 @@ class SolverSpec:
     dcoeff: float | None = None
     adjoint: str = "direct"
     compile: bool = False  # fuse each explicit step with torch.compile (pays off for long/large solves)
+    engine: str = "auto"  # native: generated C solver (equations, explicit RK, CPU float64); torch; auto
 
 
 @dataclass(frozen=True)
@@ -566,6 +569,7 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
         "dcoeff": lambda v, f: _number(v, f, report),
         "adjoint": lambda v, f: _choice(v, f, ADJOINTS, report),
         "compile": lambda v, f: _boolean(v, f, report),
+        "engine": lambda v, f: _choice(v, f, ENGINES, report),
     }
     defaults = SolverSpec()
     fields: dict[str, Any] = {}

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from odecli.errors import InputError
-from odecli.spec.expr import compile_expression
+from odecli.spec.expr import compile_expression, expression_to_c
 from odecli.spec.ode import OdeSpec
 
 Rhs = Callable[[Tensor, Tensor, dict[str, Tensor]], Tensor]
@@ -47,6 +47,22 @@ def build_rhs(spec: OdeSpec) -> Rhs:
         return torch.stack([expr(env).to(y).expand(shape) for expr in expressions], dim=-1)
 
     return rhs
+
+
+def build_c_equations(spec: OdeSpec) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The equations as C expressions over ``t``, ``y[i]`` and ``p[j]``, and the names behind ``p``.
+
+    None for a ``python:`` right-hand side, which only PyTorch can run.
+    """
+    if spec.equations is None:
+        return None
+    params = tuple(spec.params)
+    symbols = {"t": "t", **{s: f"y[{i}]" for i, s in enumerate(spec.states)},
+               **{name: f"p[{j}]" for j, name in enumerate(params)}}
+    equations = tuple(
+        expression_to_c(spec.equations[s], symbols, spec.file, f"system.equations.{s}") for s in spec.states
+    )
+    return equations, params
 
 
 def param_tensors(spec: OdeSpec, dtype: torch.dtype | str, device: torch.device | str) -> dict[str, Tensor]:

@@ -40,6 +40,8 @@ def ode_schema(methods: list[str]) -> dict[str, Any]:
             "dcoeff": {"type": ["number", "null"]},
             "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
             "compile": {"type": "boolean", "description": "fuse each explicit step with torch.compile"},
+            "engine": {"enum": ["auto", "native", "torch"],
+                       "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
         },
     }
     identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
