@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from odecli.ode.solver import STAT_NAMES, Solution, _eval_grid, _as_batch_vector, _split_params, solve
-from odecli.ode.status import Status
+from odecli.ode.solver import STAT_NAMES, Attempt, Solution, _as_batch_vector, _eval_grid, _split_params, solve
+from odecli.ode.stages import weighted_sum
+from odecli.ode.stepper import ExplicitStepper, Stepper, get_stepper
 
 ADJOINT_MODES = ("direct", "backsolve", "checkpoint")
 BACKWARD_STAT_NAMES = STAT_NAMES
@@ -94,9 +94,6 @@ class _Config:
     sh_names: list[str]  # shared floating params (Function inputs)
     fixed: dict[str, Tensor]  # shared non-floating params, passed through unchanged
     ps_fixed: dict[str, Tensor]  # per-sample non-floating params (compacted with the rows)
-    module: nn.Module | None
-    module_names: list[str] | None  # names of module_params inside module (None: not addressable)
-    n_module: int
     solve_kwargs: dict
     adjoint_rtol: float | None
     adjoint_atol: float | None
@@ -111,9 +108,23 @@ def _find_module(f: Callable) -> nn.Module | None:
     return owner if isinstance(owner, nn.Module) and getattr(f, "__name__", "") == "forward" else None
 
 
+def _stepper(solve_kwargs: Mapping[str, Any]) -> Stepper:
+    method = solve_kwargs.get("method", "dopri5")
+    return get_stepper(method) if isinstance(method, str) else method
+
+
+def _check_explicit(solve_kwargs: Mapping[str, Any]) -> None:
+    """The parameter quadrature uses the stages of an explicit RK step (see :class:`_ParameterQuadrature`)."""
+    stepper = _stepper(solve_kwargs)
+    if not isinstance(stepper, ExplicitStepper):
+        raise ValueError(f"adjoint='backsolve' needs an explicit Runge-Kutta method, got {stepper.name!r}; "
+                         "use adjoint='direct' or 'checkpoint' for implicit methods")
+
+
 def _backsolve(f, y0, t_start, t_end, t_eval, params, module_params, adjoint_rtol, adjoint_atol, solve_kwargs) -> Solution:
     if y0.dim() != 2:
         raise ValueError(f"y0 must have shape (batch, n_states), got {tuple(y0.shape)}")
+    _check_explicit(solve_kwargs)
     batch = y0.shape[0]
     dtype, device = y0.dtype, y0.device
     t0 = _as_batch_vector(t_start, batch, dtype, device).detach()
@@ -125,22 +136,14 @@ def _backsolve(f, y0, t_start, t_end, t_eval, params, module_params, adjoint_rto
     ps_names = [k for k, v in per_sample.items() if v.is_floating_point()]
     sh_names = [k for k, v in shared.items() if v.is_floating_point()]
 
-    module = _find_module(f)
     if module_params is None:
+        module = _find_module(f)
         module_params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
-    module_params = list(module_params)
-    module_names = None
-    if module is not None:
-        by_id = {id(p): name for name, p in module.named_parameters()}
-        names = [by_id.get(id(p)) for p in module_params]
-        module_names = None if any(n is None for n in names) else names
-
     cfg = _Config(
         f=f, batch=batch, t0=t0, t1=t1, grid=grid, ps_names=ps_names, sh_names=sh_names, fixed=fixed,
-        ps_fixed=ps_fixed, module=module, module_names=module_names, n_module=len(module_params), solve_kwargs=dict(solve_kwargs),
-        adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
+        ps_fixed=ps_fixed, solve_kwargs=dict(solve_kwargs), adjoint_rtol=adjoint_rtol, adjoint_atol=adjoint_atol,
     )
-    tensors = [per_sample[k] for k in ps_names] + [shared[k] for k in sh_names] + module_params
+    tensors = [per_sample[k] for k in ps_names] + [shared[k] for k in sh_names] + list(module_params)
     ys, y_final = _BacksolveFn.apply(cfg, y0, *tensors)
     sol = cfg.solution
     assert sol is not None
@@ -170,32 +173,32 @@ class _BacksolveFn(torch.autograd.Function):
                         **cfg.solve_kwargs)
         cfg.solution = sol
         ctx.cfg = cfg
-        ctx.save_for_backward(sol.y, sol.y_final, sol.t_final, *tensors)
+        ctx.save_for_backward(sol.y, sol.y_final, sol.t_final, sol.stats["dt_final"], *tensors)
         return sol.y, sol.y_final
 
     @staticmethod
     def backward(ctx, grad_ys: Tensor | None, grad_y_final: Tensor | None):
         cfg: _Config = ctx.cfg
-        ys, y_final, t_final, *tensors = ctx.saved_tensors
+        ys, y_final, t_final, dt_final, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
-        grads = _adjoint_backward(cfg, ys, y_final, t_final, tensors, needs, grad_ys, grad_y_final)
+        grads = _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_ys, grad_y_final)
         return (None, *grads)
 
 
-def _adjoint_backward(cfg, ys, y_final, t_final, tensors, needs, grad_ys, grad_y_final):
+def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_ys, grad_y_final):
+    """Integrate ``[y, a]`` back from each sample's end, column by column; the quadrature collects parameter gradients."""
     started = time.perf_counter()
     batch, n_eval, n = ys.shape
     dtype, device = ys.dtype, ys.device
     ps, sh, mod = _split_tensors(cfg, tensors)
     n_ps, n_sh = len(cfg.ps_names), len(cfg.sh_names)
-    need_ps = [k for k, nd in zip(cfg.ps_names, needs[:n_ps]) if nd]
+    need_ps = {k: ps[k] for k, nd in zip(cfg.ps_names, needs[:n_ps]) if nd}
     need_sh = [k for k, nd in zip(cfg.sh_names, needs[n_ps:n_ps + n_sh]) if nd]
-    need_mod = [i for i, nd in enumerate(needs[n_ps + n_sh:]) if nd]
-    ps_sizes = [ps[k][0].numel() for k in need_ps]
-    sh_sizes = [sh[k].numel() for k in need_sh] + [mod[i].numel() for i in need_mod]
-    n_g = sum(ps_sizes) + sum(sh_sizes)
+    need_mod = [x for x, nd in zip(mod, needs[n_ps + n_sh:]) if nd]
+    shared_values = {**cfg.fixed, **{k: v.detach() for k, v in sh.items()}}
+    rhs = _AdjointRHS(cfg.f, n, shared_values)
+    quadrature = _ParameterQuadrature(cfg.f, n, shared_values, need_sh, need_mod, need_ps)
 
-    rhs = _AugmentedRHS(cfg, n, ps, sh, mod, need_ps, need_sh, need_mod)
     grid = cfg.grid
     direction = torch.where(cfg.t1 >= cfg.t0, 1.0, -1.0).to(dtype)
     grad_ys = torch.zeros_like(ys) if grad_ys is None else grad_ys
@@ -204,7 +207,6 @@ def _adjoint_backward(cfg, ys, y_final, t_final, tensors, needs, grad_ys, grad_y
 
     a = torch.zeros_like(y_final) if grad_y_final is None else grad_y_final.clone()
     y = y_final
-    g = torch.zeros(batch, n_g, dtype=dtype, device=device)
     t_cur = t_final.clone()
     kwargs = dict(cfg.solve_kwargs)
     kwargs.pop("compact", None)
@@ -212,20 +214,26 @@ def _adjoint_backward(cfg, ys, y_final, t_final, tensors, needs, grad_ys, grad_y
         kwargs["rtol"] = cfg.adjoint_rtol
     if cfg.adjoint_atol is not None:
         kwargs["atol"] = cfg.adjoint_atol
+    # Each interval starts with the step the controller proposed at the end of the previous one
+    # (the forward solve's last one for the first): no initial-step search per restart.
+    carry_step = kwargs.get("dt0") is None and _stepper(kwargs).adaptive
+    h_carry = dt_final.clone()
     totals = {name: torch.zeros(batch, dtype=torch.int64, device=device) for name in STAT_NAMES}
     status = torch.zeros(batch, dtype=torch.int64, device=device)
     n_solves = 0
     for j in range(n_eval - 1, -2, -1):
         target = cfg.t0 if j < 0 else torch.where(reached[:, j], grid[:, j], t_cur)
         if bool((target != t_cur).any()):
-            z = torch.cat([y, a, g], dim=1)
-            s = solve(rhs, z, t_cur, target, None, params={**ps, **cfg.ps_fixed}, **kwargs)
+            if carry_step:
+                kwargs["dt0"] = torch.where(h_carry > 0, h_carry, (target - t_cur).abs())
+            s = solve(rhs, torch.cat([y, a], dim=1), t_cur, target, None, params={**ps, **cfg.ps_fixed},
+                      on_attempt=quadrature if quadrature.active else None, **kwargs)
             n_solves += 1
             for name in STAT_NAMES:
                 totals[name] = totals[name] + s.stats[name]
             status = torch.where(status == 0, s.status, status)
-            z = s.y_final
-            y, a, g = z[:, :n], z[:, n:2 * n], z[:, 2 * n:]
+            h_carry = torch.where(s.stats["dt_final"] > 0, s.stats["dt_final"], h_carry)
+            y, a = s.y_final[:, :n], s.y_final[:, n:]
         if j >= 0:
             col = reached[:, j, None]
             y = torch.where(col, ys[:, j], y)
@@ -233,127 +241,89 @@ def _adjoint_backward(cfg, ys, y_final, t_final, tensors, needs, grad_ys, grad_y
         t_cur = target
 
     grads: list[Tensor | None] = [None] * len(tensors)
-    grads_y0 = a
-    offset = 0
-    for k, size in zip(need_ps, ps_sizes):
-        grads[cfg.ps_names.index(k)] = g[:, offset:offset + size].reshape(ps[k].shape).to(ps[k].dtype)
-        offset += size
-    sh_targets = [(n_ps + cfg.sh_names.index(k), sh[k]) for k in need_sh] + [(n_ps + n_sh + i, mod[i]) for i in need_mod]
-    for (index, ref), size in zip(sh_targets, sh_sizes):
-        grads[index] = g[:, offset:offset + size].sum(0).reshape(ref.shape).to(ref.dtype)
-        offset += size
+    for k, g in quadrature.per_sample.items():
+        grads[cfg.ps_names.index(k)] = g.to(ps[k].dtype)
+    shared_index = [n_ps + i for i, nd in enumerate(needs[n_ps:]) if nd]
+    for index, g in zip(shared_index, quadrature.sums):
+        grads[index] = g.to(tensors[index].dtype)
 
     cfg.backward_stats.clear()
     cfg.backward_stats.update(totals)
     cfg.backward_stats["status"] = status
     cfg.backward_stats["n_solves"] = n_solves
-    cfg.backward_stats["per_sample_shared_grads"] = rhs.mode
     cfg.backward_stats["wall_time_s"] = time.perf_counter() - started
-    return [grads_y0, *grads]
+    return [a, *grads]
 
 
-class _AugmentedRHS:
-    """``[y, a, g] -> [f, -a^T f_y, -a^T f_theta]`` row by row (per-sample shared gradients)."""
+class _AdjointRHS:
+    """``[y, a] -> [f, -a^T df/dy]``: the per-sample system the backward solve integrates.
 
-    def __init__(self, cfg: _Config, n: int, ps, sh, mod, need_ps, need_sh, need_mod):
-        self.cfg, self.n = cfg, n
-        self.sh, self.mod = sh, mod
-        self.need_ps, self.need_sh, self.need_mod = need_ps, need_sh, need_mod
-        self.need_shared = bool(need_sh or need_mod)
-        if not self.need_shared:
-            self.mode = "none"
-        elif need_mod and (cfg.module is None or cfg.module_names is None):
-            self.mode = "loop"
-        elif not need_mod and all(sh[k].dim() == 0 for k in need_sh):
-            self.mode = "expand"  # scalars: hand f one copy per row, then plain batched autograd
-            self._expand_checked = False
-        else:
-            self.mode = "vmap"
-        if self.mode == "loop":
-            warnings.warn("backsolve: module_params do not belong to an nn.Module right-hand side; per-sample "
-                          "gradients of shared tensors fall back to a slow row loop", RuntimeWarning, stacklevel=4)
+    Parameter gradients are not part of the state (see :class:`_ParameterQuadrature`), so the
+    error control sees only ``[y, a]``: the seminorm of Kidger, Chen and Lyons (2021).
+    """
 
-    def _call(self, t, y, p, mod_values=None):
-        cfg = self.cfg
-        p = {**cfg.fixed, **p}
-        if mod_values is None:
-            return cfg.f(t, y, p)
-        names = [cfg.module_names[i] for i in self.need_mod]
-        return torch.func.functional_call(cfg.module, dict(zip(names, mod_values)), (t, y, p))
+    def __init__(self, f: Callable[..., Tensor], n: int, shared: dict[str, Tensor]):
+        self.f, self.n, self.shared = f, n, shared
 
     def __call__(self, t: Tensor, z: Tensor, p: Mapping[str, Tensor]) -> Tensor:
-        n = self.n
-        y, a = z[:, :n], z[:, n:2 * n]
-        if self.mode == "expand" and not self._expand_checked:
-            self._expand_checked = True
-            with torch.no_grad():
-                rows = y.shape[0]
-                expanded = {k: self.sh[k].detach().expand(rows) for k in self.need_sh}
-                try:
-                    same = torch.equal(self.cfg.f(t, y, {**self.cfg.fixed, **self.sh, **p}),
-                                       self.cfg.f(t, y, {**self.cfg.fixed, **self.sh, **expanded, **p}))
-                except Exception:  # noqa: BLE001 - f does not broadcast a per-row copy
-                    same = False
-            if not same:
-                self.mode = "vmap"
-        if self.mode == "vmap":
-            try:
-                return self._vmap(t, y, a, p)
-            except Exception as exc:  # noqa: BLE001 - f may not be vmappable; stay correct, get slower
-                warnings.warn(f"backsolve: right-hand side is not vmappable ({type(exc).__name__}: {exc}); "
-                              "using a row loop for shared-parameter gradients", RuntimeWarning, stacklevel=2)
-                self.mode = "loop"
-        return self._autograd(t, y, a, p)
-
-    def _vmap(self, t, y, a, p):
-        sh_grad = {k: self.sh[k].detach() for k in self.need_sh}
-        sh_rest = {k: v for k, v in self.sh.items() if k not in sh_grad}
-        ps_grad = {k: p[k].detach() for k in self.need_ps}
-        ps_rest = {k: v for k, v in p.items() if k not in ps_grad}
-        mod_vals = [self.mod[i].detach() for i in self.need_mod]
-        use_module = bool(self.need_mod)
-
-        def one(t_b, y_b, a_b, ps_b, rest_b, sh_b, mod_b):
-            def inner(y_b, ps_b, sh_b, mod_b):
-                params = {**sh_rest, **sh_b, **{k: v[None] for k, v in rest_b.items()}, **{k: v[None] for k, v in ps_b.items()}}
-                return self._call(t_b[None], y_b[None], params, mod_b if use_module else None)[0]
-
-            out, vjp = torch.func.vjp(inner, y_b, ps_b, sh_b, mod_b)
-            return out, vjp(a_b)
-
-        with torch.enable_grad():
-            fval, (gy, gps, gsh, gmod) = torch.func.vmap(one, in_dims=(0, 0, 0, 0, 0, None, None))(
-                t, y.detach(), a.detach(), ps_grad, ps_rest, sh_grad, mod_vals)
-        rows = y.shape[0]
-        parts = [fval, -gy]
-        parts += [-gps[k].reshape(rows, -1) for k in self.need_ps]
-        parts += [-gsh[k].reshape(rows, -1) for k in self.need_sh]
-        parts += [-gm.reshape(rows, -1) for gm in gmod]
-        return torch.cat([x.detach().to(y.dtype) for x in parts], dim=1)
-
-    def _autograd(self, t, y, a, p):
-        rows = y.shape[0]
+        y, a = z[:, :self.n], z[:, self.n:]
         with torch.enable_grad():
             y_ = y.detach().requires_grad_(True)
-            ps_ = {k: (v.detach().requires_grad_(True) if k in self.need_ps else v) for k, v in p.items()}
-            expand = self.mode == "expand"
-            sh_ = {k: (v.detach().expand(rows).clone().requires_grad_(True) if expand else
-                       v.detach().requires_grad_(True)) if k in self.need_sh else v for k, v in self.sh.items()}
-            fval = self.cfg.f(t, y_, {**self.cfg.fixed, **sh_, **ps_})
-            inputs = [y_] + [ps_[k] for k in self.need_ps] + ([sh_[k] for k in self.need_sh] if expand else [])
-            loop = self.need_shared and not expand
-            grads = torch.autograd.grad(fval, inputs, a, allow_unused=True, retain_graph=loop)
-            parts = [fval.detach()]
-            parts += [-(gr if gr is not None else torch.zeros_like(x)).reshape(rows, -1) for gr, x in zip(grads, inputs)]
-            if loop:
-                shared_inputs = [sh_[k] for k in self.need_sh] + [self.mod[i] for i in self.need_mod]
-                per_row = []
-                for b in range(rows):
-                    gb = torch.autograd.grad(fval[b], shared_inputs, a[b], allow_unused=True, retain_graph=True)
-                    per_row.append(torch.cat([(x if x is not None else torch.zeros_like(s)).reshape(-1)
-                                              for x, s in zip(gb, shared_inputs)]))
-                parts.append(-torch.stack(per_row).to(y.dtype))
-        return torch.cat([x.detach() for x in parts], dim=1)
+            fval = self.f(t, y_, {**self.shared, **p})
+            (gy,) = torch.autograd.grad(fval, y_, a, allow_unused=True)
+        return torch.cat([fval.detach(), -gy if gy is not None else torch.zeros_like(y)], dim=1)
+
+
+class _ParameterQuadrature:
+    """Parameter gradients ``-int a^T df/dtheta dt`` by each sample's own accepted backward steps.
+
+    An ``on_attempt`` hook of :func:`solve`: for an attempt of step ``h`` it evaluates
+    ``a^T df/dtheta`` at the RK stages with nonzero weight ``b_j``, all stages in one batched
+    call, with the vjp's cotangent scaled per row by ``h * b_j * accepted``. Rejected attempts
+    and finished rows thus add nothing, and the per-row weighting happens inside the vjp, so a
+    shared tensor's gradient arrives already summed over the batch: no per-sample copies of
+    the parameters. The result equals integrating the gradient as extra state with the same RK
+    method under a seminorm (the state's error control ignores it).
+    """
+
+    def __init__(self, f: Callable[..., Tensor], n: int, shared_values: dict[str, Tensor], sh_names: list[str],
+                 mod: list[Tensor], ps: dict[str, Tensor]):
+        self.f, self.n, self.shared_values = f, n, shared_values
+        self.sh_names, self.mod = sh_names, mod  # shared tensors: named ``params`` entries, then module tensors
+        self.sums = [torch.zeros_like(shared_values[k]) for k in sh_names] + [torch.zeros_like(x) for x in mod]
+        self.per_sample = {k: torch.zeros_like(v) for k, v in ps.items()}
+        self.active = bool(self.sums or self.per_sample)
+
+    def __call__(self, attempt: Attempt) -> None:
+        m = attempt.method
+        nodes = [j for j, b in enumerate(m.b) if b != 0.0]
+        reps = len(nodes)
+        t, z = self._stages(attempt, nodes)
+        weight = torch.cat([attempt.h * attempt.accept * m.b[j] for j in nodes])
+        # Zero-weight rows (rejected, finished) are evaluated at the accepted start state, so a
+        # diverged stage cannot turn 0 * inf into NaN in the sums.
+        z = torch.where((weight != 0)[:, None], z, attempt.y.repeat(reps, 1))
+        y, a = z[:, :self.n], z[:, self.n:]
+        with torch.enable_grad():
+            sh = {k: self.shared_values[k].detach().requires_grad_(True) for k in self.sh_names}
+            p = {k: v.repeat(reps, *(1,) * (v.dim() - 1)) for k, v in attempt.params.items()}
+            ps = {k: p[k].detach().requires_grad_(True) for k in self.per_sample}
+            fval = self.f(t, y, {**self.shared_values, **sh, **p, **ps})
+            inputs = [*sh.values(), *self.mod, *ps.values()]
+            grads = torch.autograd.grad(fval, inputs, a * weight[:, None], allow_unused=True)
+        n_shared = len(self.sums)
+        self.sums = [s if g is None else s - g for s, g in zip(self.sums, grads[:n_shared])]
+        for (k, acc), g in zip(self.per_sample.items(), grads[n_shared:]):
+            if g is not None:
+                self.per_sample[k] = acc.index_add(0, attempt.rows, -g.reshape(reps, -1, *g.shape[1:]).sum(0))
+
+    @staticmethod
+    def _stages(attempt: Attempt, nodes: list[int]) -> tuple[Tensor, Tensor]:
+        """Times and states of the stages ``nodes``, stacked along the rows (as in rk_step)."""
+        m, t, z, h, K = attempt.method, attempt.t, attempt.y, attempt.h, attempt.K
+        times = [t if j == 0 else torch.add(t, h, alpha=m.c[j]) for j in nodes]
+        states = [z if j == 0 else torch.addcmul(z, h[:, None], weighted_sum(m.a[j], K)) for j in nodes]
+        return torch.cat(times), torch.cat(states)
 
 
 # ----------------------------------------------------------------------------------- checkpoint

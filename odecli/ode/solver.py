@@ -61,6 +61,24 @@ class Progress:
     loop_iterations: int
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One explicit RK attempt of the working rows, as ``solve``'s ``on_attempt`` hook sees it.
+
+    Enough to integrate a quantity along the solution with the method's own weights over the
+    accepted steps only, e.g. the parameter gradient of the backsolve adjoint.
+    """
+
+    method: ExplicitRK
+    rows: Tensor  # (A,) sample index of each working row
+    t: Tensor  # (A,) start of the attempt
+    y: Tensor  # (A, n) state there
+    h: Tensor  # (A,) attempted step (0 for inactive rows)
+    K: list[Tensor]  # stage derivatives, then f at the step's end
+    accept: Tensor  # (A,) bool: rows whose attempt is accepted
+    params: dict[str, Tensor]  # per-sample parameters of the rows
+
+
 @dataclass
 class Solution:
     """Result of a batched solve; every tensor has the batch as its first dimension."""
@@ -147,6 +165,7 @@ def solve(
     compile: bool = False,
     chunk: int = CHUNK_STEPS,
     progress: Callable[[Progress], None] | None = None,
+    on_attempt: Callable[[Attempt], None] | None = None,
 ) -> Solution:
     """Solve ``dy/dt = f(t, y, p)`` for a batch of independent samples.
 
@@ -162,8 +181,9 @@ def solve(
     ``chunk`` is how many explicit attempts run between host reads (1: one read per attempt);
     it changes no sample's steps, only the grouping, and is 1 while autograd records the solve.
     ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one extra
-    reduction then, nothing otherwise). Returns a :class:`Solution` with per-sample status and
-    statistics.
+    reduction then, nothing otherwise). ``on_attempt`` (explicit methods only) is called with
+    every :class:`Attempt` after its accept/reject decision; it makes every attempt read the
+    host, as ``chunk=1`` does. Returns a :class:`Solution` with per-sample status and statistics.
     """
     started = time.perf_counter()
     method = get_stepper(method) if isinstance(method, str) else method
@@ -176,6 +196,8 @@ def solve(
         raise ValueError("max_steps must be >= 1")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
+    if on_attempt is not None and not isinstance(method, ExplicitStepper):
+        raise ValueError(f"on_attempt needs an explicit Runge-Kutta method, got {method.name!r}")
     batch, n_states = y0.shape
     dtype, device = y0.dtype, y0.device
     t0 = _as_batch_vector(t_start, batch, dtype, device)
@@ -234,7 +256,7 @@ def solve(
     fused = _fused(compile, f, _explicit_attempt) if explicit else None
     # A chunk's masked attempts would cost graph memory when autograd records the solve
     # (direct differentiation), so then every attempt reads the host, as chunk=1 does.
-    chunked = explicit and chunk > 1 and not f_init.requires_grad
+    chunked = explicit and chunk > 1 and not f_init.requires_grad and on_attempt is None
     fused_chunk = _fused(compile, f, _explicit_chunk) if chunked else None
     dt_min_t, dt_max_t = _scalar_input(ctrl.dt_min, dtype, device), _scalar_input(ctrl.dt_max, dtype, device)
 
@@ -252,6 +274,8 @@ def solve(
             result = StepResult(o["y_new"], o["f_new"], None, method.n_stages,
                                 dense=functools.partial(method.interpolant, bound(w.p), w.t, w.y, w.f0, o["h_try"],
                                                         o["y_new"], o["f_new"], K))
+            if on_attempt is not None:
+                on_attempt(Attempt(method.method, w.idx, w.t, w.y, o["h_try"], K, o["accept"], w.p))
         else:
             h, last = _step_size(w.h, w.t, w.t_end, w.direction, w.active)
             result = method.step(bound(w.p), w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
