@@ -53,6 +53,7 @@ import torch
 DTYPE = torch.float64
 PROBLEMS = ("vdp", "lv", "mlp")
 ALL_PEERS = ("torchode", "torchdiffeq", "scipy")
+MINE = ("odecli", "odecli compiled", "odecli native")  # rows whose ratios to the peers are reported
 
 
 # --------------------------------------------------------------------------------------------
@@ -71,6 +72,7 @@ class Problem:
     f_batch: Callable  # f(t, y) over the full batch, for torchode / torchdiffeq and the floor
     np_rhs: Callable  # np_rhs(i) -> fun(t, y) for sample i (scipy)
     describe: str = ""
+    equations: dict | None = None  # spec-style equations (state -> text): the "odecli native" row
 
     @property
     def y0_np(self) -> np.ndarray:
@@ -99,7 +101,8 @@ def make_vdp(batch: int) -> Problem:
         return fun
 
     desc = "mu = 25" if batch == 1 else f"mu = linspace(0.5, 25, {batch})"
-    return Problem("vdp", batch, y0, 0.0, 10.0, {"mu": mu}, f_odecli, f_batch, np_rhs, f"Van der Pol, y0 = (2, 0), {desc}")
+    return Problem("vdp", batch, y0, 0.0, 10.0, {"mu": mu}, f_odecli, f_batch, np_rhs, f"Van der Pol, y0 = (2, 0), {desc}",
+                   equations={"x": "v", "v": "mu * (1 - x * x) * v - x"})
 
 
 def make_lv(batch: int) -> Problem:
@@ -115,7 +118,8 @@ def make_lv(batch: int) -> Problem:
             return np.array([1.5 * y[0] - y[0] * y[1], y[0] * y[1] - 3.0 * y[1]])
         return fun
 
-    return Problem("lv", batch, y0, 0.0, 10.0, {}, f, f, np_rhs, "Lotka-Volterra, (x0, y0) ~ U[1,3]^2 (seed 0)")
+    return Problem("lv", batch, y0, 0.0, 10.0, {}, f, f, np_rhs, "Lotka-Volterra, (x0, y0) ~ U[1,3]^2 (seed 0)",
+                   equations={"x": "1.5 * x - x * z", "z": "x * z - 3.0 * z"})
 
 
 MLP_DIM, MLP_HIDDEN = 32, 64
@@ -286,6 +290,32 @@ def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = Fals
     return Solver(name if chunk is None else f"{name} k={chunk}", run)
 
 
+def odecli_native_solver(prob: Problem, rtol: float, atol: float) -> Solver:
+    """The generated C solver (``solver.engine: native``), from the same equation text a spec holds.
+
+    Its RHS calls are the per-sample evaluation counts (max over samples), so ``overhead`` compares
+    its wall time with that many bare eager torch RHS calls, as for the other rows.
+    """
+    from odecli.ode.native import NativeRhs, solve_native
+    from odecli.spec.expr import expression_to_c
+
+    states = list(prob.equations)
+    params = list(prob.params)
+    symbols = {"t": "t", **{s: f"y[{i}]" for i, s in enumerate(states)}, **{n: f"p[{j}]" for j, n in enumerate(params)}}
+    rhs = NativeRhs(tuple(expression_to_c(prob.equations[s], symbols, "bench", s) for s in states), tuple(params))
+
+    def run():
+        sol = solve_native(rhs, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
+                           rtol=rtol, atol=atol, controller="integral")
+        st = sol.stats
+        return {"steps": st["n_steps"].numpy(), "accepted": st["n_accepted"].numpy(),
+                "rhs_calls": int(st["n_f_evals"].max()), "y_final": sol.y_final.numpy(),
+                "ok": bool((sol.status == 0).all()), "loop_iters": int(st["n_steps"].max()),
+                "f_evals_max": int(st["n_f_evals"].max())}
+
+    return Solver("odecli native", run)
+
+
 def torchode_solvers(prob: Problem, rtol: float, atol: float, compile_: bool) -> list[Solver]:
     import torchode as to
 
@@ -359,6 +389,8 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     torch.set_num_threads(threads)
     rtol = atol = tol
     solvers = [odecli_solver(prob, rtol, atol)]
+    if prob.equations is not None:
+        solvers.append(odecli_native_solver(prob, rtol, atol))
     if args.compile_peers:
         solvers.append(odecli_solver(prob, rtol, atol, compiled=True))
     if args.odecli_chunk1:  # the same solver with one host read per attempt: what chunking buys
@@ -431,7 +463,7 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
         if scipy_steps is not None:
             row["infl_max"] = float(steps.max() / scipy_steps.max())
             row["infl_mean"] = float(steps.mean() / scipy_steps.mean())
-            if s.name == "odecli":
+            if s.name in ("odecli", "odecli native"):
                 ratio = steps / scipy_steps
                 row["vs_scipy_per_sample"] = {
                     "identical": int((steps == scipy_steps).sum()), "n": int(steps.size),
@@ -445,7 +477,7 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     walls = {row["solver"]: row["wall_s"] for row in rows if "wall_s" in row}
     summary = {"problem": prob.name, "B": prob.batch, "tol": tol, "threads": threads,
                "floor_torch_s": floor["torch"], "floor_scipy_s": floor["scipy"]}
-    for mine in ("odecli", "odecli compiled"):
+    for mine in MINE:
         if mine in walls:
             for other in walls:
                 if not other.startswith("odecli") or other == f"{mine} k=1":
@@ -461,6 +493,11 @@ def fmt(x, spec):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "—"
     return format(x, spec)
+
+
+def fmt_ratio(x: float) -> str:
+    """Two decimals, or three significant digits for ratios far below 1 (the native rows)."""
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.3g}x"
 
 
 def fmt_time(x):
@@ -486,7 +523,7 @@ def row_md(r: dict) -> str:
 def summary_md(configs: list[dict]) -> list[str]:
     order = ["torchode I", "torchode I compiled", "torchdiffeq", "torchdiffeq maxnorm", "scipy RK45 loop"]
     present = {k for c in configs for k in c["summary"] if k.startswith("odecli")}
-    names = [f"{mine}/{n}" for mine in ("odecli", "odecli compiled") for n in order if f"{mine}/{n}" in present]
+    names = [f"{mine}/{n}" for mine in MINE for n in order if f"{mine}/{n}" in present]
     names += sorted(present - set(names))
     lines = ["| problem | B | tol | thr | 1 RHS call (torch, B) | odecli steps mean/max | scipy steps mean/max | "
              "odecli = scipy per sample | " + " | ".join(n + " wall" for n in names) + " |",
@@ -504,7 +541,7 @@ def summary_md(configs: list[dict]) -> list[str]:
         else:
             sc_steps = "—"
         same = f"{vs['identical']}/{vs['n']} (ratio {vs['ratio_min']:.2f}–{vs['ratio_max']:.2f})" if vs else "—"
-        ratios = " | ".join(f"{s[n]:.2f}x" if n in s else "—" for n in names)
+        ratios = " | ".join(fmt_ratio(s[n]) if n in s else "—" for n in names)
         lines.append(f"| {s['problem']} | {s['B']} | {s['tol']:g} | {s['threads']} | {s['floor_torch_s'] * 1e6:.1f} µs | "
                      f"{od_steps} | {sc_steps} | {same} | {ratios} |")
     return lines
@@ -516,7 +553,7 @@ def print_config(c: dict) -> None:
     for r in c["rows"]:
         print(row_md(r))
     s = c["summary"]
-    ratios = ", ".join(f"{k} = {v:.2f}x" for k, v in s.items() if k.startswith("odecli"))
+    ratios = ", ".join(f"{k} = {fmt_ratio(v)}" for k, v in s.items() if k.startswith("odecli"))
     print(f"\nFLOOR torch f(t[B], y[B,n]) = {s['floor_torch_s'] * 1e6:.2f} µs, numpy 1-sample = "
           f"{s['floor_scipy_s'] * 1e6:.2f} µs")
     print(f"RATIO (wall) {ratios}\n", flush=True)
