@@ -302,6 +302,7 @@ def solve_distributed(
     link = _Link(MPI.COMM_WORLD.Dup())
     node = link.comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = node.Get_rank()
+    _share_cores(node.Get_size())
     node.Free()
     solve_spec_local, file_device, bounds = _prepare(link, spec, local_rank)
     if link.rank == 0:
@@ -309,6 +310,15 @@ def solve_distributed(
     else:
         result = _work(link, solve_spec_local)
     return result
+
+
+def _share_cores(ranks_on_node: int) -> None:
+    """Split the node's cores between its ranks, so their threads (torch's, the C solver's) do not
+    oversubscribe them; an explicit OMP_NUM_THREADS wins."""
+    if "OMP_NUM_THREADS" not in os.environ and ranks_on_node > 1:
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() // ranks_on_node))
 
 
 def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str, tuple[int, int]]:
