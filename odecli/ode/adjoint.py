@@ -10,15 +10,20 @@ batch sum) and the parameters of a ``torch.nn.Module`` right-hand side.
     gradient of the discrete solution. Memory grows with the number of steps.
 ``backsolve``
     The continuous adjoint (optimise-then-discretise). The backward pass calls :func:`solve`
-    again, backwards in time, on the augmented per-sample system ``[y, a, g]`` with
-    ``dy/dt = f``, ``da/dt = -a^T df/dy``, ``dg/dt = -a^T df/dtheta``: every sample keeps its own
-    steps, step sizes and controller history, exactly as in the forward pass. It integrates
-    interval by interval between consecutive evaluation columns (each sample with its own span),
-    adds the incoming ``dL/dy`` at each column and restarts ``y`` from the value stored in the
-    forward pass there (the forward output is kept anyway, and this removes the drift of
-    reconstructing ``y`` backwards). Memory is O(batch x n_eval), independent of the number of
-    steps. Gradients of shared tensors (shared ``params`` entries, Module weights) are integrated
-    per sample (``torch.func.vmap`` over rows) and summed over the batch at the end.
+    again, backwards in time, on the per-sample system ``[y, a]`` with ``dy/dt = f`` and
+    ``da/dt = -a^T df/dy``: every sample keeps its own steps, step sizes and controller history,
+    exactly as in the forward pass. It integrates interval by interval between consecutive
+    evaluation columns (each sample with its own span, each interval starting from the step the
+    controller last proposed), adds the incoming ``dL/dy`` at each column and restarts ``y`` from
+    the value stored in the forward pass there (the forward output is kept anyway, and this
+    removes the drift of reconstructing ``y`` backwards). Parameter gradients
+    ``-int a^T df/dtheta dt`` are not state: a quadrature over each sample's accepted steps with
+    the method's own stage weights (``solve``'s ``on_attempt`` hook, one batched vjp per attempt
+    whose cotangent is scaled per row by ``h * b_j * accepted``) sums shared tensors (shared
+    ``params``, Module weights) over the batch directly and gives per-sample ``params`` their rows.
+    This equals carrying the gradient as extra state under a seminorm (error control on
+    ``[y, a]`` only; Kidger, Chen and Lyons 2021, "Hey, that's not an ODE"). Memory is
+    O(batch x n_eval), independent of the number of steps. Explicit Runge-Kutta methods only.
 ``checkpoint``
     The forward pass is split at the evaluation columns; each segment is solved without keeping
     its graph and re-solved with graph in the backward pass (``torch.utils.checkpoint``). The
