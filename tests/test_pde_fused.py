@@ -13,8 +13,8 @@ import torch
 from odecli.parallel.comm import get_comm
 import odecli.native
 from odecli.pde import native
-from odecli.pde.leapfrog import (adjoint_scratch, native_available, reference_step, step_adjoint,
-                                 step_forward)
+from odecli.pde.leapfrog import (adjoint_scratch, native_available, pair_scratch, receiver_rows, reference_step,
+                                 step_adjoint, step_adjoint_pair, step_forward)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
 
@@ -223,6 +223,37 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         results.append((out, a, grad_c2))
     for one, many in zip(*results):
         assert torch.equal(one, many)
+
+
+@pytest.mark.parametrize("with_sponge", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_paired_adjoint_steps_equal_two_single_steps_bit_for_bit(with_sponge, dtype):
+    """Two adjoint steps in one pass, with the receiver residuals injected between them."""
+    gen = torch.Generator().manual_seed(11)
+    b, ny, nx = 3, 14, 17
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
+    u_k, u_km1, g, later = (rnd(b, ny + 4, nx + 4) for _ in range(4))
+    c2dt2 = 0.1 + rnd(ny, nx).abs() * 0.1
+    sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
+    if sponge is not None:
+        sponge[3:-3, 4:-4] = 1.0
+    # ringed coordinates: two receivers in one row, the block's first and last rows and columns
+    rec_iy = torch.tensor([9, 2, 9, ny + 1, 5])
+    rec_ix = torch.tensor([3, 2, 12, nx + 1, 7])
+    values = rnd(b, rec_iy.numel())
+
+    a1, b1, grad1 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
+    step_adjoint(u_k, c2dt2, sponge, a1, b1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
+    b1.index_put_((torch.arange(b)[:, None], rec_iy[None, :], rec_ix[None, :]), values, accumulate=True)
+    step_adjoint(u_km1, c2dt2, sponge, b1, a1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
+
+    order, row_ptr, columns = receiver_rows(rec_iy, rec_ix, ny + 4)
+    a2, b2, grad2 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
+    step_adjoint_pair(u_k, u_km1, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, pair_scratch(c2dt2, b),
+                      (row_ptr, columns), values[:, order])
+    assert float(grad1.abs().max()) > 0
+    for single, paired in ((a1, a2), (b1, b2), (grad1, grad2)):
+        assert torch.equal(single, paired)
 
 
 def test_problem_gradient_with_threads_equals_one_thread(monkeypatch):

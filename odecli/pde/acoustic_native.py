@@ -22,7 +22,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
-from odecli.pde.leapfrog import RING, adjoint_scratch, step_adjoint, step_forward
+from odecli.pde.leapfrog import (RING, adjoint_scratch, pair_scratch, receiver_rows, step_adjoint,
+                                 step_adjoint_pair, step_forward)
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -136,24 +137,35 @@ class _Propagation(torch.autograd.Function):
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
-        scratch = adjoint_scratch(c2dt2, loop.threads)
+        # One thread on one rank: two steps per pass (no halo exchange can sit between them).
+        paired = loop.threads == 1 and loop.comm.size == 1
+        scratch = pair_scratch(c2dt2, shape[0]) if paired else adjoint_scratch(c2dt2, loop.threads)
         g_traces = g_traces.contiguous()
         g = loop.geom
         shot = torch.arange(shape[0], device=c2dt2.device)[:, None]
+        order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
         for s in reversed(range(len(loop.segments))):
             t0, t1 = loop.segments[s]
             if s < len(loop.segments) - 1:  # recompute this segment's fields from its start
                 p0, u0 = ctx.starts[s]
                 store[0] = u0
                 _steps(loop, c2dt2, p0, store[0], t0, t1, None, store)  # p0 is only read
-            for k in reversed(range(t0, t1)):
+            k = t1 - 1
+            while k >= t0:
                 if g.nrec_local:
                     a_u.index_put_((shot, g.rec_iy[None, :], g.rec_ix[None, :]),
                                    g_traces[:, :, k], accumulate=True)
                 loop.fill(a_u, adjoint=True)
+                if paired and k - 1 >= t0:  # a_u ends as the adjoint of u_{k-1}: no swap
+                    step_adjoint_pair(store[k - t0], store[k - 1 - t0], c2dt2, loop.sponge, a_u, a_later,
+                                      loop.dy, loop.dx, grad_c2, scratch, (row_ptr, columns),
+                                      g_traces[:, order, k - 1], loop.spans)
+                    k -= 2
+                    continue
                 step_adjoint(store[k - t0], c2dt2, loop.sponge, a_u, a_later, loop.dy, loop.dx,
                              grad_c2, scratch, loop.spans)
                 a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
+                k -= 1
         loop.workspace.give(store)
         ctx.starts = ctx.store = None
         return grad_c2, None, None

@@ -138,6 +138,50 @@ def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: 
                  for k, (r0, r1) in enumerate(_pieces(ny + 2 * RING, threads))])
 
 
+def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Receivers (ringed coordinates) sorted by row, for :func:`step_adjoint_pair`.
+
+    Returns ``(order, row_ptr, columns)``: residuals are passed as ``values[:, order]``, and
+    the receivers of ringed row ``q`` are ``row_ptr[q] .. row_ptr[q + 1] - 1`` of that order.
+    """
+    order = torch.argsort(rec_iy, stable=True)
+    counts = torch.bincount(rec_iy, minlength=rows)
+    row_ptr = torch.zeros(rows + 1, dtype=torch.int64)
+    row_ptr[1:] = torch.cumsum(counts, 0)
+    return order, row_ptr, rec_ix[order].to(torch.int64).contiguous()
+
+
+def step_adjoint_pair(u_k: Tensor, u_km1: Tensor, c2dt2: Tensor, sponge: Tensor | None, a: Tensor,
+                      b: Tensor, dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
+                      receivers: tuple[Tensor, Tensor], values: Tensor,
+                      spans: Tensor | None = None) -> None:
+    """Adjoint steps k and k-1 in one pass (one thread): two :func:`step_adjoint` calls, bit for bit.
+
+    Between the two steps, ``values`` (shots, nrec), the residuals of step k-1 in the order of
+    :func:`receiver_rows`, are added at the receivers (``receivers = (row_ptr, columns)``).
+    On entry ``a`` is step k's ``g`` and ``b`` its ``a``; on exit ``a`` is the adjoint of u_{k-1}
+    and ``b`` that of u_k, as after the calls.  ``scratch``: :func:`pair_scratch`.  The
+    pass loads c2dt2, the sponge and grad_c2 once for both steps and reads the middle adjoint
+    field from cache, which is what makes it faster (the adjoint is memory-bound).
+    """
+    check_layout(u_k, c2dt2, sponge, u_km1, a, b)
+    ny, nx = c2dt2.shape
+    if scratch.shape != pair_scratch(c2dt2, u_k.shape[0]).shape or grad_c2.shape != c2dt2.shape:
+        raise ValueError("step_adjoint_pair: scratch or grad_c2 has the wrong size")
+    if a.data_ptr() == b.data_ptr():
+        raise ValueError("step_adjoint_pair: a and b must be different buffers")
+    row_ptr, columns = receivers
+    values = values.contiguous()
+    if row_ptr.shape != (ny + 2 * RING + 1,) or values.shape != (u_k.shape[0], columns.numel()):
+        raise ValueError("step_adjoint_pair: receivers or values have the wrong size")
+    spans = _spans(sponge, spans)  # kept in a name: the kernel reads it through a raw pointer
+    kernel = _kernel("adjoint_pair", u_k.dtype)
+    kernel(*_dims(u_k), _ptr(u_k), _ptr(u_km1), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
+           _ptr(a), _ptr(b), ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)),
+           _ptr(grad_c2), _ptr(scratch), _ptr(row_ptr), _ptr(columns), ctypes.c_long(columns.numel()),
+           _ptr(values))
+
+
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
     """``rows`` split into ``threads`` contiguous, nearly equal, non-empty ranges."""
     threads = max(1, min(threads, rows))
@@ -174,6 +218,11 @@ def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
     """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``, per thread."""
     threads = max(1, min(threads, c2dt2.shape[0] + 2 * RING))
     return c2dt2.new_zeros((threads, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
+
+
+def pair_scratch(c2dt2: Tensor, shots: int) -> Tensor:
+    """The zeroed work rows :func:`step_adjoint_pair` needs: one ring of h rows per step and shot."""
+    return c2dt2.new_zeros((2 * shots, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
 
 
 def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:

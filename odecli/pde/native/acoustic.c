@@ -33,6 +33,7 @@
 
 /* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
 #define HROWS 8
+#define PAIR_LAG 2 /* rows step k runs ahead of step k-1 in leapfrog_adjoint_pair */
 #define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
 #define LAPT(J)                                                                       \
     (((((hc[(J) + 2] * kc) + ((hc[(J) + 1] + hc[(J) + 3]) * k1x))                     \
@@ -118,44 +119,95 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * rows off the block), one scratch per concurrent call; the caller zeroes it once, the kernel \
  * writes only inside columns.  Every pointer is distinct (restrict): no alias checks.         \
  */                                                                                           \
+static inline void adjoint_iteration_##SUFFIX(long q, long ny, long nx, long R0, long R1,   \
+                                              const T *restrict up, const T *restrict c2dt2, \
+                                              const T *restrict sponge,                      \
+                                              const int64_t *restrict span,                  \
+                                              const T *restrict g, T *restrict a,            \
+                                              double iy2, double ix2, T *restrict grad_c2,   \
+                                              T *restrict scratch)                           \
+{                                                                                             \
+    typedef T real; /* for the loop bodies below */                                          \
+    const long w = nx + 4, hw = nx + 8;                                                       \
+    COEFFS(T);                                                                                \
+    if (q >= 0 && q < ny) { /* block row q: pointwise pass, or only its h */                  \
+        const long i = q, row = (i + 2) * w + 2;                                              \
+        const T *restrict r = up + row - 2;                                                   \
+        const T *restrict cc = c2dt2 + i * nx;                                                \
+        const T *restrict s = sponge ? sponge + i * nx : NULL;                                \
+        const T *restrict gi = g + row;                                                       \
+        T *restrict ai = a + row;                                                             \
+        T *restrict gc = grad_c2 + i * nx;                                                    \
+        T *restrict h = scratch + (i % HROWS) * hw + 4;                                       \
+        if (q >= R0 - 2 && q < R1 - 2)                                                        \
+            SPLIT_ROW(i, ADJ_DAMPED, ADJ_PLAIN);                                              \
+        else                                                                                  \
+            SPLIT_ROW(i, H_DAMPED, H_PLAIN);                                                  \
+    }                                                                                         \
+    if (q < R0)                                                                               \
+        return;                                                                               \
+    /* stencil pass for ringed row I = q: h rows I-4 .. I, centre I-2 */                       \
+    const long I = q;                                                                         \
+    const T *restrict n2 = HROW(I - 4), *restrict n1 = HROW(I - 3);                           \
+    const T *restrict hc = HROW(I - 2);                                                       \
+    const T *restrict s1 = HROW(I - 1), *restrict s2 = HROW(I);                               \
+    T *restrict out = a + I * w;                                                              \
+    const long j0 = (I >= 2 && I < ny + 2) ? 2 : w, j1 = (j0 == 2) ? nx + 2 : w;              \
+    for (long J = 0; J < j0; ++J) out[J] = LAPT(J);                                           \
+    for (long J = j0; J < j1; ++J) out[J] = out[J] + LAPT(J);                                 \
+    for (long J = j1; J < w; ++J) out[J] = LAPT(J);                                           \
+}                                                                                             \
+                                                                                              \
 void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,                   \
                                const T *restrict up, const T *restrict c2dt2,                \
                                const T *restrict sponge, const int64_t *restrict span,       \
                                const T *restrict g, T *restrict a, double iy2, double ix2,   \
                                T *restrict grad_c2, T *restrict scratch)                     \
 {                                                                                             \
-    typedef T real; /* for the loop bodies below */                                          \
-    const long w = nx + 4, plane = (ny + 4) * w, hw = nx + 8;                                 \
-    COEFFS(T);                                                                                \
-    for (long b = 0; b < B; ++b) {                                                            \
-        for (long q = R0 - 4; q < R1; ++q) {                                                  \
-            if (q >= 0 && q < ny) { /* block row q: pointwise pass, or only its h */          \
-                const long i = q, row = b * plane + (i + 2) * w + 2;                          \
-                const T *restrict r = up + row - 2;                                           \
-                const T *restrict cc = c2dt2 + i * nx;                                        \
-                const T *restrict s = sponge ? sponge + i * nx : NULL;                        \
-                const T *restrict gi = g + row;                                               \
-                T *restrict ai = a + row;                                                     \
-                T *restrict gc = grad_c2 + i * nx;                                            \
-                T *restrict h = scratch + (i % HROWS) * hw + 4;                               \
-                if (q >= R0 - 2 && q < R1 - 2)                                                \
-                    SPLIT_ROW(i, ADJ_DAMPED, ADJ_PLAIN);                                      \
-                else                                                                          \
-                    SPLIT_ROW(i, H_DAMPED, H_PLAIN);                                          \
-            }                                                                                 \
-            if (q < R0)                                                                       \
-                continue;                                                                     \
-            /* stencil pass for ringed row I = q: h rows I-4 .. I, centre I-2 */               \
-            const long I = q;                                                                 \
-            const T *restrict n2 = HROW(I - 4), *restrict n1 = HROW(I - 3);                   \
-            const T *restrict hc = HROW(I - 2);                                               \
-            const T *restrict s1 = HROW(I - 1), *restrict s2 = HROW(I);                       \
-            T *restrict out = a + b * plane + I * w;                                          \
-            const long j0 = (I >= 2 && I < ny + 2) ? 2 : w, j1 = (j0 == 2) ? nx + 2 : w;      \
-            for (long J = 0; J < j0; ++J) out[J] = LAPT(J);                                   \
-            for (long J = j0; J < j1; ++J) out[J] = out[J] + LAPT(J);                         \
-            for (long J = j1; J < w; ++J) out[J] = LAPT(J);                                   \
+    const long plane = (ny + 4) * (nx + 4);                                                   \
+    for (long b = 0; b < B; ++b)                                                              \
+        for (long q = R0 - 4; q < R1; ++q)                                                    \
+            adjoint_iteration_##SUFFIX(q, ny, nx, R0, R1, up + b * plane, c2dt2, sponge,      \
+                                       span, g + b * plane, a + b * plane, iy2, ix2,          \
+                                       grad_c2, scratch);                                     \
+}                                                                                             \
+                                                                                              \
+/* Adjoint steps k and k-1 in one pass over the grid (one thread, the whole block), with the  \
+ * same arithmetic in the same order as two leapfrog_adjoint calls with the receiver          \
+ * injection between them, so the results are bit for bit those.  Step k (g = A, a = Bf) runs  \
+ * PAIR_LAG rows ahead of step k-1 (g = Bf, a = A): ringed row q of Bf is final once step k    \
+ * has done row q, gets the step-(k-1) residuals of the receivers in it (receivers sorted by   \
+ * ringed row, rec_ptr their ny+5 CSR offsets, rec_ix ringed columns, rec_val (B, nrec) in    \
+ * that order), and is read by step k-1 right after, still in cache; each row of c2dt2, the   \
+ * sponge and grad_c2 is loaded once for both steps (and all shots).  Step k reads A's block   \
+ * rows before step k-1 overwrites them.  On exit A is                                         \
+ * the adjoint of u_{k-1} and Bf that of u_k (with the injection), as after the two calls.     \
+ * Shots are interleaved row by row, so grad_c2 sums over shots in the two calls' order.       \
+ * scratch: 2 B adjoint scratches (one per step and shot).                                     \
+ */                                                                                           \
+void leapfrog_adjoint_pair_##SUFFIX(long B, long ny, long nx, const T *restrict up_k,        \
+                                    const T *restrict up_km1, const T *restrict c2dt2,       \
+                                    const T *restrict sponge, const int64_t *restrict span,  \
+                                    T *restrict A, T *restrict Bf, double iy2, double ix2,   \
+                                    T *restrict grad_c2, T *restrict scratch,                \
+                                    const int64_t *restrict rec_ptr,                         \
+                                    const int64_t *restrict rec_ix, long nrec,               \
+                                    const T *restrict rec_val)                               \
+{                                                                                             \
+    const long w = nx + 4, plane = (ny + 4) * w, R1 = ny + 4, ring = (HROWS + 1) * (nx + 8);   \
+    for (long q = -4; q < R1 + PAIR_LAG; ++q) {                                               \
+        for (long b = 0; b < B && q < R1; ++b) {                                              \
+            T *Bb = Bf + b * plane;                                                           \
+            adjoint_iteration_##SUFFIX(q, ny, nx, 0, R1, up_k + b * plane, c2dt2, sponge,     \
+                                       span, A + b * plane, Bb, iy2, ix2, grad_c2,            \
+                                       scratch + b * ring);                                   \
+            for (long k = q >= 0 ? rec_ptr[q] : 0; q >= 0 && k < rec_ptr[q + 1]; ++k)         \
+                Bb[q * w + rec_ix[k]] += rec_val[b * nrec + k];                               \
         }                                                                                     \
+        for (long b = 0; b < B && q - PAIR_LAG >= -4; ++b)                                    \
+            adjoint_iteration_##SUFFIX(q - PAIR_LAG, ny, nx, 0, R1, up_km1 + b * plane,       \
+                                       c2dt2, sponge, span, Bf + b * plane, A + b * plane,    \
+                                       iy2, ix2, grad_c2, scratch + (B + b) * ring);          \
     }                                                                                         \
 }
 
