@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from odecli.ode.solver import STAT_NAMES, Progress, Solution, _as_batch_vector, 
 
 BLOCKS_PER_THREAD = 8  # enough blocks that threads stay busy when samples differ in cost
 MAX_BLOCK = 4096
+HOLD_GIL_BELOW = 8  # samples: so few finish in milliseconds, faster than handing Python's lock back
 
 
 class NativeUnavailable(RuntimeError):
@@ -94,7 +96,7 @@ def solve_native(
         raise ValueError(f"method {method!r} has a fixed step: pass dt0")
     if max_steps < 1:
         raise ValueError("max_steps must be >= 1")
-    solver = _load(tableau, rhs)
+    solver, solver_holding_gil = _load(tableau, rhs)
     batch, n_states = y0.shape
     f64 = dict(dtype=torch.float64, device="cpu")
     y0 = y0.detach().contiguous()
@@ -121,7 +123,11 @@ def solve_native(
 
     workers = max(1, min(threads or torch.get_num_threads(), batch))
     blocks = _blocks(batch, workers)
-    if workers == 1 and progress is None:
+    if batch < HOLD_GIL_BELOW and progress is None:
+        # Releasing the lock for a sub-millisecond call costs more when another Python thread
+        # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
+        solver_holding_gil(ctypes.c_int64(0), ctypes.c_int64(batch), *fixed)
+    elif workers == 1 and progress is None:
         run((0, batch))
     else:
         finished = steps = 0
@@ -139,15 +145,28 @@ def solve_native(
     )
 
 
+_ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] \
+    + [ctypes.c_void_p] * 4
+
+
 def _load(tableau: ExplicitRK, rhs: NativeRhs):
+    """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
     source = generate(tableau, rhs.equations).encode()
     lib, why = native.load_source(f"ode-{tableau.name}", source)
     if lib is None:
         raise NativeUnavailable(why)
+    return _entry(lib), _entry(_holding_gil(lib._name))
+
+
+@functools.lru_cache(maxsize=64)
+def _holding_gil(path: str) -> ctypes.PyDLL:
+    return ctypes.PyDLL(path)
+
+
+def _entry(lib: ctypes.CDLL):
     solver = lib.solve_samples
     solver.restype = None
-    solver.argtypes = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_void_p,
-                                                                      ctypes.c_int64] + [ctypes.c_void_p] * 4
+    solver.argtypes = _ARGTYPES
     return solver
 
 
