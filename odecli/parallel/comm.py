@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 _OPS = ("sum", "max", "min")
+OUTPUT_FORWARD_S = 0.5  # pause before MPI_Abort so the launcher forwards the error line
 
 #: One point-to-point message: (peer rank, buffer, tag).
 Message = tuple[int, np.ndarray, int]
@@ -52,6 +54,7 @@ class Comm:
         if self._mpi is not None:
             sys.stdout.flush()
             sys.stderr.flush()
+            time.sleep(OUTPUT_FORWARD_S)  # the launcher kills every rank on Abort, unread output too
             self._mpi.Abort(code)
             os._exit(code)  # Abort may return before the launcher kills this process
         sys.exit(code)

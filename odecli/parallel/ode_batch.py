@@ -59,6 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from odecli.errors import EXIT_INTERNAL, InputError, OdecliError
+from odecli.parallel.comm import OUTPUT_FORWARD_S
 from odecli.spec import OdeSpec
 
 SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
@@ -246,6 +247,9 @@ class _Link:
     def abort(self, code: int) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
+        # The launcher forwards a rank's output through a pipe and kills every rank on Abort:
+        # without a pause the one-line error can be lost (seen under load in CI).
+        time.sleep(OUTPUT_FORWARD_S)
         self.MPI.COMM_WORLD.Abort(code or 1)
         # MPICH's Abort can return before the launcher kills us; leave now so nothing else
         # (e.g. the CLI's internal-error handler) prints a second message.
