@@ -122,7 +122,6 @@ def solve_native(
         return block
 
     workers = max(1, min(threads or torch.get_num_threads(), batch))
-    blocks = _blocks(batch, workers)
     if batch < HOLD_GIL_BELOW and progress is None:
         # Releasing the lock for a sub-millisecond call costs more when another Python thread
         # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
@@ -132,7 +131,7 @@ def solve_native(
     else:
         finished = steps = 0
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for lo, hi in pool.map(run, blocks):
+            for lo, hi in pool.map(run, _blocks(batch, workers)):
                 finished += hi - lo
                 steps += int(istat[lo:hi, 1].sum())
                 if progress is not None:
