@@ -5,7 +5,7 @@ PyTorch work per step at all: the method, the controller and the equations are c
 one C function (:mod:`odecli.ode.native.codegen`) that runs a sample from start to end. Samples
 are independent, so blocks of them run on a thread pool (ctypes releases the GIL), and a block
 boundary is where progress is reported. The result is a :class:`~odecli.ode.solver.Solution`
-equal to the batched PyTorch loop's to round-off, with the same per-sample steps.
+equal to the batched PyTorch loop's to round-off, with the same per-sample steps (see codegen).
 """
 
 from __future__ import annotations
