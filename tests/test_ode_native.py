@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from odecli.cli import app
 from odecli.ode.controllers import PIDController
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
+from odecli.ode.native import engine as native_engine
 from odecli.ode.solver import solve
 from odecli.runner import solve_spec
 from odecli.spec import build_c_equations, build_rhs, param_tensors, parse_ode_spec
@@ -133,6 +134,32 @@ def test_threads_and_blocks_do_not_change_any_result():
         assert torch.equal(a.nan_to_num(), b.nan_to_num())
     assert seen and seen[-1].finished == 97 and seen[-1].slowest_fraction == 1.0
     assert [p.finished for p in seen] == sorted(p.finished for p in seen)
+
+
+def _same_bits(a, b) -> None:
+    assert torch.equal(a.y.nan_to_num(7.0), b.y.nan_to_num(7.0))
+    for x, y in ((a.y_final, b.y_final), (a.t_final, b.t_final), (a.status, b.status)):
+        assert torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0))
+    for key in (*COUNTERS, "dt0", "dt_final"):
+        assert torch.equal(a.stats[key], b.stats[key]), key
+
+
+@pytest.mark.parametrize("method", ["dopri5", "dop853", "bosh3", "rk4"])
+def test_lane_count_changes_no_bit(method, monkeypatch):
+    # Lanes step W samples together and refill as samples end: every sample must still take its
+    # own steps, bit for bit, however many share the lanes (23 samples: the last lanes run idle).
+    y0, t_end, t_eval, params = _vdp_batch(23)
+    t_end[7] = 0.0  # nothing to integrate: finished before the first step
+    kwargs = dict(params=params, method=method, max_steps=60, rtol=1e-7, atol=1e-8)
+    if method == "rk4":
+        kwargs["dt0"] = 0.05
+    runs = []
+    for lanes in (1, 3, 8):
+        monkeypatch.setattr(native_engine, "LANES", lanes)
+        runs.append(solve_native(VDP, y0, 0.0, t_end, t_eval, threads=1, **kwargs))
+    assert (runs[0].status == 0).any() and (runs[0].status != 0).any()  # finished and stopped lanes
+    for other in runs[1:]:
+        _same_bits(runs[0], other)
 
 
 EXPRESSIONS = {

@@ -1,12 +1,19 @@
-"""C source for one explicit RK method fused with one right-hand side, solving each sample alone.
+"""C source for one explicit RK method fused with one right-hand side, each sample on its own steps.
 
 The generated solver is a line-by-line transcription of the batched reference in
 :mod:`odecli.ode.solver` (step size, :func:`~odecli.ode.stages.rk_step`, the controller's
-``adapt``, statuses, dense output, the initial-step heuristic) for a single sample, with the
-tableau's nonzero coefficients written into the code as constants. The sums keep the
-reference's order of operations, so results agree with it to round-off and samples take the
-same steps as in the batched loop (only a stiff sample whose error norm sits at 1 can flip an
-accept on a last-bit difference, as the PyTorch loop itself does between batch sizes).
+``adapt``, statuses, dense output, the initial-step heuristic), with the tableau's nonzero
+coefficients written into the code as constants. The sums keep the reference's order of
+operations, so results agree with it to round-off and samples take the same steps as in the
+batched loop (only a stiff sample whose error norm sits at 1 can flip an accept on a last-bit
+difference, as the PyTorch loop itself does between batch sizes).
+
+Why lanes: one sample's stages form a chain of dependent operations, so a solver stepping one
+sample at a time waits on latency. ``LANES`` samples are stepped together, stored lane-minor,
+and every per-step operation (stages, error norm, controller, statuses) is a loop over lanes
+that the compiler turns into vector instructions; a lane whose sample ends takes the next one.
+Lanes never mix: each lane's arithmetic is exactly the one-sample arithmetic, so results do not
+depend on the number of lanes, bit for bit (tested).
 """
 
 from __future__ import annotations
@@ -24,16 +31,22 @@ CONFIG_FIELDS = ("rtol", "atol", "safety", "factor_min", "factor_max", "dt_min",
 """Order of the doubles in the ``cfg`` array the solver reads at run time."""
 INT_STATS = ("status", "n_steps", "n_accepted", "n_rejected", "n_f_evals")
 FLOAT_STATS = ("dt0", "dt_final", "t_final")
+LANES = 8
+"""Samples stepped together. Two AVX2 vectors of doubles per operation: at 4 lanes the stages'
+latency still shows, beyond 8 the lanes' state outgrows the registers and L1 (measured)."""
 
 _HEADER = """\
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <float.h>
 
 #define N {n_states}
 #define S {n_stages}
 #define NK {n_k}
+#define NP {n_params}
+#define W {lanes}
 
 static inline double odecli_sq(double a) {{ return a * a; }}
 /* torch.minimum / torch.maximum: a NaN in either argument gives NaN. */
@@ -45,73 +58,104 @@ static inline double clamp_max(double x, double hi) {{ return x > hi ? hi : x; }
 /* pow(x, 0) is 1 for every x (NaN included), so the integral controller's zero exponents cost nothing. */
 static inline double power_or_one(double x, double e) {{ return e == 0.0 ? 1.0 : pow(x, e); }}
 
+/* One sample's right-hand side (start of a sample, initial step, dense-output stages). */
 static inline void rhs(double t, const double *restrict y, const double *restrict p, double *restrict dy)
 {{
     (void)t; (void)y; (void)p;
 {equations}
 }}
+
+/* The right-hand side of all W lanes at once: the loop over lanes is what the compiler vectorises. */
+static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W], double P[restrict NP][W],
+                             double DY[restrict N][W])
+{{
+    for (int l = 0; l < W; l++) {{
+        double y[N], p[NP];
+        const double t = tl[l];
+        for (int k = 0; k < N; k++) y[k] = Y[k][l];
+        for (int j = 0; j < NP; j++) p[j] = P[j][l];
+        (void)t; (void)y; (void)p;
+{lane_equations}
+    }}
+}}
 """
 
 
-def weighted(weights: Sequence[float], k_rows: Sequence[int], index: str = "k") -> str | None:
-    """``w0*K[r0][k] + w1*K[r1][k] + ...`` over the nonzero weights, left to right (as weighted_sum)."""
-    terms = [f"{c_double(w)} * K[{r}][{index}]" for w, r in zip(weights, k_rows) if w != 0.0]
+def weighted(weights: Sequence[float], k_rows: Sequence[int], ref: str = "K[{r}][k][l]") -> str | None:
+    """``w0*K[r0][k][l] + w1*K[r1][k][l] + ...`` over the nonzero weights, left to right (as weighted_sum)."""
+    terms = [f"{c_double(w)} * {ref.format(r=r)}" for w, r in zip(weights, k_rows) if w != 0.0]
     return " + ".join(terms) if terms else None
 
 
+def _lanes(body: str) -> str:
+    """``body`` once per lane: the loop shape GCC vectorises."""
+    return f"for (int l = 0; l < W; l++) {body}"
+
+
 def _rk_step(method: ExplicitRK) -> str:
-    """rk_step: stages, y1, K[S] = f(t + h, y1) and the error norm (0 for fixed-step methods)."""
-    lines = ["static double rk_step(double t, const double *restrict y, double h, const double *restrict p,",
-             "                      double K[NK][N], double *restrict y1, double rtol, double atol)",
-             "{", "    double tmp[N];", "    (void)rtol; (void)atol; (void)tmp;"]
+    """rk_step on every lane: stages, y1, K[S] = f(t + h, y1) and the error norm (0 for fixed steps)."""
+    lines = ["__attribute__((noinline))  /* inlined into the lane loop, GCC 12 stops vectorising it */",
+             "static void rk_step(const double *restrict t, double y[restrict N][W], const double *restrict h,",
+             "                    double P[restrict NP][W], double K[restrict NK][N][W], double y1[restrict N][W],",
+             "                    double *restrict err, double rtol, double atol)",
+             "{", "    double tmp[N][W], ts[W];", "    (void)rtol; (void)atol; (void)tmp;"]
     for i in range(1, method.n_stages):
         total = weighted(method.a[i], range(i))
-        combo = f"y[k] + h * ({total})" if total else "y[k]"
-        lines.append(f"    for (int k = 0; k < N; k++) tmp[k] = {combo};")
-        lines.append(f"    rhs(t + {c_double(method.c[i])} * h, tmp, p, K[{i}]);")
+        combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
+        lines.append("    " + _lanes(f"ts[l] = t[l] + {c_double(method.c[i])} * h[l];"))
+        lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"tmp[k][l] = {combo};"))
+        lines.append(f"    rhs_lanes(ts, tmp, P, K[{i}]);")
     total = weighted(method.b, range(method.n_stages))
-    lines.append(f"    for (int k = 0; k < N; k++) y1[k] = {f'y[k] + h * ({total})' if total else 'y[k]'};")
-    lines.append("    rhs(t + h, y1, p, K[S]);")
+    combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
+    lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"y1[k][l] = {combo};"))
+    lines.append("    " + _lanes("ts[l] = t[l] + h[l];"))
+    lines.append("    rhs_lanes(ts, y1, P, K[S]);")
     k_rows = range(method.n_stages + 1)
     if not method.adaptive:
-        lines.append("    return 0.0;")
+        lines.append("    " + _lanes("err[l] = 0.0;"))
     elif method.name == "dop853":
         lines += [
-            "    double err5 = 0.0, err3 = 0.0;",
+            "    double err5[W] = {0}, err3[W] = {0};",
             "    for (int k = 0; k < N; k++) {",
-            "        double scale = atol + rtol * odecli_fmax(fabs(y[k]), fabs(y1[k]));",
-            f"        double e5 = ({weighted(dop853.E5, k_rows)}) / scale;",
-            f"        double e3 = ({weighted(dop853.E3, k_rows)}) / scale;",
-            "        err5 += e5 * e5;",
-            "        err3 += e3 * e3;",
+            "        " + _lanes("{"),
+            "            double scale = atol + rtol * odecli_fmax(fabs(y[k][l]), fabs(y1[k][l]));",
+            f"            double e5 = ({weighted(dop853.E5, k_rows)}) / scale;",
+            f"            double e3 = ({weighted(dop853.E3, k_rows)}) / scale;",
+            "            err5[l] += e5 * e5;",
+            "            err3[l] += e3 * e3;",
+            "        }",
             "    }",
-            "    double denom = sqrt((err5 + 0.01 * err3) * N);",
-            "    double norm = fabs(h) * err5 / (denom > 0 ? denom : 1.0);",
-            "    return denom == 0 ? 0.0 : norm;",
+            "    " + _lanes("{"),
+            "        double denom = sqrt((err5[l] + 0.01 * err3[l]) * N);",
+            "        double norm = fabs(h[l]) * err5[l] / (denom > 0 ? denom : 1.0);",
+            "        err[l] = denom == 0 ? 0.0 : norm;",
+            "    }",
         ]
     else:
         lines += [
-            "    double acc = 0.0;",
+            "    double acc[W] = {0};",
             "    for (int k = 0; k < N; k++) {",
-            f"        double err = h * ({weighted(method.e, k_rows)});",
-            "        double scale = atol + rtol * odecli_fmax(fabs(y[k]), fabs(y1[k]));",
-            "        double r = err / scale;",
-            "        acc += r * r;",
+            "        " + _lanes("{"),
+            f"            double e = h[l] * ({weighted(method.e, k_rows)});",
+            "            double scale = atol + rtol * odecli_fmax(fabs(y[k][l]), fabs(y1[k][l]));",
+            "            double r = e / scale;",
+            "            acc[l] += r * r;",
+            "        }",
             "    }",
-            "    return sqrt(acc / N);",
+            "    " + _lanes("err[l] = sqrt(acc[l] / N);"),
         ]
     lines.append("}")
     return "\n".join(lines)
 
 
 def _dense(method: ExplicitRK) -> str:
-    """dense_prepare (extra stages; returns their RHS evaluations) and dense_eval at one theta."""
+    """dense_prepare (extra stages of lane l; returns their RHS evaluations) and dense_eval at one theta."""
     s = method.n_stages
-    prepare = ["static int dense_prepare(double t, const double *restrict y, const double *restrict y1, double h,",
-               "                         const double *restrict p, double K[NK][N])",
-               "{", "    (void)t; (void)y; (void)y1; (void)h; (void)p; (void)K;"]
-    evaluate = ["static void dense_eval(double th, const double *restrict y, const double *restrict y1, double h,",
-                "                       double K[NK][N], double *restrict out)",
+    prepare = ["static int dense_prepare(int l, double t, double y[restrict N][W], double y1[restrict N][W], double h,",
+               "                         double P[restrict NP][W], double K[restrict NK][N][W])",
+               "{", "    (void)l; (void)t; (void)y; (void)y1; (void)h; (void)P; (void)K;"]
+    evaluate = ["static void dense_eval(int l, double th, double y[restrict N][W], double y1[restrict N][W], double h,",
+                "                       double K[restrict NK][N][W], double *restrict out)",
                 "{", "    (void)y1;"]
     if method.interpolant == "polynomial":
         assert method.p is not None
@@ -125,35 +169,36 @@ def _dense(method: ExplicitRK) -> str:
         for j in reversed(range(degree - 1)):
             horner = f"q{j} + th * ({horner})"
         evaluate.append(f"        double acc = {horner};")
-        evaluate.append("        out[k] = y[k] + h * th * acc;")
+        evaluate.append("        out[k] = y[k][l] + h * th * acc;")
         evaluate.append("    }")
     elif method.interpolant == "dop853":
         n_k = s + 1
-        tmp_rows = []
+        rows = ["    double tmp[N], dy[N], p[NP];", "    for (int j = 0; j < NP; j++) p[j] = P[j][l];"]
         for a_row, c in zip(dop853.A_EXTRA, dop853.C_EXTRA):
             total = weighted(a_row[:n_k], range(n_k))
-            tmp_rows.append(f"    for (int k = 0; k < N; k++) tmp[k] = y[k] + h * ({total});")
-            tmp_rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, K[{n_k}]);")
+            rows.append(f"    for (int k = 0; k < N; k++) tmp[k] = y[k][l] + h * ({total});")
+            rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, dy);")
+            rows.append(f"    for (int k = 0; k < N; k++) K[{n_k}][k][l] = dy[k];")
             n_k += 1
-        prepare = prepare[:3] + ["    double tmp[N];"] + tmp_rows + [f"    return {len(dop853.C_EXTRA)};"]
+        prepare = prepare[:4] + rows + [f"    return {len(dop853.C_EXTRA)};"]
         f1 = dop853.N_STAGES
         evaluate.append("    for (int k = 0; k < N; k++) {")
-        evaluate.append("        double delta = y1[k] - y[k];")
-        terms = ["delta", "h * K[0][k] - delta", f"2 * delta - h * (K[{f1}][k] + K[0][k])"]
+        evaluate.append("        double delta = y1[k][l] - y[k][l];")
+        terms = ["delta", "h * K[0][k][l] - delta", f"2 * delta - h * (K[{f1}][k][l] + K[0][k][l])"]
         terms += [f"h * ({weighted(row, range(n_k)) or '0.0'})" for row in dop853.D]
         evaluate.append("        double acc = 0.0;")
         for i, term in enumerate(reversed(terms)):
             factor = "th" if i % 2 == 0 else "(1 - th)"
             evaluate.append(f"        acc = (acc + ({term})) * {factor};")
-        evaluate.append("        out[k] = y[k] + acc;")
+        evaluate.append("        out[k] = y[k][l] + acc;")
         evaluate.append("    }")
     else:  # cubic Hermite through (y0, f0) and (y1, f1)
         prepare.append("    return 0;")
         evaluate += [
             "    for (int k = 0; k < N; k++) {",
-            "        double dy = y1[k] - y[k];",
-            "        double bracket = (1 - 2 * th) * dy + (th - 1) * h * K[0][k] + th * h * K[S][k];",
-            "        out[k] = (1 - th) * y[k] + th * y1[k] + th * (th - 1) * bracket;",
+            "        double dy = y1[k][l] - y[k][l];",
+            "        double bracket = (1 - 2 * th) * dy + (th - 1) * h * K[0][k][l] + th * h * K[S][k][l];",
+            "        out[k] = (1 - th) * y[k][l] + th * y1[k][l] + th * (th - 1) * bracket;",
             "    }",
         ]
     return "\n".join(prepare + ["}"] + evaluate + ["}"])
@@ -186,141 +231,235 @@ static double initial_step(double t0, const double *restrict y0, const double *r
     return (isnan(h) || h == INFINITY) ? 1e-6 : h;
 }
 
-static void solve_one(const double *restrict y0, double t0, double t1, const double *restrict grid,
-                      int64_t n_eval, const double *restrict p, double dt0, int auto_dt0,
-                      const double *restrict cfg, int64_t max_steps, double *restrict yout,
-                      int64_t *restrict istat, double *restrict fstat, double *restrict yfinal)
+/* The batch's inputs and outputs (row-major, batch first) and the controller's constants. */
+typedef struct {
+    const double *y0, *t0, *t1, *grid, *params, *dt0;
+    int64_t n_eval, n_params, auto_dt0, max_steps;
+    double *yout, *fstat, *yfinal;
+    int64_t *istat;
+    double rtol, atol, safety, factor_min, factor_max, dt_min, dt_max, beta1, beta2, beta3, inv_k;
+} Job;
+
+/* W samples in flight, one per lane, stored lane-minor so that every per-step operation is one
+ * vector loop over lanes (as the batched reference computes with torch.where). A lane whose
+ * sample ends takes the next sample of the block, so lanes never wait for each other and every
+ * sample takes exactly the steps it takes alone. Lanes without a sample compute unread values. */
+typedef struct {
+    double y[N][W], y1[N][W], K[NK][N][W], P[NP][W];
+    double t[W], h[W], hs[W], err[W], t1[W], dir[W], err_prev[W], err_prev2[W], t_new[W];
+    int64_t last[W], accept[W], rejected_last[W], running[W], status[W];
+    int64_t n_steps[W], n_accepted[W], n_rejected[W], n_f_evals[W];
+    int64_t sample[W], ptr[W], n_interior[W];
+} Lanes;
+
+/* Store lane l's statistics and final state into its sample's rows. */
+static void finish(Lanes *restrict L, int l, const Job *restrict job)
 {
-    const double rtol = cfg[0], atol = cfg[1], safety = cfg[2], factor_min = cfg[3], factor_max = cfg[4];
-    const double dt_min = cfg[5], dt_max = cfg[6];
-    const double k_ctrl = ERROR_ORDER + 1.0;
-    const double beta1 = (cfg[7] + cfg[8] + cfg[9]) / k_ctrl, beta2 = -(cfg[7] + 2.0 * cfg[9]) / k_ctrl;
-    const double beta3 = cfg[9] / k_ctrl, inv_k = 1.0 / k_ctrl;
-    (void)safety; (void)factor_min; (void)factor_max; (void)beta1; (void)beta2; (void)beta3; (void)inv_k;
-    const double dir = t1 >= t0 ? 1.0 : -1.0;
-    double y[N], f0[N], y1[N], K[NK][N];
-    memcpy(y, y0, sizeof y);
-    rhs(t0, y, p, f0);
-    int64_t n_f_evals = 1, n_steps = 0, n_accepted = 0, n_rejected = 0, status = SUCCESS;
-    double h_abs;
-    if (auto_dt0) {
-        h_abs = initial_step(t0, y, f0, dir, p, rtol, atol);
-        n_f_evals += 1;
-    } else {
-        h_abs = fabs(dt0);
-    }
-    h_abs = clamp_max(odecli_fmin(h_abs, fabs(t1 - t0)), dt_max);
-    fstat[0] = h_abs;
-    double h = dir * h_abs, t = t0;
-    int64_t ptr = 0, n_interior = 0;
-    while (ptr < n_eval && grid[ptr] * dir <= dir * t0) {
-        memcpy(yout + ptr * N, y, sizeof y);
-        ptr++;
-    }
-    for (int64_t j = 0; j < n_eval; j++) n_interior += grid[j] * dir < dir * t1;
-    double err_prev = 1.0, err_prev2 = 1.0;
-    int rejected_last = 0, active = t1 != t0;
-    while (active) {
-        double remaining = fabs(t1 - t);
-        int last = fabs(h) * (1 + END_SNAP) >= remaining;
-        double hs = dir * odecli_fmin(fabs(h), remaining);
-        memcpy(K[0], f0, sizeof f0);
-        double err = rk_step(t, y, hs, p, K, y1, rtol, atol);
-        n_steps++;
-        int accept, finite;
-        double factor;
-#if ADAPTIVE
-        finite = isfinite(err);
-        {
-            int ok = err <= 1.0;
-            double inv = 1.0 / clamp_min(err, DBL_MIN);
-            if (ok) {  /* only the branch the reference's torch.where keeps is computed */
-                double grow = safety * pow(inv, beta1) * power_or_one(1.0 / err_prev, beta2)
-                              * power_or_one(1.0 / err_prev2, beta3);
-                factor = odecli_fmin(clamp_min(grow, factor_min), rejected_last ? 1.0 : factor_max);
-            } else {
-                factor = clamp_max(clamp_min(safety * pow(inv, inv_k), factor_min), safety);
-            }
-            if (isnan(factor)) factor = factor_min;
-            if (ok) {
-                err_prev2 = err_prev;
-                err_prev = clamp_min(err, HISTORY_FLOOR);
-            }
-            rejected_last = !ok;
-            accept = ok && finite;
-        }
-#else
-        finite = 1;
-        for (int k = 0; k < N; k++) finite = finite && isfinite(y1[k]);
-        accept = finite;
-        factor = 1.0;
-#endif
-        double t_new = last ? t1 : t + hs;
-        int done = accept && last;
-        double h_next = done ? h : odecli_fmin(fabs(hs * factor), dt_max) * dir;
-        if (!finite) status = INFINITE_NORM;
-        int running = !done && status == SUCCESS;
-        double t_after = accept ? t_new : t;
-        int too_small = fabs(h_next) < dt_min || t_after + h_next == t_after;
-        if (running && too_small) status = REACHED_DT_MIN;
-        if (running && n_steps >= max_steps && status == SUCCESS) status = REACHED_MAX_STEPS;
-        n_f_evals += S;
-        if (accept) {
-            int prepared = 0;
-            while (ptr < n_interior && grid[ptr] * dir <= dir * t_new) {
-                double t_at = grid[ptr] * dir * dir;
-                if (t_at == t_new) {
-                    memcpy(yout + ptr * N, y1, sizeof y1);
-                } else {
-                    if (!prepared) {
-                        n_f_evals += dense_prepare(t, y, y1, hs, p, K);
-                        prepared = 1;
-                    }
-                    dense_eval((t_at - t) / (hs == 0 ? 1.0 : hs), y, y1, hs, K, yout + ptr * N);
-                }
-                ptr++;
-            }
-            t = t_after;
-            memcpy(y, y1, sizeof y);
-            memcpy(f0, K[S], sizeof f0);
-            n_accepted++;
-        } else {
-            n_rejected++;
-        }
-        h = h_next;
-        active = !done && status == SUCCESS;
-    }
-    if (status == SUCCESS)
-        for (int64_t j = 0; j < n_eval; j++)
-            if (grid[j] == t1) memcpy(yout + j * N, y, sizeof y);
-    istat[0] = status; istat[1] = n_steps; istat[2] = n_accepted; istat[3] = n_rejected; istat[4] = n_f_evals;
-    fstat[1] = fabs(h);
-    fstat[2] = t;
-    memcpy(yfinal, y, sizeof y);
+    const int64_t i = L->sample[l];
+    double y[N];
+    for (int k = 0; k < N; k++) y[k] = L->y[k][l];
+    if (L->status[l] == SUCCESS)
+        for (int64_t j = 0; j < job->n_eval; j++)
+            if (job->grid[i * job->n_eval + j] == L->t1[l]) memcpy(job->yout + (i * job->n_eval + j) * N, y, sizeof y);
+    int64_t *istat = job->istat + i * 5;
+    istat[0] = L->status[l]; istat[1] = L->n_steps[l]; istat[2] = L->n_accepted[l];
+    istat[3] = L->n_rejected[l]; istat[4] = L->n_f_evals[l];
+    job->fstat[i * 3 + 1] = fabs(L->h[l]);
+    job->fstat[i * 3 + 2] = L->t[l];
+    memcpy(job->yfinal + i * N, y, sizeof y);
 }
 
-/* Samples [i0, i1) of the batch; every array is row-major with the batch first. */
-void solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
-                   const double *y0, const double *t0, const double *t1, const double *grid,
-                   const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
-                   int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal)
+/* Put sample i into lane l; 0 when the sample has nothing to integrate (finished at once). */
+static int start(Lanes *restrict L, int l, const Job *restrict job, int64_t i)
 {
-    for (int64_t i = i0; i < i1; i++)
-        solve_one(y0 + i * N, t0[i], t1[i], grid + i * n_eval, n_eval, params + i * n_params,
-                  auto_dt0 ? 0.0 : dt0[i], (int)auto_dt0, cfg, max_steps, yout + i * n_eval * N,
-                  istat + i * 5, fstat + i * 3, yfinal + i * N);
+    const double *y0 = job->y0 + i * N, *p = job->params + i * job->n_params, *grid = job->grid + i * job->n_eval;
+    const double t0 = job->t0[i], t1 = job->t1[i], dir = t1 >= t0 ? 1.0 : -1.0;
+    double f0[N];
+    rhs(t0, y0, p, f0);
+    double h_abs = job->auto_dt0 ? initial_step(t0, y0, f0, dir, p, job->rtol, job->atol) : fabs(job->dt0[i]);
+    h_abs = clamp_max(odecli_fmin(h_abs, fabs(t1 - t0)), job->dt_max);
+    job->fstat[i * 3] = h_abs;
+    for (int k = 0; k < N; k++) { L->y[k][l] = y0[k]; L->K[0][k][l] = f0[k]; }
+    for (int j = 0; j < NP; j++) L->P[j][l] = p[j];
+    L->sample[l] = i; L->t[l] = t0; L->t1[l] = t1; L->dir[l] = dir; L->h[l] = dir * h_abs;
+    L->n_f_evals[l] = job->auto_dt0 ? 2 : 1;
+    L->n_steps[l] = L->n_accepted[l] = L->n_rejected[l] = 0;
+    L->status[l] = SUCCESS;
+    L->err_prev[l] = L->err_prev2[l] = 1.0;
+    L->rejected_last[l] = 0;
+    int64_t ptr = 0, n_interior = 0;
+    while (ptr < job->n_eval && grid[ptr] * dir <= dir * t0) {
+        memcpy(job->yout + (i * job->n_eval + ptr) * N, y0, N * sizeof(double));
+        ptr++;
+    }
+    for (int64_t j = 0; j < job->n_eval; j++) n_interior += grid[j] * dir < dir * t1;
+    L->ptr[l] = ptr; L->n_interior[l] = n_interior;
+    if (t1 == t0) {
+        finish(L, l, job);
+        return 0;
+    }
+    return 1;
+}
+
+/* Every lane's step size for this attempt: the controller's h, shortened to land on t1. */
+static void clip_steps(Lanes *restrict L)
+{
+    for (int l = 0; l < W; l++) {
+        double remaining = fabs(L->t1[l] - L->t[l]);
+        L->last[l] = fabs(L->h[l]) * (1 + END_SNAP) >= remaining;
+        L->hs[l] = L->dir[l] * odecli_fmin(fabs(L->h[l]), remaining);
+    }
+}
+
+/* After rk_step: accept or reject, the next step size and the status of every lane. */
+__attribute__((noinline))
+static void control(Lanes *restrict L, const Job *restrict job)
+{
+    double factor[W];
+    int64_t finite[W];
+#if ADAPTIVE
+    double inv[W], grow[W], shrink[W];
+    for (int l = 0; l < W; l++) inv[l] = 1.0 / clamp_min(L->err[l], DBL_MIN);
+    for (int l = 0; l < W; l++) grow[l] = pow(inv[l], job->beta1);
+    if (job->inv_k == job->beta1)  /* the integral controller: one power serves both branches */
+        for (int l = 0; l < W; l++) shrink[l] = job->safety * grow[l];
+    else
+        for (int l = 0; l < W; l++) shrink[l] = job->safety * pow(inv[l], job->inv_k);
+    for (int l = 0; l < W; l++) grow[l] = job->safety * grow[l];
+    if (job->beta2 != 0.0)
+        for (int l = 0; l < W; l++) grow[l] = grow[l] * pow(1.0 / L->err_prev[l], job->beta2);
+    if (job->beta3 != 0.0)
+        for (int l = 0; l < W; l++) grow[l] = grow[l] * pow(1.0 / L->err_prev2[l], job->beta3);
+    for (int l = 0; l < W; l++) {
+        const double err = L->err[l];
+        const int64_t ok = err <= 1.0;
+        double f = ok ? odecli_fmin(clamp_min(grow[l], job->factor_min), L->rejected_last[l] ? 1.0 : job->factor_max)
+                      : clamp_max(clamp_min(shrink[l], job->factor_min), job->safety);
+        factor[l] = isnan(f) ? job->factor_min : f;
+        L->err_prev2[l] = ok ? L->err_prev[l] : L->err_prev2[l];
+        L->err_prev[l] = ok ? clamp_min(err, HISTORY_FLOOR) : L->err_prev[l];
+        L->rejected_last[l] = !ok;
+        finite[l] = isfinite(err);
+        L->accept[l] = ok && finite[l];
+    }
+#else
+    for (int l = 0; l < W; l++) finite[l] = 1;
+    for (int k = 0; k < N; k++)
+        for (int l = 0; l < W; l++) finite[l] = finite[l] && isfinite(L->y1[k][l]);
+    for (int l = 0; l < W; l++) { factor[l] = 1.0; L->accept[l] = finite[l]; }
+#endif
+    for (int l = 0; l < W; l++) {
+        const int64_t accept = L->accept[l], done = accept && L->last[l];
+        const double t_new = L->last[l] ? L->t1[l] : L->t[l] + L->hs[l];
+        const double h_next = done ? L->h[l] : odecli_fmin(fabs(L->hs[l] * factor[l]), job->dt_max) * L->dir[l];
+        const double t_after = accept ? t_new : L->t[l];
+        int64_t status = finite[l] ? L->status[l] : INFINITE_NORM;
+        const int64_t running = !done && status == SUCCESS, n_steps = L->n_steps[l] + 1;
+        const int64_t too_small = fabs(h_next) < job->dt_min || t_after + h_next == t_after;
+        status = running && too_small ? REACHED_DT_MIN : status;
+        status = running && n_steps >= job->max_steps && status == SUCCESS ? REACHED_MAX_STEPS : status;
+        L->status[l] = status;
+        L->running[l] = !done && status == SUCCESS;
+        L->t_new[l] = t_new;
+        L->h[l] = h_next;
+        L->n_steps[l] = n_steps;
+        L->n_f_evals[l] += S;
+    }
+}
+
+/* Lane l's evaluation times inside its accepted step [t, t_new] (before the step is taken). */
+static void dense_output(Lanes *restrict L, int l, const Job *restrict job)
+{
+    const int64_t i = L->sample[l];
+    const double *grid = job->grid + i * job->n_eval, t = L->t[l], hs = L->hs[l], dir = L->dir[l];
+    int prepared = 0;
+    while (L->ptr[l] < L->n_interior[l] && grid[L->ptr[l]] * dir <= dir * L->t_new[l]) {
+        double t_at = grid[L->ptr[l]] * dir * dir, *out = job->yout + (i * job->n_eval + L->ptr[l]) * N;
+        if (t_at == L->t_new[l]) {
+            for (int k = 0; k < N; k++) out[k] = L->y1[k][l];
+        } else {
+            if (!prepared) {
+                L->n_f_evals[l] += dense_prepare(l, t, L->y, L->y1, hs, L->P, L->K);
+                prepared = 1;
+            }
+            dense_eval(l, (t_at - t) / (hs == 0 ? 1.0 : hs), L->y, L->y1, hs, L->K, out);
+        }
+        L->ptr[l]++;
+    }
+}
+
+/* Accepted lanes move to t_new: y1 becomes y and f(t_new, y1) the next step's first stage. */
+static void take_steps(Lanes *restrict L)
+{
+    for (int k = 0; k < N; k++)
+        for (int l = 0; l < W; l++) {
+            L->y[k][l] = L->accept[l] ? L->y1[k][l] : L->y[k][l];
+            L->K[0][k][l] = L->accept[l] ? L->K[S][k][l] : L->K[0][k][l];
+        }
+    for (int l = 0; l < W; l++) {
+        L->t[l] = L->accept[l] ? L->t_new[l] : L->t[l];
+        L->n_accepted[l] += L->accept[l];
+        L->n_rejected[l] += !L->accept[l];
+    }
+}
+
+/* Samples [i0, i1) of the batch; every array is row-major with the batch first. 0, or -1 when
+ * out of memory. */
+int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                  const double *y0, const double *t0, const double *t1, const double *grid,
+                  const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
+                  int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal)
+{
+    const double k_ctrl = ERROR_ORDER + 1.0;
+    const Job job = {
+        .y0 = y0, .t0 = t0, .t1 = t1, .grid = grid, .params = params, .dt0 = dt0,
+        .n_eval = n_eval, .n_params = n_params, .auto_dt0 = auto_dt0, .max_steps = max_steps,
+        .yout = yout, .fstat = fstat, .yfinal = yfinal, .istat = istat,
+        .rtol = cfg[0], .atol = cfg[1], .safety = cfg[2], .factor_min = cfg[3], .factor_max = cfg[4],
+        .dt_min = cfg[5], .dt_max = cfg[6],
+        .beta1 = (cfg[7] + cfg[8] + cfg[9]) / k_ctrl, .beta2 = -(cfg[7] + 2.0 * cfg[9]) / k_ctrl,
+        .beta3 = cfg[9] / k_ctrl, .inv_k = 1.0 / k_ctrl,
+    };
+    Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
+    if (L == NULL) return -1;
+    int busy[W], n_busy = 0;
+    int64_t next = i0;
+    for (int l = 0; l < W; l++) {
+        busy[l] = 0;
+        while (!busy[l] && next < i1) busy[l] = start(L, l, &job, next++);
+        n_busy += busy[l];
+    }
+    while (n_busy > 0) {
+        clip_steps(L);
+        rk_step(L->t, L->y, L->hs, L->P, L->K, L->y1, L->err, job.rtol, job.atol);
+        control(L, &job);
+        for (int l = 0; l < W; l++)
+            if (busy[l] && L->accept[l] && L->ptr[l] < L->n_interior[l]) dense_output(L, l, &job);
+        take_steps(L);
+        for (int l = 0; l < W; l++) {
+            if (!busy[l] || L->running[l]) continue;
+            finish(L, l, &job);
+            busy[l] = 0;
+            while (!busy[l] && next < i1) busy[l] = start(L, l, &job, next++);
+            n_busy -= !busy[l];
+        }
+    }
+    free(L);
+    return 0;
 }
 """
 
 
-def generate(method: ExplicitRK, equations: Sequence[str]) -> str:
+def generate(method: ExplicitRK, equations: Sequence[str], n_params: int, lanes: int = LANES) -> str:
     """The complete C file for ``method`` and the C right-hand side ``equations`` (one per state).
 
-    Each equation is a C expression over ``t``, ``y[i]`` and ``p[j]``
-    (:func:`odecli.spec.expr.expression_to_c` produces them from spec text).
+    Each equation is a C expression over ``t``, ``y[i]`` and ``p[j]`` with ``j < n_params``
+    (:func:`odecli.spec.expr.expression_to_c` produces them from spec text). ``lanes`` samples
+    are stepped together; any number gives the same results bit for bit.
     """
     n_k = method.n_stages + 1 + (len(dop853.C_EXTRA) if method.interpolant == "dop853" else 0)
     body = "\n".join(f"    dy[{i}] = {text};" for i, text in enumerate(equations))
+    lane_body = "\n".join(f"        DY[{i}][l] = {text};" for i, text in enumerate(equations))
     error_order = method.error_order or method.order
     defines = "\n".join([
         f"#define ADAPTIVE {int(method.adaptive)}",
@@ -333,6 +472,8 @@ def generate(method: ExplicitRK, equations: Sequence[str]) -> str:
     ])
     return "\n\n".join([
         f"/* odecli: {method.name} fused with a generated right-hand side. */",
-        _HEADER.format(n_states=len(equations), n_stages=method.n_stages, n_k=n_k, equations=body),
-        defines, _rk_step(method), _dense(method), _SOLVER,
+        defines,
+        _HEADER.format(n_states=len(equations), n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
+                       lanes=lanes, equations=body, lane_equations=lane_body),
+        _rk_step(method), _dense(method), _SOLVER,
     ])

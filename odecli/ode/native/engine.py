@@ -1,10 +1,10 @@
-"""Solve a batch with a generated C solver: each sample alone, samples spread over threads.
+"""Solve a batch with a generated C solver: each sample on its own steps, samples spread over threads.
 
 For right-hand sides written as expressions (every ``equations:`` spec) there is no Python or
 PyTorch work per step at all: the method, the controller and the equations are compiled into
-one C function (:mod:`odecli.ode.native.codegen`) that runs a sample from start to end. Samples
-are independent, so blocks of them run on a thread pool (ctypes releases the GIL), and a block
-boundary is where progress is reported. The result is a :class:`~odecli.ode.solver.Solution`
+one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
+at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
+(ctypes releases the GIL), and a block boundary is where progress is reported. The result is a :class:`~odecli.ode.solver.Solution`
 equal to the batched PyTorch loop's to round-off, with the same per-sample steps (see codegen).
 """
 
@@ -24,7 +24,7 @@ from torch import Tensor
 from odecli import native
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
-from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, generate
+from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, generate
 from odecli.ode.solver import STAT_NAMES, Progress, Solution, _as_batch_vector, _eval_grid
 
 BLOCKS_PER_THREAD = 8  # enough blocks that threads stay busy when samples differ in cost
@@ -117,15 +117,16 @@ def solve_native(
         ctypes.c_void_p(x.data_ptr()) for x in (y_out, istat, fstat, y_final)
     ]
 
-    def run(block: tuple[int, int]) -> tuple[int, int]:
-        solver(ctypes.c_int64(block[0]), ctypes.c_int64(block[1]), *fixed)
+    def run(block: tuple[int, int], entry=solver) -> tuple[int, int]:
+        if entry(ctypes.c_int64(block[0]), ctypes.c_int64(block[1]), *fixed) != 0:
+            raise MemoryError("the generated ODE solver could not allocate its lanes")
         return block
 
     workers = max(1, min(threads or torch.get_num_threads(), batch))
     if batch < HOLD_GIL_BELOW and progress is None:
         # Releasing the lock for a sub-millisecond call costs more when another Python thread
         # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
-        solver_holding_gil(ctypes.c_int64(0), ctypes.c_int64(batch), *fixed)
+        run((0, batch), solver_holding_gil)
     elif workers == 1 and progress is None:
         run((0, batch))
     else:
@@ -150,7 +151,7 @@ _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctyp
 
 def _load(tableau: ExplicitRK, rhs: NativeRhs):
     """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
-    source = generate(tableau, rhs.equations).encode()
+    source = generate(tableau, rhs.equations, len(rhs.params), LANES).encode()
     lib, why = native.load_source(f"ode-{tableau.name}", source)
     if lib is None:
         raise NativeUnavailable(why)
@@ -164,7 +165,7 @@ def _holding_gil(path: str) -> ctypes.PyDLL:
 
 def _entry(lib: ctypes.CDLL):
     solver = lib.solve_samples
-    solver.restype = None
+    solver.restype = ctypes.c_int
     solver.argtypes = _ARGTYPES
     return solver
 
