@@ -205,3 +205,41 @@ def test_backsolve_reverse_time_spans():
     for g, r in zip(torch.autograd.grad(_linear_loss(sol.y, sol.y_final), leaves), ref):
         torch.testing.assert_close(g, r, rtol=1e-7, atol=1e-9)
     assert math.isfinite(float(sol.extra["backward_stats"]["wall_time_s"]))
+
+
+@pytest.mark.parametrize("field", ["vdp", "module"])
+def test_recorded_stage_graphs_give_the_gradients_of_evaluating_the_stages_again(field, monkeypatch):
+    """The quadrature backpropagates through the attempt's own RHS calls; evaluating f again must agree."""
+    from odecli.ode import adjoint
+
+    if field == "vdp":  # rejected steps, per-sample mu and shared k
+        f, y0 = _vdp, torch.tensor([[2.0, 0.0], [1.0, 0.5], [0.5, -1.0]], dtype=DT)
+        values = {"mu": torch.tensor([0.5, 2.0, 4.0], dtype=DT), "k": torch.tensor(0.3, dtype=DT)}
+    else:
+        f, y0 = _Field(), torch.tensor([[1.0, 0.0], [0.3, -0.8], [-1.5, 0.4]], dtype=DT)
+        values = {"scale": torch.tensor([1.0, 0.5, 1.5], dtype=DT), "bias": torch.tensor([0.2, -0.1], dtype=DT)}
+    t_eval = torch.linspace(0.0, 3.0, 6, dtype=DT)
+    recorded = adjoint._ParameterQuadrature._recorded
+    uses = []
+
+    def counting(self, attempt, nodes):
+        out = recorded(self, attempt, nodes)
+        uses.append(out is not None)
+        return out
+
+    monkeypatch.setattr(adjoint._ParameterQuadrature, "_recorded", counting)
+    grads = []
+    for record in (True, False):
+        if not record:
+            monkeypatch.setattr(adjoint._AdjointRHS, "record_into", lambda self, quadrature, n_stages: None)
+        leaves = [y0.clone().requires_grad_(True)] + [v.clone().requires_grad_(True) for v in values.values()]
+        sol = odeint(f, leaves[0], 0.0, 3.0, t_eval, params=dict(zip(values, leaves[1:])), adjoint="backsolve",
+                     rtol=1e-7, atol=1e-7)
+        modules = list(f.parameters()) if isinstance(f, nn.Module) else []
+        grads.append(torch.autograd.grad((sol.y**2).sum(), leaves + modules))
+        if record:
+            assert uses and all(uses)  # every attempt reused its own stage graphs
+            if field == "vdp":
+                assert (sol.extra["backward_stats"]["n_rejected"] > 0).any()
+    for g, r in zip(*grads):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-14)

@@ -18,8 +18,9 @@ batch sum) and the parameters of a ``torch.nn.Module`` right-hand side.
     the value stored in the forward pass there (the forward output is kept anyway, and this
     removes the drift of reconstructing ``y`` backwards). Parameter gradients
     ``-int a^T df/dtheta dt`` are not state: a quadrature over each sample's accepted steps with
-    the method's own stage weights (``solve``'s ``on_attempt`` hook, one batched vjp per attempt
-    whose cotangent is scaled per row by ``h * b_j * accepted``) sums shared tensors (shared
+    the method's own stage weights (``solve``'s ``on_attempt`` hook, one vjp per attempt through
+    the graphs of the attempt's own stage calls, its cotangent scaled per row by
+    ``h * b_j * accepted``) sums shared tensors (shared
     ``params``, Module weights) over the batch directly and gives per-sample ``params`` their rows.
     This equals carrying the gradient as extra state under a seminorm (error control on
     ``[y, a]`` only; Kidger, Chen and Lyons 2021, "Hey, that's not an ODE"). Memory is
@@ -36,6 +37,7 @@ has run (backsolve; checkpoint reports the recomputation's counters).
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from dataclasses import dataclass, field
@@ -201,8 +203,8 @@ def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_
     need_sh = [k for k, nd in zip(cfg.sh_names, needs[n_ps:n_ps + n_sh]) if nd]
     need_mod = [x for x, nd in zip(mod, needs[n_ps + n_sh:]) if nd]
     shared_values = {**cfg.fixed, **{k: v.detach() for k, v in sh.items()}}
-    rhs = _AdjointRHS(cfg.f, n, shared_values)
     quadrature = _ParameterQuadrature(cfg.f, n, shared_values, need_sh, need_mod, need_ps)
+    rhs = _AdjointRHS(cfg.f, n, shared_values)
 
     grid = cfg.grid
     direction = torch.where(cfg.t1 >= cfg.t0, 1.0, -1.0).to(dtype)
@@ -221,7 +223,10 @@ def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_
         kwargs["atol"] = cfg.adjoint_atol
     # Each interval starts with the step the controller proposed at the end of the previous one
     # (the forward solve's last one for the first): no initial-step search per restart.
-    carry_step = kwargs.get("dt0") is None and _stepper(kwargs).adaptive
+    stepper = _stepper(kwargs)
+    carry_step = kwargs.get("dt0") is None and stepper.adaptive
+    if quadrature.active and not kwargs.get("compile"):  # graphs recorded inside torch.compile: no
+        rhs.record_into(quadrature, stepper.method.n_stages)
     h_carry = dt_final.clone()
     totals = {name: torch.zeros(batch, dtype=torch.int64, device=device) for name in STAT_NAMES}
     status = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -269,40 +274,118 @@ class _AdjointRHS:
 
     def __init__(self, f: Callable[..., Tensor], n: int, shared: dict[str, Tensor]):
         self.f, self.n, self.shared = f, n, shared
+        self.quadrature: _ParameterQuadrature | None = None
+
+    def record_into(self, quadrature: _ParameterQuadrature, n_stages: int) -> None:
+        """Keep the graphs of the last ``n_stages`` calls (one attempt's) for ``quadrature``.
+
+        Each call then also tracks the parameters, and the quadrature backpropagates their
+        gradient through the stages' own graphs instead of evaluating ``f`` there again.
+        """
+        self.quadrature = quadrature
+        quadrature.calls = collections.deque(maxlen=n_stages)
 
     def __call__(self, t: Tensor, z: Tensor, p: Mapping[str, Tensor]) -> Tensor:
         y, a = z[:, :self.n], z[:, self.n:]
+        quad = self.quadrature
         with torch.enable_grad():
             y_ = y.detach().requires_grad_(True)
-            fval = self.f(t, y_, {**self.shared, **p})
-            (gy,) = torch.autograd.grad(fval, y_, a, allow_unused=True)
+            if quad is None:
+                fval = self.f(t, y_, {**self.shared, **p})
+                (gy,) = torch.autograd.grad(fval, y_, a, allow_unused=True)
+            else:
+                ps = {k: p[k].detach().requires_grad_(True) for k in quad.per_sample}
+                fval = self.f(t, y_, {**self.shared, **quad.sh_leaves, **p, **ps})
+                (gy,) = torch.autograd.grad(fval, y_, a, allow_unused=True, retain_graph=True)
+                quad.calls.append(_StageCall(t, z, fval, ps))
         return torch.cat([fval.detach(), -gy if gy is not None else torch.zeros_like(y)], dim=1)
+
+
+@dataclass
+class _StageCall:
+    """One recorded right-hand-side call: its inputs and ``f`` with the graph back to the parameters."""
+
+    t: Tensor
+    z: Tensor
+    fval: Tensor
+    per_sample: dict[str, Tensor]  # the call's leaves for per-sample parameters
 
 
 class _ParameterQuadrature:
     """Parameter gradients ``-int a^T df/dtheta dt`` by each sample's own accepted backward steps.
 
-    An ``on_attempt`` hook of :func:`solve`: for an attempt of step ``h`` it evaluates
-    ``a^T df/dtheta`` at the RK stages with nonzero weight ``b_j``, all stages in one batched
-    call, with the vjp's cotangent scaled per row by ``h * b_j * accepted``. Rejected attempts
-    and finished rows thus add nothing, and the per-row weighting happens inside the vjp, so a
-    shared tensor's gradient arrives already summed over the batch: no per-sample copies of
-    the parameters. The result equals integrating the gradient as extra state with the same RK
-    method under a seminorm (the state's error control ignores it).
+    An ``on_attempt`` hook of :func:`solve`: for an attempt of step ``h`` it backpropagates
+    ``a^T df/dtheta`` from the RK stages with nonzero weight ``b_j``, all stages in one call, with
+    the vjp's cotangent scaled per row by ``h * b_j * accepted``. Rejected attempts and finished
+    rows thus add nothing, and the per-row weighting happens inside the vjp, so a shared tensor's
+    gradient arrives already summed over the batch: no per-sample copies of the parameters. The
+    result equals integrating the gradient as extra state with the same RK method under a
+    seminorm (the state's error control ignores it).
+
+    When the adjoint right-hand side records its calls (:meth:`_AdjointRHS.record_into`), the
+    stages after the first reuse the graphs of the attempt's own calls, so ``f`` is evaluated
+    again only at the first stage (computed in an earlier attempt); otherwise, or when a stage
+    holds a non-finite value, every stage is evaluated again.
     """
 
     def __init__(self, f: Callable[..., Tensor], n: int, shared_values: dict[str, Tensor], sh_names: list[str],
                  mod: list[Tensor], ps: dict[str, Tensor]):
         self.f, self.n, self.shared_values = f, n, shared_values
         self.sh_names, self.mod = sh_names, mod  # shared tensors: named ``params`` entries, then module tensors
+        self.sh_leaves = {k: shared_values[k].detach().requires_grad_(True) for k in sh_names}
         self.sums = [torch.zeros_like(shared_values[k]) for k in sh_names] + [torch.zeros_like(x) for x in mod]
         self.per_sample = {k: torch.zeros_like(v) for k, v in ps.items()}
         self.active = bool(self.sums or self.per_sample)
+        self.calls: collections.deque[_StageCall] | None = None
 
     def __call__(self, attempt: Attempt) -> None:
         m = attempt.method
         nodes = [j for j, b in enumerate(m.b) if b != 0.0]
-        reps = len(nodes)
+        recorded = self._recorded(attempt, [j for j in nodes if j > 0])
+        evaluate = nodes if recorded is None else [j for j in nodes if j == 0]
+        outputs, cotangents, per_sample = [], [], []
+        if evaluate:
+            fval, cotangent, ps = self._evaluate(attempt, evaluate)
+            outputs.append(fval), cotangents.append(cotangent), per_sample.append(ps)
+        for j, call in recorded or ():
+            outputs.append(call.fval)
+            cotangents.append(call.z[:, self.n:] * (attempt.h * attempt.accept * m.b[j])[:, None])
+            per_sample.append(call.per_sample)
+        ps_inputs = [leaf for ps in per_sample for leaf in ps.values()]
+        inputs = [*self.sh_leaves.values(), *self.mod, *ps_inputs]
+        grads = torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)
+        n_shared = len(self.sums)
+        self.sums = [s if g is None else s - g for s, g in zip(self.sums, grads[:n_shared])]
+        ps_grads = iter(grads[n_shared:])
+        for ps in per_sample:
+            for k in ps:
+                g = next(ps_grads)
+                if g is not None:
+                    rows = g.reshape(-1, attempt.rows.shape[0], *g.shape[1:]).sum(0)
+                    self.per_sample[k] = self.per_sample[k].index_add(0, attempt.rows, -rows)
+
+    def _recorded(self, attempt: Attempt, nodes: list[int]) -> list[tuple[int, _StageCall]] | None:
+        """The attempt's own calls at ``nodes``, or None when they are not all there and finite.
+
+        The last calls are the attempt's stages 1..s-1 and f at its end (rk_step's order); the
+        stage times are checked, so any other call pattern falls back to evaluating again. A
+        non-finite value in a zero-weight row would turn 0 * inf into NaN in the sums.
+        """
+        if self.calls is None:
+            return None
+        calls = list(self.calls)
+        self.calls.clear()  # the graphs go once their attempt is done
+        m, rows = attempt.method, attempt.rows.shape[0]
+        if len(calls) != m.n_stages or any(c.fval.shape[0] != rows for c in calls):
+            return None
+        picked = [(j, calls[j - 1]) for j in nodes]
+        checks = [(c.t == torch.add(attempt.t, attempt.h, alpha=m.c[j])).all()
+                  & torch.isfinite(c.z).all() & torch.isfinite(c.fval).all() for j, c in picked]
+        return picked if not checks or bool(torch.stack(checks).all()) else None
+
+    def _evaluate(self, attempt: Attempt, nodes: list[int]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """``f`` at the stages ``nodes`` again, stacked along the rows, with the cotangent to use."""
+        m, reps = attempt.method, len(nodes)
         t, z = self._stages(attempt, nodes)
         weight = torch.cat([attempt.h * attempt.accept * m.b[j] for j in nodes])
         # Zero-weight rows (rejected, finished) are evaluated at the accepted start state, so a
@@ -310,17 +393,10 @@ class _ParameterQuadrature:
         z = torch.where((weight != 0)[:, None], z, attempt.y.repeat(reps, 1))
         y, a = z[:, :self.n], z[:, self.n:]
         with torch.enable_grad():
-            sh = {k: self.shared_values[k].detach().requires_grad_(True) for k in self.sh_names}
             p = {k: v.repeat(reps, *(1,) * (v.dim() - 1)) for k, v in attempt.params.items()}
             ps = {k: p[k].detach().requires_grad_(True) for k in self.per_sample}
-            fval = self.f(t, y, {**self.shared_values, **sh, **p, **ps})
-            inputs = [*sh.values(), *self.mod, *ps.values()]
-            grads = torch.autograd.grad(fval, inputs, a * weight[:, None], allow_unused=True)
-        n_shared = len(self.sums)
-        self.sums = [s if g is None else s - g for s, g in zip(self.sums, grads[:n_shared])]
-        for (k, acc), g in zip(self.per_sample.items(), grads[n_shared:]):
-            if g is not None:
-                self.per_sample[k] = acc.index_add(0, attempt.rows, -g.reshape(reps, -1, *g.shape[1:]).sum(0))
+            fval = self.f(t, y, {**self.shared_values, **self.sh_leaves, **p, **ps})
+        return fval, a * weight[:, None], ps
 
     @staticmethod
     def _stages(attempt: Attempt, nodes: list[int]) -> tuple[Tensor, Tensor]:
