@@ -277,13 +277,13 @@ class _AdjointRHS:
         self.quadrature: _ParameterQuadrature | None = None
 
     def record_into(self, quadrature: _ParameterQuadrature, n_stages: int) -> None:
-        """Keep the graphs of the last ``n_stages`` calls (one attempt's) for ``quadrature``.
+        """Keep the graphs of the last ``n_stages + 1`` calls (one attempt's) for ``quadrature``.
 
         Each call then also tracks the parameters, and the quadrature backpropagates their
         gradient through the stages' own graphs instead of evaluating ``f`` there again.
         """
         self.quadrature = quadrature
-        quadrature.calls = collections.deque(maxlen=n_stages)
+        quadrature.calls = collections.deque(maxlen=n_stages + 1)
 
     def __call__(self, t: Tensor, z: Tensor, p: Mapping[str, Tensor]) -> Tensor:
         y, a = z[:, :self.n], z[:, self.n:]
@@ -323,9 +323,8 @@ class _ParameterQuadrature:
     seminorm (the state's error control ignores it).
 
     When the adjoint right-hand side records its calls (:meth:`_AdjointRHS.record_into`), the
-    stages after the first reuse the graphs of the attempt's own calls, so ``f`` is evaluated
-    again only at the first stage (computed in an earlier attempt); otherwise, or when a stage
-    holds a non-finite value, every stage is evaluated again.
+    stages reuse the graphs of the calls that computed them, so ``f`` is not evaluated again;
+    a stage whose call is gone or holds a non-finite value is evaluated again.
     """
 
     def __init__(self, f: Callable[..., Tensor], n: int, shared_values: dict[str, Tensor], sh_names: list[str],
@@ -341,13 +340,13 @@ class _ParameterQuadrature:
     def __call__(self, attempt: Attempt) -> None:
         m = attempt.method
         nodes = [j for j, b in enumerate(m.b) if b != 0.0]
-        recorded = self._recorded(attempt, [j for j in nodes if j > 0])
-        evaluate = nodes if recorded is None else [j for j in nodes if j == 0]
+        recorded = self._recorded(attempt, nodes)
+        evaluate = [j for j in nodes if j not in recorded]
         outputs, cotangents, per_sample = [], [], []
         if evaluate:
             fval, cotangent, ps = self._evaluate(attempt, evaluate)
             outputs.append(fval), cotangents.append(cotangent), per_sample.append(ps)
-        for j, call in recorded or ():
+        for j, call in recorded.items():
             outputs.append(call.fval)
             cotangents.append(call.z[:, self.n:] * (attempt.h * attempt.accept * m.b[j])[:, None])
             per_sample.append(call.per_sample)
@@ -364,24 +363,31 @@ class _ParameterQuadrature:
                     rows = g.reshape(-1, attempt.rows.shape[0], *g.shape[1:]).sum(0)
                     self.per_sample[k] = self.per_sample[k].index_add(0, attempt.rows, -rows)
 
-    def _recorded(self, attempt: Attempt, nodes: list[int]) -> list[tuple[int, _StageCall]] | None:
-        """The attempt's own calls at ``nodes``, or None when they are not all there and finite.
+    def _recorded(self, attempt: Attempt, nodes: list[int]) -> dict[int, _StageCall]:
+        """The attempt's own calls for those of ``nodes`` they can serve (stage index -> call).
 
-        The last calls are the attempt's stages 1..s-1 and f at its end (rk_step's order); the
-        stage times are checked, so any other call pattern falls back to evaluating again. A
-        non-finite value in a zero-weight row would turn 0 * inf into NaN in the sums.
+        The last calls are the attempt's stages 1..s-1 and f at its end (rk_step's order), and
+        the one before may be the first stage (the solve's first evaluation, or the previous
+        attempt's end when every row took it). Stage times and states are checked, so any other
+        call pattern falls back to evaluating again, as does a non-finite value (in a
+        zero-weight row it would turn 0 * inf into NaN in the sums).
         """
-        if self.calls is None:
-            return None
-        calls = list(self.calls)
-        self.calls.clear()  # the graphs go once their attempt is done
         m, rows = attempt.method, attempt.rows.shape[0]
-        if len(calls) != m.n_stages or any(c.fval.shape[0] != rows for c in calls):
-            return None
-        picked = [(j, calls[j - 1]) for j in nodes]
-        checks = [(c.t == torch.add(attempt.t, attempt.h, alpha=m.c[j])).all()
-                  & torch.isfinite(c.z).all() & torch.isfinite(c.fval).all() for j, c in picked]
-        return picked if not checks or bool(torch.stack(checks).all()) else None
+        calls = list(self.calls or ())
+        if len(calls) < m.n_stages or any(c.fval.shape[0] != rows for c in calls):
+            return {}
+        later = {j: calls[len(calls) - m.n_stages + j - 1] for j in nodes if j > 0}
+        first = calls[-m.n_stages - 1] if 0 in nodes and len(calls) > m.n_stages else None
+
+        def usable(c: _StageCall) -> Tensor:
+            return torch.isfinite(c.z).all() & torch.isfinite(c.fval).all()
+
+        checks = [torch.stack([(c.t == torch.add(attempt.t, attempt.h, alpha=m.c[j])).all() & usable(c)
+                               for j, c in later.items()]).all() if later else torch.tensor(True)]
+        if first is not None:
+            checks.append((first.t == attempt.t).all() & (first.z == attempt.y).all() & usable(first))
+        later_ok, first_ok = (torch.stack(checks).tolist() + [False])[:2]
+        return {**(later if later_ok else {}), **({0: first} if first_ok else {})}
 
     def _evaluate(self, attempt: Attempt, nodes: list[int]) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """``f`` at the stages ``nodes`` again, stacked along the rows, with the cotangent to use."""
