@@ -62,6 +62,25 @@ def test_chunks_take_the_same_attempts_as_one_attempt_per_read(method, compact, 
         _assert_identical(solve(vdp_rhs, y0, 0.0, t_end, t_eval, chunk=k, **kwargs), one)
 
 
+def test_chunks_waste_no_right_hand_side_calls_when_every_step_passes_an_evaluation_time():
+    # A few smooth steps, each passing an evaluation time: a fixed chunk of 4 ran 3 masked,
+    # full-batch attempts after the first (86 RHS calls against 50). Chunks now start at one
+    # attempt and grow only while no row waits for dense output.
+    y0 = torch.linspace(-2.0, 2.0, 32, dtype=F64)[:, None].repeat(1, 2)
+    t_eval = torch.linspace(0.0, 3.0, 8, dtype=F64)
+    calls, runs = {}, {}
+    for chunk in (1, 4):
+        calls[chunk] = 0
+
+        def rhs(t, y, p):
+            calls[chunk] += 1
+            return torch.tanh(-y)
+
+        runs[chunk] = solve(rhs, y0, 0.0, 3.0, t_eval, rtol=1e-4, atol=1e-5, chunk=chunk)
+    _assert_identical(runs[4], runs[1])
+    assert calls[4] == calls[1]
+
+
 def test_eval_times_exactly_at_the_ends_are_filled_without_dense_output():
     # t_start and t_end are on the grid; the values there are y0 and the final state exactly.
     y0, t_end, params = _vdp_batch(6)

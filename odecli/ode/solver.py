@@ -3,8 +3,8 @@
 Each sample has its own time, step size, accept/reject decision, controller history, evaluation
 pointer, status and counters. One loop iteration attempts one step for every *active* sample.
 Finished and failed samples are dropped from the working set (compaction) once they make up half
-of it, so they stop costing RHS evaluations. Explicit methods run ``chunk`` attempts per host
-read (``_explicit_chunk``, one pure function, eagerly or under ``torch.compile``): a sample whose
+of it, so they stop costing RHS evaluations. Explicit methods run up to ``chunk`` attempts per
+host read (``_explicit_chunk``, one pure function, eagerly or under ``torch.compile``): a sample whose
 next attempt would pass an evaluation time strictly inside its span waits, unchanged, for a
 host-driven attempt (``_explicit_attempt``) that records dense output, so every sample takes
 exactly the attempts it takes alone. That attempt, and every attempt of implicit methods, reads
@@ -178,7 +178,8 @@ def solve(
     per sample. ``compile=True`` runs each explicit step (stages, error norm, controller and
     bookkeeping) as one torch.compile'd function: worth its one-off compilation for long or
     large solves; results equal the eager path to round-off (implicit methods ignore it).
-    ``chunk`` is how many explicit attempts run between host reads (1: one read per attempt);
+    ``chunk`` is how many explicit attempts run at most between host reads (1: one read per
+    attempt; eagerly the length starts at 1 and doubles while no sample waits for dense output);
     it changes no sample's steps, only the grouping, and is 1 while autograd records the solve.
     ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one extra
     reduction then, nothing otherwise). ``on_attempt`` (explicit methods only) is called with
@@ -328,14 +329,22 @@ def solve(
         n_crossing = int(_next_attempt_crosses(_loop_state(w), w.ptr, w.t_end, w.direction, w.grid, w.n_interior).sum())
     reported = time.perf_counter()
     iterations = 0
+    # Eagerly, chunks start at one attempt and double while they end with no row waiting for
+    # dense output, halving when rows do: a row that starts waiting early in a chunk leaves its
+    # remaining attempts as full-batch work for nothing (with evaluation times every step or
+    # two, a fixed chunk of 4 made solves 1.8x slower). Compiled, each length is another
+    # graph, so the length stays ``chunk``.
+    run_length = chunk if compile else 1
     while n_active > 0:
         if fused_chunk is not None and n_crossing == 0:
-            new = fused_chunk(chunk, method.method, ctrl, f, shared, w.p, _loop_state(w), w.ptr, w.t_end,
+            new = fused_chunk(run_length, method.method, ctrl, f, shared, w.p, _loop_state(w), w.ptr, w.t_end,
                               w.direction, w.grid, w.n_interior if interior else None,
                               rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
             n_active, n_crossing = new.pop("sync").tolist()
             w.__dict__.update(new)
-            iterations += chunk
+            iterations += run_length
+            if not compile:
+                run_length = min(chunk, 2 * run_length) if n_crossing == 0 else max(1, run_length // 2)
         else:
             n_active, n_crossing = attempt_with_dense_output()
             iterations += 1
