@@ -116,16 +116,20 @@ def solve(
     Example: odecli solve examples/vdp-sweep.yaml -o vdp.h5
     """
     from odecli.io.atomic import check_writable
-    from odecli.io.ode_run import write_ode_run
-    from odecli.report.progress import solve_progress
-    from odecli.runner import default_output, solve_spec, with_overrides
     from odecli.spec import load_ode_spec
 
-    logger = _file_logger(log)
-    ode_spec = with_overrides(load_ode_spec(spec), method=method, rtol=rtol, atol=atol, device=device)
-    target = output or default_output(ode_spec)
+    # The spec and the output are checked before torch is imported: a bad input fails in a
+    # fraction of a second instead of after the seconds ``import torch`` takes.
+    ode_spec = load_ode_spec(spec)
+    target = output or Path(ode_spec.default_output)
     check_writable(target, force=force)
+    from odecli.io.ode_run import write_ode_run
     from odecli.parallel.ode_batch import launched_ranks, solve_cli
+    from odecli.report.progress import solve_progress
+    from odecli.runner import solve_spec, with_overrides
+
+    logger = _file_logger(log)
+    ode_spec = with_overrides(ode_spec, method=method, rtol=rtol, atol=atol, device=device)
 
     if launched_ranks() > 1:  # under mpirun: the batch is split over the ranks (imports mpi4py only then)
         raise typer.Exit(solve_cli(ode_spec, target, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -130,5 +129,3 @@ def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None
     return solution
 
 
-def default_output(spec: OdeSpec) -> Path:
-    return Path(spec.output) if spec.output else Path(f"{spec.name}.h5")

@@ -179,3 +179,22 @@ def test_the_package_exposes_the_solver_lazily():
             "assert odecli.odeint is not None and odecli.Solution is not None")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_bad_input_is_reported_before_torch_is_imported(tmp_path):
+    # `import torch` takes seconds: a bad field or an existing output must fail without it.
+    good = Path(__file__).resolve().parents[1] / "examples" / "vdp-sweep.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("rtol: 1.0e-6", "rtol: -1").replace("rtol: 1e-6", "rtol: -1"))
+    existing = tmp_path / "run.h5"
+    existing.write_bytes(b"not ours to overwrite")
+    cases = {"solver.rtol: must be > 0": [str(bad), "-o", str(tmp_path / "x.h5")],
+             "output file exists": [str(good), "-o", str(existing)]}
+    for message, args in cases.items():
+        code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', 'solve', *sys.argv[1:]]\n"
+                "try:\n    app()\nexcept SystemExit as exc:\n    code = exc.code\n"
+                "sys.exit(3 if 'torch' in sys.modules else code)")
+        result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        assert result.returncode == 2, (result.returncode, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr
+    assert existing.read_bytes() == b"not ours to overwrite"

@@ -345,3 +345,11 @@ def test_parse_does_not_modify_input():
     before = copy.deepcopy(data)
     parse_ode_spec(data, "", "spec.yaml")
     assert data == before
+
+
+def test_the_built_in_method_table_equals_the_solver_registry():
+    # Specs are checked against a torch-free copy of the registry (fast errors); keep them equal.
+    from odecli.ode.stepper import available_methods
+    from odecli.spec.ode import BUILTIN_METHODS
+
+    assert BUILTIN_METHODS == {name: bool(m.adaptive) for name, m in available_methods().items()}

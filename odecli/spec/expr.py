@@ -12,34 +12,35 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import math
 import operator
-from typing import Callable, Mapping, Union
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Callable, Mapping, Union
 
 from odecli.errors import SpecError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 MAX_LENGTH = 10_000
 MAX_DEPTH = 100
 
-Value = Union[Tensor, float]
+Value = Union["Tensor", float]
 Env = Mapping[str, Value]
 Node = Callable[[Env], Value]
 
-# name -> (number of arguments, torch function)
-FUNCTIONS: dict[str, tuple[int, Callable[..., Tensor]]] = {
-    "sin": (1, torch.sin),
-    "cos": (1, torch.cos),
-    "tan": (1, torch.tan),
-    "exp": (1, torch.exp),
-    "log": (1, torch.log),
-    "sqrt": (1, torch.sqrt),
-    "tanh": (1, torch.tanh),
-    "abs": (1, torch.abs),
-    "min": (2, torch.minimum),
-    "max": (2, torch.maximum),
+# name -> (number of arguments, name of the torch function)
+FUNCTIONS: dict[str, tuple[int, str]] = {
+    "sin": (1, "sin"),
+    "cos": (1, "cos"),
+    "tan": (1, "tan"),
+    "exp": (1, "exp"),
+    "log": (1, "log"),
+    "sqrt": (1, "sqrt"),
+    "tanh": (1, "tanh"),
+    "abs": (1, "abs"),
+    "min": (2, "minimum"),
+    "max": (2, "maximum"),
 }
 CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e}
 # Names a spec may not use for states or parameters.
@@ -216,11 +217,25 @@ def _tree_depth(tree: ast.AST) -> int:
     return deepest
 
 
+@functools.cache
+def _torch():
+    """torch, imported when an expression is first evaluated: checking a spec (and failing
+    fast on a bad one) does not pay the seconds ``import torch`` takes."""
+    import torch
+
+    return torch
+
+
+def _is_tensor(value: object) -> bool:
+    return isinstance(value, _torch().Tensor)
+
+
 def _as_tensor(value: Value, like: Value | None = None) -> Tensor:
     """Make ``value`` a tensor: matching ``like`` if that is one, else 0-dim float64."""
-    if isinstance(value, Tensor):
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
         return value
-    if isinstance(like, Tensor):
+    if isinstance(like, torch.Tensor):
         return torch.as_tensor(value, dtype=like.dtype, device=like.device)
     return torch.tensor(float(value), dtype=torch.float64)
 
@@ -296,7 +311,7 @@ class _Compiler:
 
         def apply(env: Env) -> Value:
             a, b = left(env), right(env)
-            if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+            if not _is_tensor(a) and not _is_tensor(b):
                 a = _as_tensor(a)  # two plain numbers: torch semantics (inf/nan), never a Python hang
             return op(a, b)
 
@@ -324,7 +339,7 @@ class _Compiler:
             keyword = node.keywords[0]
             what = "'**' unpacking" if keyword.arg is None else f"keyword argument '{keyword.arg}='"
             raise self.fail(f"{what} is not allowed in {name}(): {self.token(node)}")
-        arity, function = FUNCTIONS[name]
+        arity, torch_name = FUNCTIONS[name]
         if any(isinstance(arg, ast.Starred) for arg in node.args):
             raise self.fail(f"'*' unpacking is not allowed in {name}(): {self.token(node)}")
         if len(node.args) != arity:
@@ -333,11 +348,11 @@ class _Compiler:
         args = [self.compile(arg) for arg in node.args]
         if arity == 1:
             (arg,) = args
-            return lambda env: function(_as_tensor(arg(env)))
+            return lambda env: getattr(_torch(), torch_name)(_as_tensor(arg(env)))
         first, second = args
 
         def apply2(env: Env) -> Tensor:
             a, b = first(env), second(env)
-            return function(_as_tensor(a, b), _as_tensor(b, a))
+            return getattr(_torch(), torch_name)(_as_tensor(a, b), _as_tensor(b, a))
 
         return apply2

@@ -35,6 +35,13 @@ DTYPES = ("float32", "float64")
 DEVICES = ("cpu", "cuda", "auto")  # plus "cuda:N"
 ADJOINTS = ("direct", "backsolve", "checkpoint")
 ENGINES = ("auto", "native", "torch")
+# The solver registry's built-in methods (name -> adaptive?), so that checking a spec needs no
+# torch; tests/test_spec.py keeps it equal to odecli.ode.stepper.available_methods().
+BUILTIN_METHODS = {
+    "euler": False, "midpoint": False, "heun": False, "rk4": False, "bosh3": True, "dopri5": True,
+    "tsit5": True, "dop853": True, "rodas5": True, "rodas5p": True, "rodas4": True, "kvaerno5": True,
+    "kvaerno3": True, "auto": True,
+}
 # Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
 MAX_BATCH = 10_000_000
 MAX_EVAL_POINTS = 20_000_000
@@ -549,7 +556,7 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
         report("solver", f"expected a mapping, got {describe(value)}")
         return None
     _check_keys(value, "solver", SOLVER_KEYS, report)
-    table = _method_table(methods)
+    table = _method_table(methods, value.get("method"))
     checks: dict[str, Callable[[Any, str], Any]] = {
         "method": lambda v, f: _choice(v, f, sorted(table), report),
         "rtol": lambda v, f: _bounded(v, f, report, gt=0),
@@ -607,9 +614,12 @@ def _min_int(value: Any, field: str, minimum: int, report: _Problems) -> int | N
     return number
 
 
-def _method_table(methods: Mapping[str, object] | None) -> dict[str, bool]:
-    """Method name -> adaptive?, from ``methods`` or the solver registry (imported lazily)."""
+def _method_table(methods: Mapping[str, object] | None, wanted: Any) -> dict[str, bool]:
+    """Method name -> adaptive?, from ``methods``, else the built-in names or, for any other
+    name, the solver registry (imported lazily: it imports torch, which takes seconds)."""
     if methods is None:
+        if wanted is None or (isinstance(wanted, str) and wanted in BUILTIN_METHODS):
+            return dict(BUILTIN_METHODS)
         from odecli.ode.stepper import available_methods
 
         methods = available_methods()

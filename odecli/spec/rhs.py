@@ -10,16 +10,17 @@ import hashlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Callable
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Callable
 
 from odecli.errors import InputError
 from odecli.spec.expr import compile_expression, expression_to_c
 from odecli.spec.ode import OdeSpec
 
-Rhs = Callable[[Tensor, Tensor, dict[str, Tensor]], Tensor]
+if TYPE_CHECKING:  # torch is imported where tensors are made, so checking a spec stays fast
+    import torch
+    from torch import Tensor
+
+Rhs = Callable[["Tensor", "Tensor", "dict[str, Tensor]"], "Tensor"]
 
 
 def build_rhs(spec: OdeSpec) -> Rhs:
@@ -29,6 +30,8 @@ def build_rhs(spec: OdeSpec) -> Rhs:
     dtype and device, even for constant right-hand sides. For ``python:`` the user's
     function is returned as is.
     """
+    import torch
+
     if spec.python is not None:
         return _load_function(spec.python)
     assert spec.equations is not None
@@ -67,6 +70,8 @@ def build_c_equations(spec: OdeSpec) -> tuple[tuple[str, ...], tuple[str, ...]] 
 
 def param_tensors(spec: OdeSpec, dtype: torch.dtype | str, device: torch.device | str) -> dict[str, Tensor]:
     """The spec's parameters as (batch,) tensors; ``dtype`` may be a name such as "float64"."""
+    import torch
+
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     return {name: torch.tensor(values, dtype=dtype, device=device) for name, values in spec.params.items()}
