@@ -345,7 +345,9 @@ class _ParameterQuadrature:
         outputs, cotangents, per_sample = [], [], []
         if evaluate:
             fval, cotangent, ps = self._evaluate(attempt, evaluate)
-            outputs.append(fval), cotangents.append(cotangent), per_sample.append(ps)
+            outputs.append(fval)
+            cotangents.append(cotangent)
+            per_sample.append(ps)
         for j, call in recorded.items():
             outputs.append(call.fval)
             cotangents.append(call.z[:, self.n:] * (attempt.h * attempt.accept * m.b[j])[:, None])

@@ -4,8 +4,8 @@ Each sample has its own time, step size, accept/reject decision, controller hist
 pointer, status and counters. One loop iteration attempts one step for every *active* sample.
 Finished and failed samples are dropped from the working set (compaction) once they make up half
 of it, so they stop costing RHS evaluations. Explicit methods run up to ``chunk`` attempts per
-host read (``_explicit_chunk``, one pure function, eagerly or under ``torch.compile``): a sample whose
-next attempt would pass an evaluation time strictly inside its span waits, unchanged, for a
+host read (``_explicit_chunk``, one pure function, eagerly or under ``torch.compile``): a sample
+whose next attempt would pass an evaluation time strictly inside its span waits, unchanged, for a
 host-driven attempt (``_explicit_attempt``) that records dense output, so every sample takes
 exactly the attempts it takes alone. That attempt, and every attempt of implicit methods, reads
 the host once per step (evaluation times in the step, samples still running, samples waiting)

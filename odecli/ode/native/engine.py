@@ -4,8 +4,9 @@ For right-hand sides written as expressions (every ``equations:`` spec) there is
 PyTorch work per step at all: the method, the controller and the equations are compiled into
 one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
 at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
-(ctypes releases the GIL), and a block boundary is where progress is reported. The result is a :class:`~odecli.ode.solver.Solution`
-equal to the batched PyTorch loop's to round-off, with the same per-sample steps (see codegen).
+(ctypes releases the GIL), and a block boundary is where progress is reported. The result is
+a :class:`~odecli.ode.solver.Solution` equal to the batched PyTorch loop's to round-off, with
+the same per-sample steps (see codegen).
 """
 
 from __future__ import annotations
