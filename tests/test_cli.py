@@ -198,3 +198,14 @@ def test_bad_input_is_reported_before_torch_is_imported(tmp_path):
         assert result.returncode == 2, (result.returncode, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr
     assert existing.read_bytes() == b"not ours to overwrite"
+
+
+@pytest.mark.parametrize("example", ["vdp-sweep.yaml", "acoustic-anomaly.yaml"])
+def test_validate_never_imports_torch(example):
+    spec = Path(__file__).resolve().parents[1] / "examples" / example
+    code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', 'validate', sys.argv[1]]\n"
+            "try:\n    app()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "sys.exit(3 if 'torch' in sys.modules else code)")
+    result = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "valid" in result.stdout

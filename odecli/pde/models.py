@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from odecli.pde.grid import Block, Grid
+from odecli.pde.spec import MODEL_TYPES
 
-MODEL_TYPES = ("constant", "layered", "gaussian", "checkerboard", "marmousi", "file", "smoothed")
 
 
 def _val(spec: dict, key: str, params: dict | None, dtype, device):

@@ -137,16 +137,4 @@ class LocalGeometry:
         return full
 
 
-def line_points(start, end, count: int) -> list[tuple[float, float]]:
-    if count == 1:
-        return [(float(start[0]), float(start[1]))]
-    return [
-        (
-            float(start[0]) + (float(end[0]) - float(start[0])) * k / (count - 1),
-            float(start[1]) + (float(end[1]) - float(start[1])) * k / (count - 1),
-        )
-        for k in range(count)
-    ]
-
-
-__all__ = ["ricker", "Geometry", "LocalGeometry", "line_points"]
+__all__ = ["ricker", "Geometry", "LocalGeometry"]

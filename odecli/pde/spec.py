@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 
 from odecli.errors import SpecError
-from odecli.pde.models import MODEL_TYPES
+
+# The model field types odecli.pde.models builds (kept here so that checking a spec needs no torch).
+MODEL_TYPES = ("constant", "layered", "gaussian", "checkerboard", "marmousi", "file", "smoothed")
 
 EQUATIONS = ("acoustic2d", "heat2d")
 UNKNOWN_TYPES = ("grid", "mlp", "scalars")
@@ -236,10 +238,21 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     return out
 
 
+def line_points(start, end, count: int) -> list[tuple[float, float]]:
+    """``count`` evenly spaced points from ``start`` to ``end`` (both included)."""
+    if count == 1:
+        return [(float(start[0]), float(start[1]))]
+    return [
+        (
+            float(start[0]) + (float(end[0]) - float(start[0])) * k / (count - 1),
+            float(start[1]) + (float(end[1]) - float(start[1])) * k / (count - 1),
+        )
+        for k in range(count)
+    ]
+
+
 def _points(V: _V, d: Any, f: str, depth: float, width: float) -> list[list[float]]:
     """``positions: [[y, x], ...]`` and/or ``line(s): {from, to, count}`` -> list of points."""
-    from odecli.pde.sources import line_points
-
     pts: list = []
     if d.get("positions") is not None:
         if not isinstance(d["positions"], list) or not d["positions"]:
