@@ -241,6 +241,9 @@ def train_inverse(
     data, _ = load_yaml(spec)
     kind = spec_kind(data, str(spec))
     if kind == "pde-inverse":
+        from odecli.pde.spec import validate
+
+        validate(data, str(spec), spec.parent)  # a bad field fails before torch is imported
         from odecli.pde.train import train_inverse as run
     elif kind == "ode":
         from odecli.inverse_ode import train_inverse as run

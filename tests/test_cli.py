@@ -188,10 +188,14 @@ def test_bad_input_is_reported_before_torch_is_imported(tmp_path):
     bad.write_text(good.read_text().replace("rtol: 1.0e-6", "rtol: -1").replace("rtol: 1e-6", "rtol: -1"))
     existing = tmp_path / "run.h5"
     existing.write_bytes(b"not ours to overwrite")
-    cases = {"solver.rtol: must be > 0": [str(bad), "-o", str(tmp_path / "x.h5")],
-             "output file exists": [str(good), "-o", str(existing)]}
+    pde = good.parent / "acoustic-anomaly.yaml"
+    bad_pde = tmp_path / "bad-pde.yaml"
+    bad_pde.write_text(pde.read_text().replace("iterations: 15", "iterations: -3"))
+    cases = {"solver.rtol: must be > 0": ["solve", str(bad), "-o", str(tmp_path / "x.h5")],
+             "output file exists": ["solve", str(good), "-o", str(existing)],
+             "optimizer.iterations": ["train-inverse", str(bad_pde), "-o", str(tmp_path / "y.h5")]}
     for message, args in cases.items():
-        code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', 'solve', *sys.argv[1:]]\n"
+        code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', *sys.argv[1:]]\n"
                 "try:\n    app()\nexcept SystemExit as exc:\n    code = exc.code\n"
                 "sys.exit(3 if 'torch' in sys.modules else code)")
         result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
