@@ -15,8 +15,6 @@ import numpy as np
 import torch
 
 from odecli.pde.grid import Block, Grid
-from odecli.pde.spec import MODEL_TYPES
-
 
 
 def _val(spec: dict, key: str, params: dict | None, dtype, device):

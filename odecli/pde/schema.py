@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from odecli.pde.spec import MODEL_TYPES
-from odecli.pde.spec import EQUATIONS, OPTIMIZERS, TRANSFORMS, UNKNOWN_TYPES
+from odecli.pde.spec import EQUATIONS, MODEL_TYPES, OPTIMIZERS, TRANSFORMS, UNKNOWN_TYPES
 
 _POINT = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
 _LINE = {
