@@ -10,17 +10,23 @@ is Gustafsson's PI controller (exponents 0.7/k and -0.4/k). A rejected step uses
 part alone and never grows; a step right after a rejection does not grow either (as in scipy),
 which avoids reject/accept oscillation. Everything works on per-sample tensors, so each sample
 has its own history and decision; nothing here synchronises with the host.
+
+The settings import without torch (the generated C solver reads them on a path that never
+loads torch); only the per-sample tensor code imports it, when it first runs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 HISTORY_FLOOR = 1e-4
+END_SNAP = 1e-7  # relative stretch of a final step allowed to land exactly on t_end
 
 CONTROLLER_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "integral": (0.0, 1.0, 0.0),
@@ -39,6 +45,8 @@ class ControllerState:
 
     @staticmethod
     def initial(batch: int, dtype: torch.dtype, device: torch.device) -> "ControllerState":
+        import torch
+
         # Two tensors, not one: aliased inputs make torch.compile guard on (and recompile for) the alias.
         ones = torch.ones(batch, dtype=dtype, device=device)
         return ControllerState(ones, ones.clone(), torch.zeros(batch, dtype=torch.bool, device=device))
@@ -46,9 +54,9 @@ class ControllerState:
     def where(self, mask: Tensor, other: "ControllerState") -> "ControllerState":
         """Per sample: this state where ``mask`` holds, ``other`` elsewhere."""
         return ControllerState(
-            torch.where(mask, self.err_prev, other.err_prev),
-            torch.where(mask, self.err_prev2, other.err_prev2),
-            torch.where(mask, self.rejected_last, other.rejected_last),
+            self.err_prev.where(mask, other.err_prev),
+            self.err_prev2.where(mask, other.err_prev2),
+            self.rejected_last.where(mask, other.rejected_last),
         )
 
     def index(self, rows: Tensor) -> "ControllerState":
@@ -86,6 +94,8 @@ class PIDController:
 
         Non-finite norms count as rejected here; the solver turns them into a failure status.
         """
+        import torch
+
         k = error_order + 1.0
         beta1 = (self.pcoeff + self.icoeff + self.dcoeff) / k
         beta2 = -(self.pcoeff + 2.0 * self.dcoeff) / k

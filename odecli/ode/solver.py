@@ -28,9 +28,9 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from odecli.ode.controllers import ControllerState, PIDController, make_controller
+from odecli.ode.controllers import END_SNAP, ControllerState, PIDController, make_controller
 from odecli.ode.initial_step import select_initial_step
-from odecli.ode.status import Status
+from odecli.ode.status import STAT_NAMES, Progress, Status
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.stages import rk_step
 from odecli.ode.stepper import ExplicitStepper, Stepper, StepResult, get_stepper
@@ -38,7 +38,6 @@ from odecli.ode.stepper import ExplicitStepper, Stepper, StepResult, get_stepper
 RHS = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
 """``f(t, y, p) -> dy/dt`` with t (A,), y (A, n) and p the per-sample parameters of those rows."""
 
-STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
 LOOP_STATE = ("t", "y", "f0", "h", "active", "status", *STAT_NAMES, "err_prev", "err_prev2", "rejected_last")
 """Per-sample tensors that one attempt reads and replaces (the fused step's state)."""
 CHUNK_STEPS = 4  # explicit attempts per host read (solve's ``chunk``); compile time grows with it
@@ -48,17 +47,6 @@ PROGRESS_INTERVAL_S = 0.2
 # Plain ints, not the IntEnum: torch.compile (2.13) mis-evaluates ``tensor == IntEnum member``.
 SUCCESS, INFINITE_NORM = int(Status.SUCCESS), int(Status.INFINITE_NORM)
 REACHED_DT_MIN, REACHED_MAX_STEPS = int(Status.REACHED_DT_MIN), int(Status.REACHED_MAX_STEPS)
-END_SNAP = 1e-7  # relative stretch of a final step allowed to land exactly on t_end
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot for progress displays: how many samples finished and how far the slowest got."""
-
-    finished: int
-    batch: int
-    slowest_fraction: float  # min over running samples of (t - t_start) / (t_end - t_start)
-    loop_iterations: int
 
 
 @dataclass(frozen=True)

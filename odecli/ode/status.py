@@ -1,8 +1,15 @@
-"""Per-sample status codes (shared with torchode's numbering so files are comparable)."""
+"""What a solve reports, free of torch: per-sample status codes, counter names, progress snapshots.
+
+The status numbering is torchode's, so files from either are comparable.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+
+STAT_NAMES = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
+"""Per-sample integer counters every engine reports (``Solution.stats``)."""
 
 
 class Status(enum.IntEnum):
@@ -18,3 +25,13 @@ class Status(enum.IntEnum):
 
 
 STATUS_NAMES: dict[int, str] = {int(s): s.label for s in Status}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for progress displays: how many samples finished and how far the slowest got."""
+
+    finished: int
+    batch: int
+    slowest_fraction: float  # min over running samples of (t - t_start) / (t_end - t_start)
+    loop_iterations: int

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from odecli.ode.solver import Progress as SolveProgress
+from odecli.ode.status import Progress as SolveProgress
 
 
 @contextlib.contextmanager

@@ -22,8 +22,8 @@ from typing import Sequence
 
 from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
-from odecli.ode.solver import END_SNAP, INFINITE_NORM, REACHED_DT_MIN, REACHED_MAX_STEPS, SUCCESS
-from odecli.ode.controllers import HISTORY_FLOOR
+from odecli.ode.controllers import END_SNAP, HISTORY_FLOOR
+from odecli.ode.status import Status
 from odecli.spec.expr import c_double
 
 CONFIG_FIELDS = ("rtol", "atol", "safety", "factor_min", "factor_max", "dt_min", "dt_max",
@@ -31,6 +31,7 @@ CONFIG_FIELDS = ("rtol", "atol", "safety", "factor_min", "factor_max", "dt_min",
 """Order of the doubles in the ``cfg`` array the solver reads at run time."""
 INT_STATS = ("status", "n_steps", "n_accepted", "n_rejected", "n_f_evals")
 FLOAT_STATS = ("dt0", "dt_final", "t_final")
+_STATUSES = (Status.SUCCESS, Status.REACHED_DT_MIN, Status.REACHED_MAX_STEPS, Status.INFINITE_NORM)
 LANES = 8
 """Samples stepped together. Two AVX2 vectors of doubles per operation: at 4 lanes the stages'
 latency still shows, beyond 8 the lanes' state outgrows the registers and L1 (measured)."""
@@ -467,8 +468,7 @@ def generate(method: ExplicitRK, equations: Sequence[str], n_params: int, lanes:
         f"#define INV_K_INITIAL {c_double(1.0 / (error_order + 1))}",
         f"#define END_SNAP {c_double(END_SNAP)}",
         f"#define HISTORY_FLOOR {c_double(HISTORY_FLOOR)}",
-        f"enum {{ SUCCESS = {SUCCESS}, REACHED_DT_MIN = {REACHED_DT_MIN}, "
-        f"REACHED_MAX_STEPS = {REACHED_MAX_STEPS}, INFINITE_NORM = {INFINITE_NORM} }};",
+        "enum { " + ", ".join(f"{s.name} = {int(s)}" for s in _STATUSES) + " };",
     ])
     return "\n\n".join([
         f"/* odecli: {method.name} fused with a generated right-hand side. */",
