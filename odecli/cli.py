@@ -126,7 +126,7 @@ def solve(
     from odecli.io.ode_run import write_ode_run
     from odecli.parallel.ode_batch import launched_ranks, solve_cli
     from odecli.report.progress import solve_progress
-    from odecli.runner import solve_spec, with_overrides
+    from odecli.runner import solve_spec_arrays, with_overrides
 
     logger = _file_logger(log)
     ode_spec = with_overrides(ode_spec, method=method, rtol=rtol, atol=atol, device=device)
@@ -135,12 +135,12 @@ def solve(
         raise typer.Exit(solve_cli(ode_spec, target, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))
     logger(f"solve {spec} -> {target}: {ode_spec.batch} samples, method {ode_spec.solver.method}")
     with solve_progress(stderr, enabled=not quiet) as progress:
-        solution = solve_spec(ode_spec, progress=progress)
+        solution = solve_spec_arrays(ode_spec, progress=progress)
     write_ode_run(target, ode_spec, solution)
-    status = solution.status.cpu()
+    status = solution.status
     failed = int((status != 0).sum())
-    steps = solution.stats["n_steps"].cpu().double()
-    line = (f"{ode_spec.name}: {status.numel()} samples, {status.numel() - failed} succeeded, {failed} failed; "
+    steps = solution.stats["n_steps"].astype(float)
+    line = (f"{ode_spec.name}: {status.size} samples, {status.size - failed} succeeded, {failed} failed; "
             f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}")
     logger(line)
     if not quiet:

@@ -1,7 +1,11 @@
-"""Turn a validated spec into tensors, call the engine, and hand back the result.
+"""Turn a validated spec into arrays or tensors, call the engine, and hand back the result.
 
 This is the layer between files and numerics: the CLI calls it, and so can a library user who
 wants spec-driven runs without the command line. The engines never see a spec.
+
+A spec the generated C solver can take (equations, an explicit Runge-Kutta method, float64,
+on a CPU) is solved on numpy arrays without importing torch, which alone takes seconds; any
+other spec imports torch and runs the batched PyTorch loop.
 """
 
 from __future__ import annotations
@@ -9,20 +13,31 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+import numpy as np
 
 from odecli.errors import InputError
 from odecli.ode.controllers import make_controller
-from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native, unsupported_reason
-from odecli.ode.stepper import available_methods
-from odecli.ode.solver import Progress, Solution, solve
-from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
+from odecli.ode.native import ArraySolution, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
+from odecli.ode.status import Progress
+from odecli.spec import OdeSpec, build_c_equations
+from odecli.spec.ode import method_table
+
+if TYPE_CHECKING:
+    import torch
+
+    from odecli.ode.solver import Solution
+
+# Device files of the GPUs torch can use as "cuda" (NVIDIA, AMD ROCm, WSL). Where none exists,
+# ``device: auto`` means the CPU, and finding that out needs no ``import torch``.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` picks CUDA when present; asking for CUDA without it is a user error, not a crash."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -33,6 +48,13 @@ def resolve_device(name: str) -> torch.device:
         raise InputError(f"unknown device {name!r}; expected cpu, cuda or auto") from None
 
 
+def device_name(name: str) -> str:
+    """:func:`resolve_device` as a name, asking torch only when the answer may be a GPU."""
+    if name == "cpu" or (name == "auto" and not any(os.path.exists(f) for f in GPU_DEVICE_FILES)):
+        return "cpu"
+    return str(resolve_device(name))
+
+
 def with_overrides(
     spec: OdeSpec, *, method: str | None = None, rtol: float | None = None,
     atol: float | None = None, device: str | None = None,
@@ -40,10 +62,10 @@ def with_overrides(
     """Apply command-line overrides, checked like the spec fields they replace."""
     changes: dict[str, object] = {}
     if method is not None:
-        methods = available_methods()
+        methods = method_table(None, method)
         if method not in methods:
             raise InputError(f"--method: unknown method {method!r}; expected one of {', '.join(methods)}")
-        if not methods[method].adaptive and spec.solver.dt0 is None:
+        if not methods[method] and spec.solver.dt0 is None:
             raise InputError(f"--method: fixed-step method {method!r} needs solver.dt0 in {spec.file}")
         changes["method"] = method
     for flag, value in (("rtol", rtol), ("atol", atol)):
@@ -68,16 +90,18 @@ def estimated_bytes(spec: OdeSpec) -> int:
     return spec.batch * itemsize * (3 * (n_eval + 1) * n_states + 40 * n_states + 40)
 
 
-def available_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+def available_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # not available on this platform: do not block the run
         return 1 << 62
 
 
-def check_memory(spec: OdeSpec, device: torch.device) -> None:
+def check_memory(spec: OdeSpec, device: str) -> None:
     """Refuse a run that cannot fit, before allocating anything, instead of crashing out of memory."""
     need, have = estimated_bytes(spec), available_bytes(device)
     if need > have:
@@ -89,43 +113,79 @@ def check_memory(spec: OdeSpec, device: torch.device) -> None:
 
 
 def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None) -> Solution:
-    """Solve every sample of ``spec`` and return the batched :class:`Solution`.
+    """Solve every sample of ``spec`` and return the batched :class:`~odecli.ode.solver.Solution`.
 
     ``solver.engine: auto`` runs the generated C solver when it can (equations, an explicit
     Runge-Kutta method, CPU, float64, a C compiler) and the batched PyTorch loop otherwise;
     ``native`` insists on C (a clear error when it cannot run), ``torch`` never uses it.
     ``solution.extra["engine"]`` says which one ran.
     """
+    solution = _solve(spec, progress)
+    return solution.to_tensors() if isinstance(solution, ArraySolution) else solution
+
+
+def solve_spec_arrays(spec: OdeSpec, progress: Callable[[Progress], None] | None = None) -> ArraySolution:
+    """:func:`solve_spec` with numpy arrays out, what files and reports need.
+
+    When the C solver runs, torch is never imported.
+    """
+    solution = _solve(spec, progress)
+    return solution if isinstance(solution, ArraySolution) else ArraySolution.from_solution(solution)
+
+
+def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Solution | ArraySolution:
     s = spec.solver
-    device = resolve_device(s.device)
+    device = device_name(s.device)
     check_memory(spec, device)
-    dtype = getattr(torch, s.dtype)
     controller = make_controller(
         s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,
         factor_min=s.factor_min, factor_max=s.factor_max, dt_min=s.dt_min, dt_max=s.dt_max,
     )
+    common = dict(method=s.method, rtol=s.rtol, atol=s.atol, controller=controller, dt0=s.dt0,
+                  max_steps=s.max_steps, progress=progress)
+    solution: Solution | ArraySolution | None = None
+    if s.engine != "torch":
+        solution, why = _solve_native(spec, device, common)
+        if why and s.engine == "native":
+            raise InputError(f"{spec.file}: solver.engine: native cannot run this spec: {why}")
+    if solution is None:
+        solution = _solve_torch(spec, device, common)
+    solution.extra["device"] = device
+    return solution
+
+
+def _solve_native(spec: OdeSpec, device: str, common: dict) -> tuple[ArraySolution | None, str]:
+    """The C solver's result, or ``(None, why it cannot run this spec)``."""
+    equations = build_c_equations(spec)
+    if equations is None:
+        return None, "the right-hand side is Python code"
+    why = unsupported_reason(spec.solver.method, spec.solver.dtype, device)
+    if why:
+        return None, why
+    try:
+        solution = solve_native_arrays(
+            NativeRhs(*equations), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
+            np.array(spec.t_end), np.array(spec.t_eval, dtype=np.float64),
+            params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()}, **common,
+        )
+    except NativeUnavailable as exc:
+        return None, str(exc)
+    return solution, ""
+
+
+def _solve_torch(spec: OdeSpec, device_name: str, common: dict) -> Solution:
+    import torch
+
+    from odecli.ode.solver import solve
+    from odecli.spec import build_rhs, param_tensors
+
+    s = spec.solver
+    dtype, device = getattr(torch, s.dtype), torch.device(device_name)
     y0 = torch.tensor(spec.initial, dtype=dtype, device=device)
     t0 = torch.tensor(spec.t_start, dtype=dtype, device=device)
     t1 = torch.tensor(spec.t_end, dtype=dtype, device=device)
     t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=device)
-    params = param_tensors(spec, dtype, device)
-    common = dict(params=params, method=s.method, rtol=s.rtol, atol=s.atol, controller=controller,
-                  dt0=s.dt0, max_steps=s.max_steps, progress=progress)
-    solution = None
-    if s.engine != "torch":
-        equations = build_c_equations(spec)
-        why = "the right-hand side is Python code" if equations is None else unsupported_reason(s.method, dtype, device)
-        if not why:
-            try:
-                solution = solve_native(NativeRhs(*equations), y0, t0, t1, t_eval, **common)
-            except NativeUnavailable as exc:
-                why = str(exc)
-        if why and s.engine == "native":
-            raise InputError(f"{spec.file}: solver.engine: native cannot run this spec: {why}")
-    if solution is None:
-        solution = solve(build_rhs(spec), y0, t0, t1, t_eval, compile=s.compile, **common)
-        solution.extra["engine"] = "torch-compiled" if s.compile else "torch"
-    solution.extra["device"] = str(device)
+    solution = solve(build_rhs(spec), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, device),
+                     compile=s.compile, **common)
+    solution.extra["engine"] = "torch-compiled" if s.compile else "torch"
     return solution
-
-

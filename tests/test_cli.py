@@ -156,7 +156,7 @@ def test_an_interrupted_write_leaves_no_partial_file(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("disk fell off")
 
-    monkeypatch.setattr(ode_run, "_np", broken)
+    monkeypatch.setattr(ode_run, "as_numpy", broken)
     result = runner.invoke(app, ["solve", str(spec), "-o", str(out)])
     assert result.exit_code == 1
     assert "internal error" in result.output

@@ -8,6 +8,8 @@ every output; independent references (analytic solutions, scipy) check it direct
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -16,7 +18,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from odecli import runner
 from odecli.cli import app
+from odecli.io.ode_run import write_ode_run
 from odecli.ode.controllers import PIDController
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native import engine as native_engine
@@ -190,6 +194,48 @@ def test_every_expression_feature_translates_to_the_same_c_arithmetic(tmp_path):
     torch_run = solve_spec(_spec(tmp_path, engine="torch")[1])
     assert native.extra["engine"] == "native" and torch_run.extra["engine"] == "torch"
     _assert_same_run(native, torch_run)
+
+
+def test_solve_of_an_equations_spec_never_imports_torch_and_writes_the_tensor_solvers_file(tmp_path):
+    # `import torch` takes seconds; the C solver needs none of it. The file must be the one the
+    # tensor API writes, bit for bit, so the fast path cannot drift from the library's.
+    path, spec = _spec(tmp_path, method="dop853", controller="pi", rtol=1e-9, atol=1e-9)
+    fast = tmp_path / "fast.h5"
+    code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', *sys.argv[1:]]\n"
+            "try:\n    app()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "sys.exit(3 if 'torch' in sys.modules else code)")
+    result = subprocess.run([sys.executable, "-c", code, "solve", str(path), "-o", str(fast)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "3 samples, 3 succeeded" in result.stdout
+
+    reference = tmp_path / "tensors.h5"
+    s = spec.solver
+    params = param_tensors(spec, F64, "cpu")
+    solution = solve_native(NativeRhs(*build_c_equations(spec)), torch.tensor(spec.initial, dtype=F64),
+                            torch.tensor(spec.t_start, dtype=F64), torch.tensor(spec.t_end, dtype=F64),
+                            torch.tensor(spec.t_eval, dtype=F64), params=params, method=s.method,
+                            rtol=s.rtol, atol=s.atol, controller=PIDController.named("pi"))
+    solution.extra["device"] = "cpu"
+    write_ode_run(reference, spec, solution)
+    with h5py.File(fast) as got, h5py.File(reference) as want:
+        names: list[str] = []
+        want.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+        assert "stats/n_steps" in names and int(want["stats/n_rejected"][...].sum()) > 0
+        for name in names:
+            np.testing.assert_array_equal(got[name][...], want[name][...], err_msg=name)
+        assert {k: str(v) for k, v in got.attrs.items() if k != "wall_time_s"} == \
+            {k: str(v) for k, v in want.attrs.items() if k != "wall_time_s"}
+
+
+def test_auto_device_asks_torch_only_where_a_gpu_may_be(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(runner, "resolve_device", lambda name: asked.append(name) or "cuda")
+    monkeypatch.setattr(runner, "GPU_DEVICE_FILES", (str(tmp_path / "nvidia0"),))
+    assert runner.device_name("auto") == "cpu" and runner.device_name("cpu") == "cpu" and asked == []
+    (tmp_path / "nvidia0").touch()
+    assert runner.device_name("auto") == "cuda" and asked == ["auto"]
+    assert runner.device_name("cuda:1") == "cuda" and asked == ["auto", "cuda:1"]
 
 
 def test_nan_propagates_through_min_and_max_as_in_torch():

@@ -15,19 +15,23 @@ engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import h5py
 import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
-from odecli.ode.solver import Solution
 from odecli.ode.status import STATUS_NAMES
 from odecli.spec import OdeSpec
 
+if TYPE_CHECKING:
+    from odecli.ode.native import ArraySolution
+    from odecli.ode.solver import Solution
 
-def write_ode_run(path: Path, spec: OdeSpec, solution: Solution) -> None:
-    """Write ``solution`` atomically: the file appears complete or not at all."""
+
+def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution) -> None:
+    """Write ``solution`` (tensors or numpy arrays) atomically: the file appears complete or not at all."""
     with atomic_h5(path) as h5:
         h5.attrs["kind"] = "ode"
         h5.attrs["name"] = spec.name
@@ -45,15 +49,15 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution) -> None:
         h5.attrs["odecli_version"] = __version__
         h5.attrs["wall_time_s"] = solution.wall_time_s
         h5.attrs["status_names"] = np.array([f"{code}={name}" for code, name in STATUS_NAMES.items()], dtype=object)
-        h5.create_dataset("t", data=_np(solution.t))
-        h5.create_dataset("y", data=_np(solution.y))
-        h5.create_dataset("status", data=_np(solution.status).astype(np.int8))
-        h5.create_dataset("t_final", data=_np(solution.t_final))
-        h5.create_dataset("y_final", data=_np(solution.y_final))
+        h5.create_dataset("t", data=as_numpy(solution.t))
+        h5.create_dataset("y", data=as_numpy(solution.y))
+        h5.create_dataset("status", data=as_numpy(solution.status).astype(np.int8))
+        h5.create_dataset("t_final", data=as_numpy(solution.t_final))
+        h5.create_dataset("y_final", data=as_numpy(solution.y_final))
         _add_dimensions(h5, list(spec.states))
         stats = h5.create_group("stats")
         for name, values in solution.stats.items():
-            stats.create_dataset(name, data=_np(values))
+            stats.create_dataset(name, data=as_numpy(values))
             stats[name].attrs["description"] = f"per-sample solver counter {name}"
         params = h5.create_group("params")
         for name, values in spec.params.items():
@@ -98,5 +102,8 @@ def _add_dimensions(h5, states: list[str]) -> None:
     h5["status"].attrs["flag_meanings"] = " ".join(STATUS_NAMES[c] for c in codes)
 
 
-def _np(tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy()
+def as_numpy(values: Any) -> np.ndarray:
+    """A tensor (on any device) or an array as a numpy array; no torch import for arrays."""
+    if hasattr(values, "detach"):
+        return values.detach().cpu().numpy()
+    return np.asarray(values)

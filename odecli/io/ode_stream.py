@@ -15,16 +15,19 @@ the group ``ranks/`` (see :func:`write_ranks`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import h5py
 import numpy as np
 
 from odecli import __version__
-from odecli.io.ode_run import _add_dimensions
-from odecli.ode.solver import Solution
+from odecli.io.ode_run import _add_dimensions, as_numpy
 from odecli.ode.status import STATUS_NAMES
 from odecli.spec import OdeSpec
+
+if TYPE_CHECKING:
+    from odecli.ode.native import ArraySolution
+    from odecli.ode.solver import Solution
 
 #: The per-sample root datasets, in the order write_ode_run creates them.
 ROOT_DATASETS = ("t", "y", "status", "t_final", "y_final")
@@ -33,11 +36,11 @@ Part = dict[str, Any]
 """One chunk's results as numpy arrays: ROOT_DATASETS plus ``stats`` (name -> array)."""
 
 
-def solution_part(solution: Solution) -> Part:
+def solution_part(solution: Solution | ArraySolution) -> Part:
     """A solution's per-sample arrays as plain numpy (picklable, no torch needed to write them)."""
-    part: Part = {name: getattr(solution, name).detach().cpu().numpy() for name in ROOT_DATASETS}
+    part: Part = {name: as_numpy(getattr(solution, name)) for name in ROOT_DATASETS}
     part["status"] = part["status"].astype(np.int8)
-    part["stats"] = {name: values.detach().cpu().numpy() for name, values in solution.stats.items()}
+    part["stats"] = {name: as_numpy(values) for name, values in solution.stats.items()}
     part["engine"] = solution.extra.get("engine", "")
     return part
 

@@ -17,7 +17,7 @@ Design
   coordination slows its own solving, it simply takes fewer chunks. Other ranks also wait by
   polling with a sleep.
 * **Same file as one process.** Every rank solves its chunks with the ordinary
-  :func:`odecli.runner.solve_spec` on the spec cut to those samples (:func:`slice_spec`). Samples
+  :func:`odecli.runner.solve_spec_arrays` on the spec cut to those samples (:func:`slice_spec`). Samples
   of a batch are solved independently (own steps, controller, counters), so every integer
   counter and status is identical to a one-process run, and values agree to round-off: torch's
   vectorised kernels may round the last bit differently with another batch composition, about
@@ -163,12 +163,12 @@ def _with_device(spec: OdeSpec, device: str) -> OdeSpec:
 
 def _solve_chunk(spec: OdeSpec, start: int, stop: int, rank: int, first: bool) -> tuple[dict, float]:
     from odecli.io.ode_stream import solution_part
-    from odecli.runner import solve_spec
+    from odecli.runner import solve_spec_arrays
 
     if first and os.environ.get("ODECLI_TEST_FAIL_RANK") == str(rank):
         raise RuntimeError(f"injected failure on rank {rank} (ODECLI_TEST_FAIL_RANK)")
     began = time.perf_counter()
-    solution = solve_spec(slice_spec(spec, start, stop))
+    solution = solve_spec_arrays(slice_spec(spec, start, stop))
     return solution_part(solution), time.perf_counter() - began
 
 

@@ -556,7 +556,7 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
         report("solver", f"expected a mapping, got {describe(value)}")
         return None
     _check_keys(value, "solver", SOLVER_KEYS, report)
-    table = _method_table(methods, value.get("method"))
+    table = method_table(methods, value.get("method"))
     checks: dict[str, Callable[[Any, str], Any]] = {
         "method": lambda v, f: _choice(v, f, sorted(table), report),
         "rtol": lambda v, f: _bounded(v, f, report, gt=0),
@@ -614,7 +614,7 @@ def _min_int(value: Any, field: str, minimum: int, report: _Problems) -> int | N
     return number
 
 
-def _method_table(methods: Mapping[str, object] | None, wanted: Any) -> dict[str, bool]:
+def method_table(methods: Mapping[str, object] | None, wanted: Any) -> dict[str, bool]:
     """Method name -> adaptive?, from ``methods``, else the built-in names or, for any other
     name, the solver registry (imported lazily: it imports torch, which takes seconds)."""
     if methods is None:

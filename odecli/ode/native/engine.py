@@ -4,9 +4,13 @@ For right-hand sides written as expressions (every ``equations:`` spec) there is
 PyTorch work per step at all: the method, the controller and the equations are compiled into
 one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
 at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
-(ctypes releases the GIL), and a block boundary is where progress is reported. The result is
-a :class:`~odecli.ode.solver.Solution` equal to the batched PyTorch loop's to round-off, with
-the same per-sample steps (see codegen).
+(ctypes releases the GIL), and a block boundary is where progress is reported.
+
+The solver reads and writes numpy arrays and this module never imports torch, so that
+``odecli solve`` of an equations spec does not pay the seconds ``import torch`` takes:
+:func:`solve_native_arrays` is that path. :func:`solve_native` is the same solve with tensors
+in and a :class:`~odecli.ode.solver.Solution` out, equal to the batched PyTorch loop's to
+round-off, with the same per-sample steps (see codegen).
 """
 
 from __future__ import annotations
@@ -15,18 +19,24 @@ import concurrent.futures
 import ctypes
 import functools
 import math
+import os
+import sys
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from odecli import native
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, generate
-from odecli.ode.solver import STAT_NAMES, Progress, Solution, _as_batch_vector, _eval_grid
+from odecli.ode.status import STAT_NAMES, Progress, Status
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from odecli.ode.solver import Solution
 
 BLOCKS_PER_THREAD = 8  # enough blocks that threads stay busy when samples differ in cost
 MAX_BLOCK = 4096
@@ -41,57 +51,126 @@ class NativeUnavailable(RuntimeError):
 class NativeRhs:
     """``dy/dt`` as one C expression per state over ``t``, ``y[i]`` and ``p[j]``.
 
-    ``params`` names the columns of ``p`` in order; the values come from ``solve_native``'s
-    ``params`` mapping (per-sample (B,) tensors or scalars).
+    ``params`` names the columns of ``p`` in order; the values come from the solve's
+    ``params`` mapping (per-sample (B,) arrays or tensors, or scalars).
     """
 
     equations: tuple[str, ...]
     params: tuple[str, ...] = ()
 
 
-def unsupported_reason(method: str, dtype: torch.dtype, device: torch.device) -> str:
-    """Why the generated solver cannot take this solve ("" when it can)."""
+@dataclass
+class ArraySolution:
+    """The fields of :class:`~odecli.ode.solver.Solution` as numpy arrays, as the C solver fills them.
+
+    Run-file writers and reports accept either; :func:`solve_native` wraps these in tensors.
+    """
+
+    t: np.ndarray  # (B, n_eval)
+    y: np.ndarray  # (B, n_eval, n_states); NaN where a failed sample never reached the time
+    status: np.ndarray  # (B,) int64, see odecli.ode.status.Status
+    stats: dict[str, np.ndarray]  # (B,) int64 counters, plus dt0 / dt_final (B,) floats
+    t_final: np.ndarray  # (B,)
+    y_final: np.ndarray  # (B, n_states)
+    wall_time_s: float = 0.0
+    method: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def success(self) -> np.ndarray:
+        return self.status == Status.SUCCESS
+
+    def to_tensors(self) -> Solution:
+        """The same result as a :class:`~odecli.ode.solver.Solution` (CPU tensors sharing the memory)."""
+        import torch
+
+        from odecli.ode.solver import Solution
+
+        return Solution(
+            **{name: torch.from_numpy(getattr(self, name)) for name in _PER_SAMPLE},
+            stats={name: torch.from_numpy(values) for name, values in self.stats.items()},
+            wall_time_s=self.wall_time_s, method=self.method, extra=dict(self.extra),
+        )
+
+    @classmethod
+    def from_solution(cls, solution: Solution) -> "ArraySolution":
+        """A tensor :class:`~odecli.ode.solver.Solution` (any device) as numpy arrays."""
+        def numpy(tensor: Tensor) -> np.ndarray:
+            return tensor.detach().cpu().numpy()
+
+        return cls(
+            **{name: numpy(getattr(solution, name)) for name in _PER_SAMPLE},
+            stats={name: numpy(values) for name, values in solution.stats.items()},
+            wall_time_s=solution.wall_time_s, method=solution.method, extra=dict(solution.extra),
+        )
+
+
+_PER_SAMPLE = ("t", "y", "status", "t_final", "y_final")
+
+
+def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu") -> str:
+    """Why the generated solver cannot take this solve ("" when it can).
+
+    ``dtype`` and ``device`` are names ("float64", "cuda:0"), so no torch is needed to ask.
+    """
+    dtype, device = str(dtype).removeprefix("torch."), str(device)
     if method not in METHODS:
         return f"method {method!r} is not an explicit Runge-Kutta method"
-    if device.type != "cpu":
+    if device != "cpu":
         return f"the generated solver runs on the CPU (asked for {device})"
-    if dtype != torch.float64:
+    if dtype != "float64":
         return f"the generated solver computes in float64 (asked for {dtype})"
     if not native.enabled():
         return "turned off by ODECLI_NATIVE=0"
     return ""
 
 
-def solve_native(
+def default_threads() -> int:
+    """Torch's thread count when torch is loaded (so ``torch.set_num_threads`` and MPI ranks'
+    core shares apply), else ``OMP_NUM_THREADS`` as torch would read it, else the usable CPUs."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+    except ValueError:
+        pass
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def solve_native_arrays(
     rhs: NativeRhs,
-    y0: Tensor,
-    t_start: Tensor | float,
-    t_end: Tensor | float,
-    t_eval: Tensor | None = None,
+    y0: np.ndarray,
+    t_start: np.ndarray | float,
+    t_end: np.ndarray | float,
+    t_eval: np.ndarray | None = None,
     *,
-    params: Mapping[str, Tensor | float] | None = None,
+    params: Mapping[str, np.ndarray | float] | None = None,
     method: str = "dopri5",
     rtol: float = 1e-6,
     atol: float = 1e-6,
     controller: str | PIDController = "integral",
-    dt0: float | Tensor | None = None,
+    dt0: float | np.ndarray | None = None,
     max_steps: int = 100_000,
     threads: int | None = None,
     progress: Callable[[Progress], None] | None = None,
-) -> Solution:
-    """:func:`odecli.ode.solver.solve` for an expression right-hand side, as compiled C.
+) -> ArraySolution:
+    """:func:`odecli.ode.solver.solve` for an expression right-hand side, as compiled C on numpy arrays.
 
-    Same arguments and result as ``solve`` (no gradients: the output does not require grad).
-    ``threads`` defaults to ``torch.get_num_threads()``. Raises :class:`NativeUnavailable`
-    when the solver cannot be generated or built here; callers fall back to ``solve``.
+    Same arguments as ``solve`` (arrays in float64 where it takes tensors); ``threads``
+    defaults to :func:`default_threads`. Raises :class:`NativeUnavailable` when the solver
+    cannot be generated or built here; callers fall back to ``solve``.
     """
     started = time.perf_counter()
-    why = unsupported_reason(method, y0.dtype, y0.device)
+    why = unsupported_reason(method)
     if why:
         raise NativeUnavailable(why)
     tableau = METHODS[method]
     ctrl = make_controller(controller) if isinstance(controller, str) else controller
-    if y0.dim() != 2 or y0.shape[1] != len(rhs.equations):
+    y0 = np.ascontiguousarray(y0, dtype=np.float64)
+    if y0.ndim != 2 or y0.shape[1] != len(rhs.equations):
         raise ValueError(f"y0 must have shape (batch, {len(rhs.equations)}), got {tuple(y0.shape)}")
     if not tableau.adaptive and dt0 is None:
         raise ValueError(f"method {method!r} has a fixed step: pass dt0")
@@ -99,23 +178,21 @@ def solve_native(
         raise ValueError("max_steps must be >= 1")
     solver, solver_holding_gil = _load(tableau, rhs)
     batch, n_states = y0.shape
-    f64 = dict(dtype=torch.float64, device="cpu")
-    y0 = y0.detach().contiguous()
-    t0 = _as_batch_vector(t_start, batch, torch.float64, y0.device)
-    t1 = _as_batch_vector(t_end, batch, torch.float64, y0.device)
-    grid = _eval_grid(t_eval, t0, t1).contiguous()
+    t0 = _batch_vector(t_start, batch)
+    t1 = _batch_vector(t_end, batch)
+    grid = _eval_grid(t_eval, t0, t1)
     n_eval = grid.shape[1]
     p = _param_matrix(rhs.params, params or {}, batch)
-    dt = _as_batch_vector(dt0 if dt0 is not None else 0.0, batch, torch.float64, y0.device)
-    cfg = torch.tensor([float(rtol), float(atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])], **f64)
-    y_out = torch.full((batch, n_eval, n_states), math.nan, **f64)
-    istat = torch.zeros(batch, len(INT_STATS), dtype=torch.int64)
-    fstat = torch.zeros(batch, len(FLOAT_STATS), **f64)
-    y_final = torch.empty(batch, n_states, **f64)
+    dt = _batch_vector(dt0 if dt0 is not None else 0.0, batch)
+    cfg = np.array([float(rtol), float(atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])])
+    y_out = np.full((batch, n_eval, n_states), math.nan)
+    istat = np.zeros((batch, len(INT_STATS)), dtype=np.int64)
+    fstat = np.zeros((batch, len(FLOAT_STATS)))
+    y_final = np.empty((batch, n_states))
     fixed = [ctypes.c_int64(n_eval), ctypes.c_int64(p.shape[1])] + [
-        ctypes.c_void_p(x.data_ptr()) for x in (y0, t0, t1, grid, p, dt)
-    ] + [ctypes.c_int64(int(dt0 is None)), ctypes.c_void_p(cfg.data_ptr()), ctypes.c_int64(max_steps)] + [
-        ctypes.c_void_p(x.data_ptr()) for x in (y_out, istat, fstat, y_final)
+        ctypes.c_void_p(x.ctypes.data) for x in (y0, t0, t1, grid, p, dt)
+    ] + [ctypes.c_int64(int(dt0 is None)), ctypes.c_void_p(cfg.ctypes.data), ctypes.c_int64(max_steps)] + [
+        ctypes.c_void_p(x.ctypes.data) for x in (y_out, istat, fstat, y_final)
     ]
 
     def run(block: tuple[int, int], entry=solver) -> tuple[int, int]:
@@ -123,7 +200,7 @@ def solve_native(
             raise MemoryError("the generated ODE solver could not allocate its lanes")
         return block
 
-    workers = max(1, min(threads or torch.get_num_threads(), batch))
+    workers = max(1, min(threads or default_threads(), batch))
     if batch < HOLD_GIL_BELOW and progress is None:
         # Releasing the lock for a sub-millisecond call costs more when another Python thread
         # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
@@ -138,12 +215,47 @@ def solve_native(
                 steps += int(istat[lo:hi, 1].sum())
                 if progress is not None:
                     progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
-    stats = {name: istat[:, i].clone() for i, name in enumerate(INT_STATS) if name in STAT_NAMES}
-    stats["dt0"], stats["dt_final"] = fstat[:, 0].clone(), fstat[:, 1].clone()
-    return Solution(
-        t=grid, y=y_out, status=istat[:, 0].clone(), stats=stats, t_final=fstat[:, 2].clone(), y_final=y_final,
+    stats = {name: istat[:, i].copy() for i, name in enumerate(INT_STATS) if name in STAT_NAMES}
+    stats["dt0"], stats["dt_final"] = fstat[:, 0].copy(), fstat[:, 1].copy()
+    return ArraySolution(
+        t=grid, y=y_out, status=istat[:, 0].copy(), stats=stats, t_final=fstat[:, 2].copy(), y_final=y_final,
         wall_time_s=time.perf_counter() - started, method=method, extra={"engine": "native"},
     )
+
+
+def solve_native(
+    rhs: NativeRhs,
+    y0: Tensor,
+    t_start: Tensor | float,
+    t_end: Tensor | float,
+    t_eval: Tensor | None = None,
+    *,
+    params: Mapping[str, Tensor | float] | None = None,
+    dt0: float | Tensor | None = None,
+    **options: Any,
+) -> Solution:
+    """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
+
+    Same arguments and result as :func:`odecli.ode.solver.solve` (no gradients: the output
+    does not require grad).
+    """
+    why = unsupported_reason(options.get("method", "dopri5"), y0.dtype, y0.device)
+    if why:
+        raise NativeUnavailable(why)
+    started = time.perf_counter()
+    result = solve_native_arrays(
+        rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
+        params={name: _numpy(value) for name, value in (params or {}).items()}, dt0=_numpy(dt0), **options,
+    )
+    result.wall_time_s = time.perf_counter() - started
+    return result.to_tensors()
+
+
+def _numpy(value: Any) -> Any:
+    """A tensor as a float64 numpy array (no copy for CPU float64); anything else (None, floats) unchanged."""
+    if hasattr(value, "detach"):
+        return value.detach().cpu().double().numpy()
+    return value
 
 
 _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] \
@@ -171,17 +283,35 @@ def _entry(lib: ctypes.CDLL):
     return solver
 
 
-def _param_matrix(names: tuple[str, ...], values: Mapping[str, Tensor | float], batch: int) -> Tensor:
+def _batch_vector(value: np.ndarray | float, batch: int) -> np.ndarray:
+    """A scalar or (batch,)-sized value as a contiguous (batch,) float64 array."""
+    vec = np.asarray(value, dtype=np.float64)
+    return np.full(batch, float(vec)) if vec.ndim == 0 else np.ascontiguousarray(vec.reshape(batch))
+
+
+def _eval_grid(t_eval: np.ndarray | None, t_start: np.ndarray, t_end: np.ndarray) -> np.ndarray:
+    """(batch, n_eval) output times: ``t_eval`` per sample or shared, or just the span's two ends."""
+    batch = t_start.shape[0]
+    if t_eval is None:
+        return np.stack([t_start, t_end], axis=1)
+    grid = np.asarray(t_eval, dtype=np.float64)
+    if grid.ndim == 1:
+        grid = np.broadcast_to(grid, (batch, grid.shape[0]))
+    if grid.ndim != 2 or grid.shape[0] != batch:
+        raise ValueError(f"t_eval must have shape (n_eval,) or (batch, n_eval), got {tuple(grid.shape)}")
+    return np.ascontiguousarray(grid)
+
+
+def _param_matrix(names: tuple[str, ...], values: Mapping[str, np.ndarray | float], batch: int) -> np.ndarray:
     """(batch, n_params) float64, one column per name in ``names`` (scalars broadcast)."""
     columns = []
     for name in names:
         if name not in values:
             raise ValueError(f"parameter {name!r} has no value")
-        columns.append(_as_batch_vector(torch.as_tensor(values[name]).detach(), batch, torch.float64,
-                                        torch.device("cpu")))
+        columns.append(_batch_vector(values[name], batch))
     if not columns:
-        return torch.zeros(batch, 1, dtype=torch.float64)  # never read; keeps a valid pointer
-    return torch.stack(columns, dim=1).contiguous()
+        return np.zeros((batch, 1))  # never read; keeps a valid pointer
+    return np.ascontiguousarray(np.stack(columns, axis=1))
 
 
 def _blocks(batch: int, workers: int) -> list[tuple[int, int]]:
