@@ -154,14 +154,21 @@ def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Soluti
     return solution
 
 
+def native_unsupported(spec: OdeSpec, device: str) -> str:
+    """Why the C solver will not take ``spec`` on ``device`` ("" when it will, compiler permitting)."""
+    if spec.solver.engine == "torch":
+        return "solver.engine is torch"
+    if spec.equations is None:
+        return "the right-hand side is Python code"
+    return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
+
+
 def _solve_native(spec: OdeSpec, device: str, common: dict) -> tuple[ArraySolution | None, str]:
     """The C solver's result, or ``(None, why it cannot run this spec)``."""
-    equations = build_c_equations(spec)
-    if equations is None:
-        return None, "the right-hand side is Python code"
-    why = unsupported_reason(spec.solver.method, spec.solver.dtype, device)
+    why = native_unsupported(spec, device)
     if why:
         return None, why
+    equations = build_c_equations(spec)
     try:
         solution = solve_native_arrays(
             NativeRhs(*equations), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
@@ -173,19 +180,19 @@ def _solve_native(spec: OdeSpec, device: str, common: dict) -> tuple[ArraySoluti
     return solution, ""
 
 
-def _solve_torch(spec: OdeSpec, device_name: str, common: dict) -> Solution:
+def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
     import torch
 
     from odecli.ode.solver import solve
     from odecli.spec import build_rhs, param_tensors
 
     s = spec.solver
-    dtype, device = getattr(torch, s.dtype), torch.device(device_name)
-    y0 = torch.tensor(spec.initial, dtype=dtype, device=device)
-    t0 = torch.tensor(spec.t_start, dtype=dtype, device=device)
-    t1 = torch.tensor(spec.t_end, dtype=dtype, device=device)
-    t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=device)
-    solution = solve(build_rhs(spec), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, device),
+    dtype, where = getattr(torch, s.dtype), torch.device(device)
+    y0 = torch.tensor(spec.initial, dtype=dtype, device=where)
+    t0 = torch.tensor(spec.t_start, dtype=dtype, device=where)
+    t1 = torch.tensor(spec.t_end, dtype=dtype, device=where)
+    t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=where)
+    solution = solve(build_rhs(spec), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
                      compile=s.compile, **common)
     solution.extra["engine"] = "torch-compiled" if s.compile else "torch"
     return solution

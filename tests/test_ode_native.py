@@ -8,8 +8,10 @@ every output; independent references (analytic solutions, scipy) check it direct
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+import warnings
 
 import h5py
 import numpy as np
@@ -284,3 +286,26 @@ def test_python_rhs_or_float32_cannot_insist_on_native(tmp_path):
         solve_native(VDP, torch.zeros(1, 2), 0.0, 1.0, params={"mu": 1.0})
     auto = solve_spec(_spec(tmp_path, dtype="float32")[1])
     assert auto.extra["engine"] == "torch" and auto.y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("omp", [None, "1", "64"])
+def test_default_threads_without_torch_are_the_threads_torch_would_start(omp):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    code = ("from odecli.ode.native.engine import default_threads\n"
+            "ours = default_threads()\nimport torch\nprint(ours, torch.get_num_threads())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    ours, theirs = result.stdout.split()
+    assert ours == theirs, (omp, ours, theirs)
+
+
+def test_one_sample_with_shared_times_gets_its_own_writable_times():
+    y0 = torch.tensor([[2.0, 0.0]], dtype=F64)
+    t_eval = torch.linspace(0.0, 1.0, 5, dtype=F64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it wraps a read-only numpy array
+        sol = solve_native(VDP, y0, 0.0, 1.0, t_eval, params={"mu": 1.0})
+    assert sol.t.shape == (1, 5) and sol.t.stride() == (5, 1) and torch.equal(sol.t[0], t_eval)
+    sol.t[0, 0] = 7.0
+    assert t_eval[0] == 0.0  # not a view of the caller's times

@@ -12,7 +12,7 @@ Design
 * **Rank 0 coordinates, writes and works.** Its main thread is the coordinator and the only thread
   that calls MPI or HDF5: it polls for messages (``Iprobe`` and a short sleep, so waiting burns no
   CPU that an oversubscribed rank needs), answers requests, and writes results. A helper thread on
-  rank 0 takes chunks from the same queue and solves them (torch only, no MPI). Replies therefore
+  rank 0 takes chunks from the same queue and solves them (no MPI calls). Replies therefore
   never wait for a chunk rank 0 is solving, and rank 0 contributes like any other rank; if the
   coordination slows its own solving, it simply takes fewer chunks. Other ranks also wait by
   polling with a sleep.
@@ -318,24 +318,34 @@ def solve_distributed(
 
 def _share_cores(ranks_on_node: int) -> None:
     """Split the node's cores between its ranks, so their threads (torch's, the C solver's) do not
-    oversubscribe them; an explicit OMP_NUM_THREADS wins."""
-    if "OMP_NUM_THREADS" not in os.environ and ranks_on_node > 1:
-        import torch
+    oversubscribe them; an explicit OMP_NUM_THREADS wins. Setting the variable covers torch too
+    when it is imported later (it reads it then), so a C-solver run never needs to import it."""
+    from odecli.ode.native.engine import default_threads
 
-        torch.set_num_threads(max(1, torch.get_num_threads() // ranks_on_node))
+    if "OMP_NUM_THREADS" not in os.environ and ranks_on_node > 1:
+        share = max(1, default_threads() // ranks_on_node)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(share)
 
 
 def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str, tuple[int, int]]:
     """Checks every rank makes alike, agreed collectively so no rank is left waiting on another."""
-    from odecli.runner import resolve_device
-    from odecli.spec import build_rhs
+    from odecli.runner import device_name, native_unsupported
+    from odecli.spec import build_c_equations, build_rhs
 
     problem: tuple[str, int, bool] | None = None
     try:
-        file_device = str(resolve_device(spec.solver.device))
+        file_device = device_name(spec.solver.device)
         device = _rank_device(spec.solver.device, local_rank)
-        resolve_device(device)
-        build_rhs(spec)
+        if native_unsupported(spec, device_name(device)):
+            # Import the PyTorch engine now, not on the first chunk: a rank still importing
+            # torch (seconds) while another takes chunks from the queue would skew the shares.
+            import odecli.ode.solver  # noqa: F401
+
+            build_rhs(spec)  # and the user's file must load on every rank
+        else:
+            build_c_equations(spec)
         bounds = chunk_bounds(spec, link.size)
     except Exception as exc:  # noqa: BLE001 - re-raised below on every rank
         message, code = _describe(exc)
@@ -352,9 +362,13 @@ def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str,
 
 def _rank_device(name: str, local_rank: int) -> str:
     """One GPU per rank on a node when CUDA is asked for (or ``auto`` finds it)."""
+    from odecli.runner import device_name
+
+    if name not in ("auto", "cuda") or device_name(name) == "cpu":  # no GPU: torch is not asked
+        return name
     import torch
 
-    if name in ("auto", "cuda") and torch.cuda.is_available() and torch.cuda.device_count() > 0:
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return f"cuda:{local_rank % torch.cuda.device_count()}"
     return name
 

@@ -6,9 +6,9 @@ one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start t
 at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
 (ctypes releases the GIL), and a block boundary is where progress is reported.
 
-The solver reads and writes numpy arrays and this module never imports torch, so that
-``odecli solve`` of an equations spec does not pay the seconds ``import torch`` takes:
-:func:`solve_native_arrays` is that path. :func:`solve_native` is the same solve with tensors
+The solver reads and writes numpy arrays and this module imports torch only for the tensor
+API, so that ``odecli solve`` of an equations spec does not pay the seconds ``import torch``
+takes: :func:`solve_native_arrays` is that path. :func:`solve_native` is the same solve with tensors
 in and a :class:`~odecli.ode.solver.Solution` out, equal to the batched PyTorch loop's to
 round-off, with the same per-sample steps (see codegen).
 """
@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
@@ -116,7 +117,7 @@ def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu")
     dtype, device = str(dtype).removeprefix("torch."), str(device)
     if method not in METHODS:
         return f"method {method!r} is not an explicit Runge-Kutta method"
-    if device != "cpu":
+    if device.split(":")[0] != "cpu":
         return f"the generated solver runs on the CPU (asked for {device})"
     if dtype != "float64":
         return f"the generated solver computes in float64 (asked for {dtype})"
@@ -126,18 +127,32 @@ def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu")
 
 
 def default_threads() -> int:
-    """Torch's thread count when torch is loaded (so ``torch.set_num_threads`` and MPI ranks'
-    core shares apply), else ``OMP_NUM_THREADS`` as torch would read it, else the usable CPUs."""
+    """What ``torch.get_num_threads()`` gives: torch's own setting when torch is loaded (so
+    ``torch.set_num_threads`` and MPI ranks' core shares apply), else as torch would start:
+    the physical cores this process may use, fewer if ``OMP_NUM_THREADS`` asks for fewer."""
     if "torch" in sys.modules:
         return sys.modules["torch"].get_num_threads()
+    cores = _physical_cores()
     try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
+        return max(1, min(cores, int(os.environ.get("OMP_NUM_THREADS", ""))))
     except ValueError:
-        pass
+        return cores
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_cores() -> int:
+    """Cores (not hyperthreads) among the CPUs this process may run on; the CPU count off Linux."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
 
 
 def solve_native_arrays(
@@ -231,21 +246,28 @@ def solve_native(
     t_eval: Tensor | None = None,
     *,
     params: Mapping[str, Tensor | float] | None = None,
+    method: str = "dopri5",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    controller: str | PIDController = "integral",
     dt0: float | Tensor | None = None,
-    **options: Any,
+    max_steps: int = 100_000,
+    threads: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
 ) -> Solution:
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
 
     Same arguments and result as :func:`odecli.ode.solver.solve` (no gradients: the output
     does not require grad).
     """
-    why = unsupported_reason(options.get("method", "dopri5"), y0.dtype, y0.device)
+    why = unsupported_reason(method, y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)
     started = time.perf_counter()
     result = solve_native_arrays(
         rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
-        params={name: _numpy(value) for name, value in (params or {}).items()}, dt0=_numpy(dt0), **options,
+        params={name: _numpy(value) for name, value in (params or {}).items()}, method=method, rtol=rtol,
+        atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps, threads=threads, progress=progress,
     )
     result.wall_time_s = time.perf_counter() - started
     return result.to_tensors()
@@ -286,7 +308,11 @@ def _entry(lib: ctypes.CDLL):
 def _batch_vector(value: np.ndarray | float, batch: int) -> np.ndarray:
     """A scalar or (batch,)-sized value as a contiguous (batch,) float64 array."""
     vec = np.asarray(value, dtype=np.float64)
-    return np.full(batch, float(vec)) if vec.ndim == 0 else np.ascontiguousarray(vec.reshape(batch))
+    if vec.ndim == 0:
+        return np.full(batch, float(vec))
+    if vec.size != batch:
+        raise ValueError(f"expected a scalar or {batch} values (one per sample), got shape {vec.shape}")
+    return np.ascontiguousarray(vec.reshape(batch))
 
 
 def _eval_grid(t_eval: np.ndarray | None, t_start: np.ndarray, t_end: np.ndarray) -> np.ndarray:
@@ -296,7 +322,7 @@ def _eval_grid(t_eval: np.ndarray | None, t_start: np.ndarray, t_end: np.ndarray
         return np.stack([t_start, t_end], axis=1)
     grid = np.asarray(t_eval, dtype=np.float64)
     if grid.ndim == 1:
-        grid = np.broadcast_to(grid, (batch, grid.shape[0]))
+        grid = np.tile(grid, (batch, 1))  # a copy: the solution's t is its own, writable array
     if grid.ndim != 2 or grid.shape[0] != batch:
         raise ValueError(f"t_eval must have shape (n_eval,) or (batch, n_eval), got {tuple(grid.shape)}")
     return np.ascontiguousarray(grid)
