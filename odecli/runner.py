@@ -134,6 +134,7 @@ def solve_spec_arrays(spec: OdeSpec, progress: Callable[[Progress], None] | None
 
 
 def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Solution | ArraySolution:
+    """Whichever engine runs, its own result type: arrays from C, tensors from the PyTorch loop."""
     s = spec.solver
     device = device_name(s.device)
     check_memory(spec, device)
