@@ -353,3 +353,28 @@ def test_the_built_in_method_table_equals_the_solver_registry():
     from odecli.spec.ode import BUILTIN_METHODS
 
     assert BUILTIN_METHODS == {name: bool(m.adaptive) for name, m in available_methods().items()}
+
+
+def test_libyaml_and_pure_python_loaders_read_every_bundled_spec_alike():
+    import yaml
+
+    from odecli.spec import loader
+
+    if not hasattr(yaml, "CSafeLoader"):
+        pytest.skip("PyYAML was built without LibYAML: only the pure-Python loader exists")
+    root = Path(__file__).resolve().parents[1]
+    files = sorted([*root.glob("examples/*.yaml"), *root.glob("problems/**/*.yaml")])
+    assert len(files) > 10
+    tricky = "a: on\nb: 1e-6\nc: True\nd: 0x10\ne: 1_000\nf: .5\ng: ~\nh: [1, -2.5e+3, NO, null]\n"
+    for text in [tricky, *(f.read_text() for f in files)]:
+        fast = yaml.load(text, Loader=loader._FAST_LOADER)  # noqa: S506
+        assert fast == yaml.load(text, Loader=loader._LOADER)  # noqa: S506
+    assert loader._FAST_LOADER.__mro__[1] is yaml.CSafeLoader
+
+
+def test_a_yaml_error_is_worded_by_the_pure_python_parser():
+    # LibYAML would say "found character that cannot start any token", without the character.
+    with pytest.raises(SpecError, match=r"line 2, column 1: found character '\\t' that cannot start"):
+        parse_yaml("kind: ode\n\tx: 1\n", "tab.yaml")
+    with pytest.raises(SpecError, match="duplicate key 'kind'"):
+        parse_yaml("kind: ode\nkind: ode\n", "twice.yaml")
