@@ -82,6 +82,23 @@ def test_solve_writes_the_output_contract_and_stats_reads_it(tmp_path):
     assert "success" in result.output and "n_f_evals" in result.output
 
 
+def test_long_per_sample_lists_print_as_plain_columns(tmp_path, monkeypatch):
+    from odecli.report import stats
+
+    spec = write(tmp_path, VDP)
+    out = tmp_path / "run.h5"
+    assert runner.invoke(app, ["solve", str(spec), "-o", str(out), "--quiet"]).exit_code == 0
+    monkeypatch.setattr(stats, "RICH_ROWS_MAX", 2)  # 3 samples: past the rich table's limit
+    output = runner.invoke(app, ["stats", str(out), "--per-sample"]).output
+    lines = output[output.index("samples\nsample"):].splitlines()[1:]
+    assert lines[0].split() == ["sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals"]
+    assert len({len(line) for line in lines}) == 1  # right-aligned columns
+    with h5py.File(out) as h5:
+        want = [[str(i), "success", *(str(int(h5[f"stats/{n}"][i])) for n in
+                                      ("n_steps", "n_accepted", "n_rejected", "n_f_evals"))] for i in range(3)]
+    assert [line.split() for line in lines[1:]] == want
+
+
 def test_flags_override_the_spec(tmp_path):
     spec = write(tmp_path, VDP)
     out = tmp_path / "run.h5"
