@@ -126,6 +126,8 @@ def test_bad_spec_one_line_errors(tmp_path, text, needle):
     (lambda r: r["true_model"].update(type="blob"), "true_model.type"),
     (lambda r: r["boundary"].update(absorbing_width=30), "boundary.absorbing_width"),
     (lambda r: r["unknown"].update(type="grid", initial=None), "unknown.initial"),
+    (lambda r: r.update(parallel={"exchange_every": "often"}), "parallel.exchange_every"),
+    (lambda r: r.update(parallel={"exchange_every": 0}), "parallel.exchange_every"),
 ])
 def test_bad_fields_named(mutate, field):
     raw = copy.deepcopy(BASE)

@@ -23,10 +23,13 @@ def reference():
     return pde_equivalence.compute(None)
 
 
-@pytest.mark.parametrize("n,grid", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
-def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid):
+# exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
+# (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source).
+@pytest.mark.parametrize("n,grid,every", [(2, "2x1", 1), (2, "1x2", 1), (4, "2x2", 1),
+                                          (2, "1x2", 4), (4, "2x2", 3)])
+def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every):
     out = tmp_path / "res.npz"
-    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid], timeout=180)
+    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid, str(every)], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert set(got.files) == set(reference)
@@ -35,7 +38,7 @@ def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid):
         scale = max(float(np.abs(ref).max()), 1e-300)
         err = float(np.abs(val - ref).max()) / scale
         tol = 1e-10 if ("/grad/" in key or key.endswith("/loss")) else 1e-12
-        assert err <= tol, f"{key} on {grid}: relative difference {err:.3e} > {tol}"
+        assert err <= tol, f"{key} on {grid}, every {every}: relative difference {err:.3e} > {tol}"
 
 
 def test_reference_path_on_two_ranks_equals_fused_one_rank(reference, tmp_path, monkeypatch):

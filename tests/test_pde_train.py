@@ -140,3 +140,14 @@ def test_rank_failure_ends_all_ranks(tmp_path, monkeypatch):
     assert time.perf_counter() - t0 < 45
     assert p.stderr.count("injected failure on rank 1") == 1, p.stderr
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_exchange_every_beyond_the_blocks_is_a_spec_error(tmp_path):
+    spec = tmp_path / "small.yaml"
+    spec.write_text(SMALL.replace("OPT", "adam") + "parallel: {exchange_every: 40}\n")
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(spec), str(tmp_path / "x.h5")], timeout=60)
+    assert p.returncode != 0
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, p.stderr
+    assert "small.yaml" in lines[0] and "parallel.exchange_every" in lines[0] and "at most" in lines[0]
+    assert not (tmp_path / "x.h5").exists()

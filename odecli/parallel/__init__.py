@@ -10,7 +10,7 @@ _LAZY = {
     "Comm": "comm", "get_comm": "comm",
     "Decomposition": "decomposition", "choose_proc_grid": "decomposition", "decompose": "decomposition",
     "allreduce_sum": "ops", "broadcast": "ops", "gather_global": "ops", "halo_exchange": "ops",
-    "halo_fill": "ops", "local_block": "ops",
+    "halo_fill": "ops", "local_block": "ops", "GhostExchange": "ops",
 }
 
 __all__ = sorted(_LAZY)

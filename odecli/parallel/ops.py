@@ -5,11 +5,13 @@ leading (batch) shapes. Messages are staged through host memory as contiguous nu
 buffers; only halo strips travel, so the bulk of a CUDA tensor stays on the device.
 Each backward is itself an autograd Function, so double backward works too (except for the
 in-place ``halo_fill``, which is once differentiable). ``fill_ring_`` and ``fill_ring_adjoint_``
-are the plain in-place pair for engines that run their own adjoint loop.
+are the plain in-place pair for engines that run their own adjoint loop, and ``GhostExchange``
+the planned exchange of several fields' deep ghost strips in one message per neighbour.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable
 
@@ -60,29 +62,6 @@ def _swap(comm: Comm, links: list[_Link], accumulate: bool) -> None:
             dst.add_(_like(buf, dst))
         else:
             dst.copy_(_like(buf, dst))
-
-
-def _swap_host(comm: Comm, links: list, accumulate: bool) -> None:
-    """:func:`_swap` for numpy views of CPU memory: numpy slicing and copies cost a fraction of
-    torch's per-op dispatch, which is most of an exchange's time on small blocks."""
-    live = [link for link in links if link[0] is not None]
-    if not live:
-        return
-    sends = [(peer, np.ascontiguousarray(src), tag) for peer, src, _, tag, _ in live]
-    recvs = [(peer, np.empty(dst.shape, dst.dtype), tag) for peer, _, dst, _, tag in live]
-    comm.exchange(sends, recvs)
-    for (_, _, dst, _, _), (_, buf, _) in zip(live, recvs):
-        if accumulate:
-            dst += buf
-        else:
-            dst[...] = buf
-
-
-def _ring_view(up: Tensor):
-    """``up`` as something to slice and write strips of in place, with the matching swap."""
-    if up.device.type == "cpu":
-        return up.detach().numpy(), _swap_host
-    return up, _swap
 
 
 def _halo_forward(u: Tensor, d: Decomposition, comm: Comm, w: int, fill: float) -> Tensor:
@@ -157,46 +136,125 @@ class _HaloAdjoint(Function):
         return _HaloExchange.apply(gg, *ctx.args, 0.0), None, None, None
 
 
-def _fill_links(up, d: Decomposition, w: int, tag: int, adjoint: bool) -> tuple[list, list]:
-    """The east/west and north/south links of a ringed block ``up`` (ghost ring of width ``w``;
-    a tensor, or a numpy view of one).
+Ring = tuple[int, int, int, int]  # ghost cells around the owned block: north, south, west, east
 
-    Forward, a link sends the owner's edge strip and receives into the ghost strip; the adjoint
-    sends the ghost strip back and adds it into the edge strip.
+
+def _ghost_slices(shape: tuple[int, ...], d: Decomposition, ring: Ring, depth: int) -> tuple[list, list]:
+    """The east/west and north/south strips of a field of ``shape`` whose owned block sits
+    inside a ghost ring of widths ``ring``: per side, ``(peer, edge, ghost, toward, from)``
+    with ``edge`` and ``ghost`` index tuples ``depth`` cells deep (the owner's strip and the
+    ghosts it fills) and the directions the message travels out and in.  North/south strips
+    span the whole width, east/west ghosts included, so corners come along in that phase."""
+    rn, rs, rw, re = ring
+    ny, nx = shape[-2] - rn - rs, shape[-1] - rw - re
+    k, rows, every = depth, slice(rn, rn + ny), slice(None)
+    ew = [(d.west, (..., rows, slice(rw, rw + k)), (..., rows, slice(rw - k, rw)), _WESTWARD, _EASTWARD),
+          (d.east, (..., rows, slice(rw + nx - k, rw + nx)), (..., rows, slice(rw + nx, rw + nx + k)),
+           _EASTWARD, _WESTWARD)]
+    ns = [(d.north, (..., slice(rn, rn + k), every), (..., slice(rn - k, rn), every), _NORTHWARD, _SOUTHWARD),
+          (d.south, (..., slice(rn + ny - k, rn + ny), every), (..., slice(rn + ny, rn + ny + k), every),
+           _SOUTHWARD, _NORTHWARD)]
+    return ew, ns
+
+
+class GhostExchange:
+    """A halo exchange of CPU fields of one shape, planned once: the strips and the packed
+    message buffers are made here, so a call is a few numpy copies and one exchange per phase
+    (on small blocks, building views and buffers per call was most of an exchange's cost).
+
+    ``depths[i]`` ghost cells of field ``i`` next to its owned block, inside the ghost ring
+    ``ring``, are exchanged on every side with a neighbour; all fields travel in one message
+    per neighbour and phase.  Forward, ghosts are overwritten with the neighbours' edge
+    strips.  The adjoint (``adjoint=True``) runs the phases in reverse, adds ghost gradients
+    into their owners' edge strips and zeroes the ghosts (an overwritten ghost has no
+    gradient of its own).
     """
-    ny, nx = up.shape[-2] - 2 * w, up.shape[-1] - 2 * w
-    rows = up[..., w : w + ny, :]
-    ew = [(d.west, rows[..., w : 2 * w], rows[..., :w], _WESTWARD, _EASTWARD),
-          (d.east, rows[..., nx : nx + w], rows[..., nx + w :], _EASTWARD, _WESTWARD)]
-    ns = [(d.north, up[..., w : 2 * w, :], up[..., :w, :], _NORTHWARD, _SOUTHWARD),
-          (d.south, up[..., ny : ny + w, :], up[..., ny + w :, :], _SOUTHWARD, _NORTHWARD)]
 
-    def links(group):
-        if adjoint:  # send the ghost strip, add into the edge strip
-            return [(peer, ghost, edge, tag + s, tag + r) for peer, edge, ghost, s, r in group]
-        return [(peer, edge, ghost, tag + s, tag + r) for peer, edge, ghost, s, r in group]
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, d: Decomposition, comm: Comm,
+                 ring: Ring, depths: tuple[int, ...], adjoint: bool = False) -> None:
+        dtype = _NUMPY_DTYPES[dtype]
+        sides = (d.north, d.south, d.west, d.east)
+        if any(peer is not None and k > width for k in depths for peer, width in zip(sides, ring)):
+            raise ValueError(f"GhostExchange: depths {depths} exceed the ghost ring {ring}")
+        self.shape, self.adjoint = tuple(shape), adjoint
+        tag = _TAG_HALO_ADJ if adjoint else _TAG_HALO_FWD
+        probe = np.empty(shape, dtype)
+        per_field = [(i, _ghost_slices(shape, d, ring, k)) for i, k in enumerate(depths) if k > 0]
+        self.phases = []
+        for phase in ((1, 0) if adjoint else (0, 1)):
+            links = []
+            for side in range(2):
+                strips = []
+                for i, groups in per_field:
+                    peer, edge, ghost, toward, back = groups[phase][side]
+                    if peer is None:
+                        break
+                    src, dst = (ghost, edge) if adjoint else (edge, ghost)
+                    strips.append((i, src, dst, probe[src].shape, probe[src].size))
+                if not strips:
+                    continue
+                size = sum(s[-1] for s in strips)
+                send, recv = np.empty(size, dtype), np.empty(size, dtype)
+                links.append((peer, tag + toward, tag + back, strips, send, recv))
+            self.phases.append((links, [(p, s, t) for p, t, _, _, s, _ in links],
+                                [(p, r, t) for p, _, t, _, _, r in links]))
+        self.comm = comm
 
-    return links(ew), links(ns)
+    def __call__(self, fields: list[Tensor]) -> None:
+        arrays = [f.detach().numpy() for f in fields]
+        if any(a.shape != self.shape for a in arrays):
+            raise ValueError(f"GhostExchange: planned for fields of shape {self.shape}")
+        for links, sends, recvs in self.phases:
+            for _, _, _, strips, send, _ in links:
+                at = 0
+                for i, src, _, shape, n in strips:
+                    np.copyto(send[at : at + n].reshape(shape), arrays[i][src])
+                    at += n
+            self.comm.exchange(sends, recvs)
+            for _, _, _, strips, _, recv in links:
+                at = 0
+                for i, src, dst, shape, n in strips:
+                    part = recv[at : at + n].reshape(shape)
+                    at += n
+                    if self.adjoint:
+                        arrays[i][dst] += part
+                        arrays[i][src] = 0
+                    else:
+                        arrays[i][dst] = part
 
 
 def fill_ring_(up: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
-    """Overwrite the ghost ring of ``up`` with the neighbours' edge strips (no autograd)."""
-    arr, swap = _ring_view(up)
-    ew, ns = _fill_links(arr, d, w, _TAG_HALO_FWD, adjoint=False)
-    swap(comm, ew, accumulate=False)
-    swap(comm, ns, accumulate=False)  # on x-extended rows, so corners come along
+    """Overwrite the ghost ring of ``up`` (width ``w``) with the neighbours' edge strips (no autograd)."""
+    _fill_ring(up, d, comm, w, adjoint=False)
 
 
 def fill_ring_adjoint_(g: Tensor, d: Decomposition, comm: Comm, w: int) -> None:
     """Adjoint of :func:`fill_ring_` in place: ghost gradients are added into their owners'
     edge strips and then zeroed (an overwritten ghost has no gradient of its own)."""
-    arr, swap = _ring_view(g)
-    ew, ns = _fill_links(arr, d, w, _TAG_HALO_ADJ, adjoint=True)
-    for group in (ns, ew):  # the forward's phases in reverse
-        swap(comm, group, accumulate=True)
-        for peer, ghost, _, _, _ in group:
+    _fill_ring(g, d, comm, w, adjoint=True)
+
+
+@functools.lru_cache(maxsize=32)
+def _ring_plan(shape: tuple[int, ...], dtype: torch.dtype, d: Decomposition, comm: Comm, w: int,
+               adjoint: bool) -> GhostExchange:
+    return GhostExchange(shape, dtype, d, comm, (w,) * 4, (w,), adjoint)
+
+
+def _fill_ring(up: Tensor, d: Decomposition, comm: Comm, w: int, adjoint: bool) -> None:
+    if up.device.type == "cpu":
+        _ring_plan(tuple(up.shape), up.dtype, d, comm, w, adjoint)([up])
+        return
+    ew, ns = _ghost_slices(tuple(up.shape), d, (w,) * 4, w)
+    tag = _TAG_HALO_ADJ if adjoint else _TAG_HALO_FWD
+    for group in ((ns, ew) if adjoint else (ew, ns)):
+        if adjoint:  # send the ghost strip, add into the edge strip, then clear the ghost
+            links = [(p, up[g], up[e], tag + s, tag + r) for p, e, g, s, r in group]
+        else:
+            links = [(p, up[e], up[g], tag + s, tag + r) for p, e, g, s, r in group]
+        _swap(comm, links, accumulate=adjoint)
+        for peer, ghost, *_ in (links if adjoint else []):
             if peer is not None:
-                ghost[...] = 0
+                ghost.zero_()
 
 
 class _HaloFill(Function):

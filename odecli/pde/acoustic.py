@@ -1,6 +1,7 @@
 """2-D constant-density acoustic wave equation ``u_tt = c^2 lap(u) + f`` on a rank's block.
 
-Leapfrog in time, 4th order in space (halo width 2, one halo exchange per step), Cerjan sponge
+Leapfrog in time, 4th order in space (halo width 2; the fused path exchanges a deeper halo every
+few steps, see :class:`~odecli.pde.acoustic_native.Loop`), Cerjan sponge
 (``u`` and ``u_prev`` multiplied by ``G = exp(-(alpha*(w-i))^2)`` in the outer ``w`` cells every
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
 dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
@@ -13,19 +14,36 @@ pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not n
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from odecli.parallel.ops import halo_exchange
 from odecli.pde.acoustic_native import Loop, Workspace, propagate
 from odecli.pde.grid import Block, Grid
 from odecli.pde.leapfrog import RING, interior, native_available, reference_step, sponge_spans
-from odecli.pde.sources import LocalGeometry
+from odecli.pde.sources import Geometry, LocalGeometry
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
 MIN_POINTS_PER_THREAD = 50_000  # grid points per step below which another kernel thread does not pay
+MAX_EXCHANGE_EVERY = 4  # beyond this the messages saved are worth less than the redundant band
+
+
+def auto_exchange_every(decomp) -> int:
+    """Steps between halo exchanges on the fused path: one more step per 32 cells of the smallest
+    block, up to 4, so the redundant band (2 cells per extra step) stays near 1/16 of a block."""
+    if decomp.nranks == 1:
+        return 1
+    return max(1, min(MAX_EXCHANGE_EVERY, 1 + min(decomp.min_local_shape) // 32))
+
+
+def max_exchange_every(decomp) -> int:
+    """The most steps between exchanges the blocks allow: ghosts ``RING * K`` deep come from the
+    neighbour's own cells."""
+    return max(1, min(decomp.min_local_shape) // RING)
 
 
 def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, free_surface: bool,
@@ -81,9 +99,13 @@ class AcousticPropagator:
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, sponge: torch.Tensor | None, segments: int,
                  timer: CommTimer | None = None, fused: bool | None = None,
-                 threads: int = 1) -> None:
+                 threads: int = 1, exchange_every: int = 1,
+                 geometry: Geometry | None = None) -> None:
         """``fused``: None uses the C kernels where they run; False forces the PyTorch reference.
-        ``threads``: at most how many threads the C kernels split each step over."""
+        ``threads``: at most how many threads the C kernels split each step over.
+        ``exchange_every``: steps between halo exchanges on the fused path (the reference path
+        exchanges every step); above 1 it needs ``geometry``, the global one, for the sources
+        in the extended block (see :class:`~odecli.pde.acoustic_native.Loop`)."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
         self.segments = segment_bounds(nt, segments)
@@ -96,8 +118,49 @@ class AcousticPropagator:
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
         self.workspace = Workspace()
-        on_cpu = sponge is not None and sponge.device.type == "cpu"
-        self.spans = sponge_spans(sponge) if on_cpu else None
+        self.exchange_plans: dict = {}  # kept across calls: planning an exchange costs more than one
+        self._setup_extension(exchange_every if comm.size > 1 else 1, geometry)
+        on_cpu = self.ext_sponge is not None and self.ext_sponge.device.type == "cpu"
+        self.spans = sponge_spans(self.ext_sponge) if on_cpu else None
+
+    def _setup_extension(self, every: int, geometry: Geometry | None) -> None:
+        """The block the fused path steps: the owned one, grown by ``RING * (every - 1)`` cells on
+        each side with a neighbour, with its sponge (the neighbours' values, exchanged once),
+        sources, and the ghost ring of its fields."""
+        if every > max_exchange_every(self.decomp):
+            raise ValueError(f"exchanging every {every} steps needs blocks of at least "
+                             f"{RING * every} cells; the smallest is {self.decomp.min_local_shape}")
+        d, g = self.decomp, self.geom
+        self.every = every
+        e = RING * (every - 1)
+        self.ext = tuple(e if peer is not None else 0 for peer in (d.north, d.south, d.west, d.east))
+        self.ring = tuple(RING + x for x in self.ext)
+        if not e:
+            self.ext_sponge, self.ext_geom, self.ext_src_gain = self.sponge, self.rgeom, self.src_gain
+            return
+        if geometry is None:
+            raise ValueError("exchange_every > 1 needs the global geometry (sources near the edge)")
+        b = self.block
+        en, es, ew, ee = self.ext
+        grown = Block(b.y0 - en, b.y1 + es, b.x0 - ew, b.x1 + ee)
+        src = geometry.local(grown, g.src_amp.device, g.src_amp.dtype)
+        self.ext_sponge = None if self.sponge is None else self.extend(self.sponge)
+        self.ext_src_gain = None if self.ext_sponge is None else self.ext_sponge[src.src_iy, src.src_ix]
+        rn, _, rw, _ = self.ring
+        self.ext_geom = replace(g, src_shot=src.src_shot, src_amp=src.src_amp,
+                                src_iy=src.src_iy + RING, src_ix=src.src_ix + RING,
+                                rec_iy=g.rec_iy + rn, rec_ix=g.rec_ix + rw)
+
+    def extend(self, field: torch.Tensor) -> torch.Tensor:
+        """A block field ``(ny, nx)`` grown to the stepped block with the neighbours' values
+        (differentiable: gradients in the extension go back to their owners)."""
+        e = RING * (self.every - 1)
+        if not e:
+            return field
+        en, es, ew, ee = self.ext
+        ny, nx = field.shape[-2:]
+        padded = halo_exchange(field, self.decomp, self.comm, e)
+        return padded[..., e - en : e + ny + es, e - ew : e + nx + ee].contiguous()
 
     def _use_fused(self, like: torch.Tensor) -> bool:
         if self.fused is False:
@@ -155,9 +218,14 @@ class AcousticPropagator:
         c2dt2 = (c * c) * (self.dt * self.dt)
         if self._use_fused(c2dt2):
             loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
-                        self.sponge, self.spans, self.rgeom, self.src_gain, self.decomp,
-                        self.comm, self.timer, self.workspace, self.threads)
-            traces, u = propagate(loop, c2dt2.contiguous(), self.geom.nshots)
+                        self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain, self.decomp,
+                        self.comm, self.timer, self.workspace, self.threads, self.every, self.ring,
+                        self.exchange_plans)
+            traces, u = propagate(loop, self.extend(c2dt2).contiguous(), self.geom.nshots)
+            rn, _, rw, _ = self.ring
+            ny, nx = c2dt2.shape
+            u = u[..., rn : rn + ny, rw : rw + nx]
         else:
             traces, u = self._reference(c2dt2)
-        return (traces, interior(u)) if return_field else traces
+            u = interior(u)
+        return (traces, u) if return_field else traces

@@ -15,13 +15,14 @@ segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
+from odecli.parallel.ops import GhostExchange
 from odecli.pde.leapfrog import (RING, adjoint_scratch, pair_scratch, receiver_rows, step_adjoint,
                                  step_adjoint_pair, step_forward)
 from odecli.pde.sources import LocalGeometry
@@ -34,6 +35,7 @@ class Workspace:
 
     def __init__(self) -> None:
         self._free: list[Tensor] = []
+        self._pending: Tensor | None = None
 
     def take(self, like: Tensor, shape: tuple[int, ...]) -> Tensor:
         for i, t in enumerate(self._free):
@@ -45,40 +47,158 @@ class Workspace:
     def give(self, t: Tensor) -> None:
         self._free.append(t)
 
+    def pending(self, like: Tensor) -> Tensor:
+        """A zeroed field like ``like`` for what neighbours send back (kept zero between uses)."""
+        p = self._pending
+        if p is None or p.shape != like.shape or p.dtype != like.dtype:
+            self._pending = p = torch.zeros_like(like)
+        return p
+
 
 @dataclass
 class Loop:
-    """Everything the time loop needs besides ``c2dt2``."""
+    """Everything the time loop needs besides ``c2dt2``.
+
+    With ``every = K > 1`` on several ranks, neighbours exchange every K steps instead of every
+    step: fields carry ``RING * K`` ghost cells on sides with a neighbour, and each rank steps
+    its block extended by ``RING * (K - 1)`` cells there (``c2dt2``, the sponge and the sources
+    cover the extension).  Each step spoils ``RING`` more cells from the outside in, so the
+    owned block is exact after K steps, when the next exchange refreshes the ghosts of both
+    time levels, packed in one message per neighbour.  The redundant steps repeat the
+    neighbour's arithmetic, so results are bit for bit those of exchanging every step.
+    """
 
     segments: list[tuple[int, int]]
     dy: float
     dx: float
     dt2: float
-    sponge: Tensor | None
+    sponge: Tensor | None  # over the extended block
     spans: Tensor | None  # sponge_spans(sponge)
-    geom: LocalGeometry  # ringed indices
+    geom: LocalGeometry  # indices into the ringed extended block: sources in it, receivers owned
     src_gain: Tensor | None
     decomp: object
     comm: object
     timer: CommTimer | None
     workspace: Workspace
     threads: int = 1  # the kernels split each step's rows over this many threads
+    every: int = 1  # steps between halo exchanges
+    ring: tuple[int, int, int, int] = (RING,) * 4  # ghost cells north, south, west, east of the owned block
+    plans: dict = field(default_factory=dict)  # exchanges and strips planned per field shape
 
     @property
     def nt(self) -> int:
         return self.segments[-1][1]
 
-    def fill(self, u: Tensor, adjoint: bool = False) -> None:
-        if self.comm.size == 1:
-            return
+    @property
+    def extension(self) -> int:
+        """Cells the stepped block reaches beyond the owned one, on sides with a neighbour."""
+        return RING * (self.every - 1)
+
+    def exchanges_after(self, k: int) -> bool:
+        """Whether the neighbours exchange ghosts after step ``k`` (same answer on every rank)."""
+        return self.comm.size > 1 and (k + 1) % self.every == 0
+
+    def exchange(self, u_next: Tensor, u: Tensor) -> None:
+        """Refresh the ghosts the next K steps read: all of u_next's and the extension of u (read
+        as u_prev, pointwise)."""
         t0 = time.perf_counter()
-        (fill_ring_adjoint_ if adjoint else fill_ring_)(u, self.decomp, self.comm, RING)
+        self._plan(u, adjoint=False)([u_next, u])
+        self._clock(t0)
+
+    def exchange_adjoint(self, a_next: Tensor, a_after: Tensor) -> Tensor | None:
+        """Adjoint of :meth:`exchange`, before the adjoint of the step that made ``a_next``'s field.
+
+        ``a_next`` is the adjoint of u_next: its ghosts go to their owners and are zeroed.  u's
+        extension was read only by the step after, as u_prev: its adjoint there, ``G G a_after``,
+        goes to the owners too, and ``a_after``'s extension is zeroed so the kernel adds nothing
+        there.  Returns what the neighbours sent for u's edge (for :meth:`settle` to subtract
+        once the kernel has made the adjoint of u), or None without an extension.
+        """
+        t0 = time.perf_counter()
+        sent = None
+        if self.extension:  # numpy on the strips: a fraction of torch's per-op cost
+            sent = self.workspace.pending(a_after)
+            a, w = a_after.numpy(), sent.numpy()
+            for index, g in self._ghost_frames(a_after.shape):
+                if g is None:
+                    w[index] = a[index]
+                else:
+                    np.multiply(a[index], g, out=w[index])
+                    w[index] *= g
+                a[index] = 0
+        self._plan(a_next, adjoint=True)([a_next, a_next if sent is None else sent])
+        self._clock(t0)
+        return sent
+
+    def settle(self, a: Tensor, sent: Tensor) -> None:
+        """Subtract the neighbours' ``G G a_after`` from the owned edge of ``a`` (the adjoint of
+        u), and clear ``sent`` for the next exchange."""
+        a, w = a.numpy(), sent.numpy()
+        for rows, cols in _frame(self.ring, a.shape, self.extension, self._sides(), outside=False):
+            a[:, rows, cols] -= w[:, rows, cols]
+            w[:, rows, cols] = 0
+
+    def _ghost_frames(self, shape: tuple[int, ...]) -> list[tuple[tuple, np.ndarray | None]]:
+        """The extension's strips outside the owned block, each with its sponge values (numpy)."""
+        key = ("frames", tuple(shape))
+        if key not in self.plans:
+            sponge = None if self.sponge is None else self.sponge.numpy()
+            self.plans[key] = [
+                ((slice(None), rows, cols),
+                 None if sponge is None else sponge[rows.start - RING : rows.stop - RING,
+                                                    cols.start - RING : cols.stop - RING])
+                for rows, cols in _frame(self.ring, shape, self.extension, self._sides(), outside=True)]
+        return self.plans[key]
+
+    def edge_cells(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """Ringed (row, column) indices of the owned edge band that :meth:`settle` updates."""
+        rows, cols = [], []
+        for r, c in _frame(self.ring, shape, self.extension, self._sides(), outside=False):
+            iy, ix = torch.meshgrid(torch.arange(r.start, r.stop), torch.arange(c.start, c.stop),
+                                    indexing="ij")
+            rows.append(iy.reshape(-1))
+            cols.append(ix.reshape(-1))
+        return torch.cat(rows), torch.cat(cols)
+
+    def _plan(self, like: Tensor, adjoint: bool) -> GhostExchange:
+        """The exchange of (u_next, u) or its adjoint for fields like ``like``, planned once."""
+        key = (tuple(like.shape), like.dtype, adjoint)
+        if key not in self.plans:
+            self.plans[key] = GhostExchange(tuple(like.shape), like.dtype, self.decomp, self.comm,
+                                            self.ring, (RING * self.every, self.extension), adjoint)
+        return self.plans[key]
+
+    def _sides(self) -> tuple[bool, bool, bool, bool]:
+        d = self.decomp
+        return (d.north is not None, d.south is not None, d.west is not None, d.east is not None)
+
+    def _clock(self, t0: float) -> None:
         if self.timer is not None:
             self.timer.add(time.perf_counter() - t0)
 
 
+def _frame(ring: tuple[int, int, int, int], shape: tuple[int, ...], depth: int,
+           sides: tuple[bool, bool, bool, bool], outside: bool) -> list[tuple[slice, slice]]:
+    """Non-overlapping (rows, cols) slices of the band ``depth`` cells wide just outside (ghosts)
+    or just inside (owned edge) the owned block of a ringed field, on the sides with a neighbour."""
+    rn, rs, rw, re = ring
+    ny, nx = shape[-2] - rn - rs, shape[-1] - rw - re
+    dn, ds, dw, de = (depth if s else 0 for s in sides)
+    if outside:
+        y0, y1, x0, x1 = rn - dn, rn + ny + ds, rw - dw, rw + nx + de
+        bands = [(slice(y0, rn), slice(x0, x1)), (slice(rn + ny, y1), slice(x0, x1)),
+                 (slice(rn, rn + ny), slice(x0, rw)), (slice(rn, rn + ny), slice(rw + nx, x1))]
+    else:
+        top, bottom = rn + min(dn, ny), max(rn + min(dn, ny), rn + ny - ds)
+        left, right = rw + min(dw, nx), max(rw + min(dw, nx), rw + nx - de)
+        bands = [(slice(rn, top), slice(rw, rw + nx)), (slice(bottom, rn + ny), slice(rw, rw + nx)),
+                 (slice(top, bottom), slice(rw, left)), (slice(top, bottom), slice(right, rw + nx))]
+    return [(r, c) for r, c in bands if r.stop > r.start and c.stop > c.start]
+
+
 def propagate(loop: Loop, c2dt2: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
-    """Receiver traces ``(shots, nrec_local, nt)`` and the final ringed field (no gradient)."""
+    """Receiver traces ``(shots, nrec_local, nt)`` and the final field of the stepped block,
+    ring included (no gradient)."""
     return _Propagation.apply(c2dt2, loop, nshots)
 
 
@@ -92,7 +212,8 @@ def _steps(loop: Loop, c2dt2: Tensor, p: Tensor, u: Tensor, t0: int, t1: int,
         out = p if store is None else store[k - t0 + 1]
         step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans, loop.threads)
         g.add_at_sources(out, sources[k])
-        loop.fill(out)
+        if loop.exchanges_after(k):
+            loop.exchange(out, u)
         if traces is not None:
             traces[:, :, k] = g.record(out)
         p, u = u, out
@@ -137,13 +258,16 @@ class _Propagation(torch.autograd.Function):
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
-        # One thread on one rank: two steps per pass (no halo exchange can sit between them).
-        paired = loop.threads == 1 and loop.comm.size == 1
+        # One kernel thread: two steps per pass where no halo exchange sits between them.
+        paired = loop.threads == 1
         scratch = pair_scratch(c2dt2, shape[0]) if paired else adjoint_scratch(c2dt2, loop.threads)
         g_traces = g_traces.contiguous()
         g = loop.geom
         shot = torch.arange(shape[0], device=c2dt2.device)[:, None]
         order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
+        if paired and loop.extension:  # receivers plus the owned edge cells neighbours send to
+            edge_iy, edge_ix = loop.edge_cells(shape)
+            both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
         for s in reversed(range(len(loop.segments))):
             t0, t1 = loop.segments[s]
             if s < len(loop.segments) - 1:  # recompute this segment's fields from its start
@@ -155,15 +279,24 @@ class _Propagation(torch.autograd.Function):
                 if g.nrec_local:
                     a_u.index_put_((shot, g.rec_iy[None, :], g.rec_ix[None, :]),
                                    g_traces[:, :, k], accumulate=True)
-                loop.fill(a_u, adjoint=True)
-                if paired and k - 1 >= t0:  # a_u ends as the adjoint of u_{k-1}: no swap
+                pending = loop.exchange_adjoint(a_u, a_later) if loop.exchanges_after(k) else None
+                if paired and k - 1 >= t0 and not loop.exchanges_after(k - 1):
+                    # a_u ends as the adjoint of u_{k-1}; what the neighbours sent for u_k's edge
+                    # is subtracted between the two steps, with the receiver residuals
+                    receivers, values = (row_ptr, columns), g_traces[:, order, k - 1]
+                    if pending is not None:
+                        sent = pending[:, edge_iy, edge_ix]
+                        pending[:, edge_iy, edge_ix] = 0
+                        receivers = both[1:]
+                        values = torch.cat([g_traces[:, :, k - 1], sent.neg_()], dim=1)[:, both[0]]
                     step_adjoint_pair(store[k - t0], store[k - 1 - t0], c2dt2, loop.sponge, a_u, a_later,
-                                      loop.dy, loop.dx, grad_c2, scratch, (row_ptr, columns),
-                                      g_traces[:, order, k - 1], loop.spans)
+                                      loop.dy, loop.dx, grad_c2, scratch, receivers, values, loop.spans)
                     k -= 2
                     continue
                 step_adjoint(store[k - t0], c2dt2, loop.sponge, a_u, a_later, loop.dy, loop.dx,
                              grad_c2, scratch, loop.spans)
+                if pending is not None:
+                    loop.settle(a_later, pending)
                 a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
                 k -= 1
         loop.workspace.give(store)

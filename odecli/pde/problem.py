@@ -12,8 +12,9 @@ from odecli.errors import InputError, SpecError
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models
-from odecli.pde.acoustic import (HALO, AcousticPropagator, available_memory_bytes,
-                                 fused_auto_segments, sponge_profile)
+from odecli.pde.acoustic import (HALO, AcousticPropagator, auto_exchange_every,
+                                 available_memory_bytes, fused_auto_segments, max_exchange_every,
+                                 sponge_profile)
 from odecli.pde.grid import Block, Grid
 from odecli.pde.heat import HeatPropagator
 from odecli.pde.leapfrog import native_available
@@ -115,7 +116,9 @@ class Problem:
             self.prop = AcousticPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
                                            sponge, segs, self.timer, fused=self.fused,
                                            threads=kernel_threads(spec["compute"]["threads"],
-                                                                  comm.size))
+                                                                  comm.size),
+                                           exchange_every=self._exchange_every(spec),
+                                           geometry=self.geometry)
         else:
             self.prop = HeatPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
                                        spec["boundary"], spec["initial_condition"], segs,
@@ -137,12 +140,27 @@ class Problem:
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
 
+    def _exchange_every(self, spec: dict) -> int:
+        every = spec["parallel"]["exchange_every"]
+        if every == "auto":
+            return auto_exchange_every(self.decomp)
+        most = max_exchange_every(self.decomp)
+        if every > most and self.comm.size > 1:
+            raise collective(SpecError(spec["file"], "parallel.exchange_every",
+                                       f"{every} needs blocks of at least {HALO * every} cells "
+                                       f"per side; the smallest block on {self.comm.size} ranks is "
+                                       f"{self.decomp.min_local_shape[0]}x"
+                                       f"{self.decomp.min_local_shape[1]} (use at most {most})"))
+        return every
+
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.prop.segments)
         if self.fused:
+            every = getattr(self.prop, "every", 1)
+            exchange = f", halo exchange every {every} steps" if every > 1 else ""
             return (f"fused C kernels, {self.prop.threads} thread(s) per rank, "
-                    f"{segs} time segment(s)")
+                    f"{segs} time segment(s){exchange}")
         return f"PyTorch reference on {self.device}, {segs} time segment(s)"
 
     def _everywhere(self, flag: bool) -> bool:

@@ -219,10 +219,16 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     if not isinstance(norm, bool):
         raise V.err("loss.normalize", f"expected true/false, got {norm!r}")
     out["loss"] = {"normalize": norm}
-    p = V.mapping(raw.get("parallel"), "parallel", ("proc_grid",))
+    p = V.mapping(raw.get("parallel"), "parallel", ("proc_grid", "exchange_every"))
+    every = p.get("exchange_every", "auto")
+    if isinstance(every, str) and every != "auto":
+        raise V.err("parallel.exchange_every", f"expected auto or a whole number >= 1, got {every!r}")
+    if every != "auto":
+        every = V.num(p, "exchange_every", "parallel", integer=True, minimum=1)
     out["parallel"] = {"proc_grid": (V.numlist(p["proc_grid"], "parallel.proc_grid", length=2,
                                                integer=True, minimum=1)
-                                     if p.get("proc_grid") is not None else None)}
+                                     if p.get("proc_grid") is not None else None),
+                       "exchange_every": every}
     c = V.mapping(raw.get("checkpoint"), "checkpoint", ("every",))
     out["checkpoint"] = {"every": V.num(c, "every", "checkpoint", 0, integer=True, nonneg=True)}
     cp = V.mapping(raw.get("compute"), "compute", ("dtype", "device", "time_segments", "threads"))

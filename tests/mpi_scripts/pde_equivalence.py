@@ -1,6 +1,6 @@
 """Forward traces/fields, losses and gradients of small PDE problems on this rank layout.
 
-Usage: pde_equivalence.py OUT.npz [PYxPX]   (rank 0 writes OUT.npz)
+Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY]]   (rank 0 writes OUT.npz)
 Imported by tests/test_pde_mpi.py for the single-rank reference (``compute``).
 """
 
@@ -75,14 +75,15 @@ def _global(t, problem, comm):
     return None if g is None else g.numpy()
 
 
-def compute(proc_grid=None) -> dict:
+def compute(proc_grid=None, exchange_every="auto") -> dict:
     torch.set_default_dtype(torch.float64)
     comm = get_comm()
     out = {}
     for name, raw in variants().items():
         raw = copy.deepcopy(raw)
+        raw["parallel"] = {"exchange_every": exchange_every}
         if proc_grid is not None:
-            raw["parallel"] = {"proc_grid": list(proc_grid)}
+            raw["parallel"]["proc_grid"] = list(proc_grid)
         spec = validate(raw, f"{name}.yaml")
         spec["text"] = name
         P = Problem(spec, comm)
@@ -100,6 +101,7 @@ def compute(proc_grid=None) -> dict:
 
 if __name__ == "__main__":
     pg = tuple(int(x) for x in sys.argv[2].split("x")) if len(sys.argv) > 2 else None
-    res = compute(pg)
+    every = int(sys.argv[3]) if len(sys.argv) > 3 else "auto"
+    res = compute(pg, every)
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)
