@@ -164,7 +164,8 @@ def check_ghost_exchange(comm: Comm) -> None:
             f[:, rn : rn + ny, rw : rw + nx] = local_block(g, d)
             e = f.clone()
             dn, ds, dw, de = (k if peer is not None else 0 for peer in sides)
-            e[:, rn - dn : rn + ny + ds, rw - dw : rw + nx + de] = g[:, d.y0 - dn : d.y1 + ds, d.x0 - dw : d.x1 + de]
+            grown = g[:, d.y0 - dn : d.y1 + ds, d.x0 - dw : d.x1 + de]
+            e[:, rn - dn : rn + ny + ds, rw - dw : rw + nx + de] = grown
             fields.append(f)
             expected.append(e)
         GhostExchange(tuple(fields[0].shape), torch.float64, d, comm, ring, depths)(fields)
