@@ -25,11 +25,13 @@ def reference():
 
 # exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
 # (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source).
-@pytest.mark.parametrize("n,grid,every", [(2, "2x1", 1), (2, "1x2", 1), (4, "2x2", 1),
-                                          (2, "1x2", 4), (4, "2x2", 3)])
-def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every):
+# Two kernel threads: one adjoint step per pass, the neighbours' share settled after each.
+@pytest.mark.parametrize("n,grid,every,threads", [(2, "2x1", 1, 0), (2, "1x2", 1, 0), (4, "2x2", 1, 0),
+                                                  (2, "1x2", 4, 0), (4, "2x2", 3, 0), (2, "2x1", 3, 2)])
+def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every, threads):
     out = tmp_path / "res.npz"
-    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid, str(every)], timeout=180)
+    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid, str(every), str(threads)],
+                   timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert set(got.files) == set(reference)

@@ -1,6 +1,9 @@
 """Forward traces/fields, losses and gradients of small PDE problems on this rank layout.
 
-Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY]]   (rank 0 writes OUT.npz)
+Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY [KERNEL_THREADS]]]   (rank 0 writes OUT.npz)
+
+KERNEL_THREADS > 1 splits each step's rows over threads even on these small grids, which runs
+the adjoint one step per pass (no paired steps).
 Imported by tests/test_pde_mpi.py for the single-rank reference (``compute``).
 """
 
@@ -75,13 +78,14 @@ def _global(t, problem, comm):
     return None if g is None else g.numpy()
 
 
-def compute(proc_grid=None, exchange_every="auto") -> dict:
+def compute(proc_grid=None, exchange_every="auto", threads: int = 0) -> dict:
     torch.set_default_dtype(torch.float64)
     comm = get_comm()
     out = {}
     for name, raw in variants().items():
         raw = copy.deepcopy(raw)
         raw["parallel"] = {"exchange_every": exchange_every}
+        raw["compute"]["threads"] = threads
         if proc_grid is not None:
             raw["parallel"]["proc_grid"] = list(proc_grid)
         spec = validate(raw, f"{name}.yaml")
@@ -102,6 +106,11 @@ def compute(proc_grid=None, exchange_every="auto") -> dict:
 if __name__ == "__main__":
     pg = tuple(int(x) for x in sys.argv[2].split("x")) if len(sys.argv) > 2 else None
     every = int(sys.argv[3]) if len(sys.argv) > 3 else "auto"
-    res = compute(pg, every)
+    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    if threads > 1:
+        import odecli.pde.acoustic as acoustic
+
+        acoustic.MIN_POINTS_PER_THREAD = 1
+    res = compute(pg, every, threads)
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)
