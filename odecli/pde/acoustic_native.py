@@ -14,6 +14,7 @@ segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from dataclasses import dataclass, field
 
@@ -23,8 +24,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
-from odecli.pde.leapfrog import (RING, adjoint_scratch, pair_scratch, receiver_rows, step_adjoint,
-                                 step_adjoint_pair, step_forward)
+from odecli.pde.leapfrog import RING, Kernels, adjoint_scratch, pair_scratch, receiver_rows
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -202,20 +202,40 @@ def propagate(loop: Loop, c2dt2: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
     return _Propagation.apply(c2dt2, loop, nshots)
 
 
-def _steps(loop: Loop, c2dt2: Tensor, p: Tensor, u: Tensor, t0: int, t1: int,
+class _Points:
+    """The sources and receivers as flat indices into the fields, and the sources' values per
+    step, for :meth:`Kernels.points` (one C call per step for both)."""
+
+    def __init__(self, loop: Loop, shape: tuple[int, int, int]) -> None:
+        g = loop.geom
+        shots, rows, cols = shape
+        plane = rows * cols
+        self.sources = (g.src_shot * plane + g.src_iy * cols + g.src_ix).to(torch.int64).contiguous()
+        self.receivers = ((torch.arange(shots)[:, None] * plane + (g.rec_iy * cols + g.rec_ix)[None, :])
+                          .reshape(-1).to(torch.int64).contiguous())
+        self.values = g.source_values(loop.dt2, loop.src_gain).contiguous()  # (nt, sources)
+
+
+def _row(t: Tensor, k: int) -> ctypes.c_void_p:
+    """The address of ``t[k]`` (``t`` contiguous), without making a view."""
+    return ctypes.c_void_p(t.data_ptr() + k * t.stride(0) * t.element_size())
+
+
+def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: int, t1: int,
            traces: Tensor | None, store: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Steps ``t0 .. t1-1`` from ``(p, u)``.  With ``store`` (``store[0]`` is ``u``), field
+    """Steps ``t0 .. t1-1`` from ``(p, u)``, recording the receivers into ``traces[k]``
+    (``(nt, shots, receivers)``) when given.  With ``store`` (``store[0]`` is ``u``), field
     ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer."""
-    g = loop.geom
-    sources = g.source_values(loop.dt2, loop.src_gain)
+    record = pts.receivers if traces is not None and pts.receivers.numel() else None
+    touch = record is not None or pts.sources.numel() > 0
     for k in range(t0, t1):
         out = p if store is None else store[k - t0 + 1]
-        step_forward(u, p, c2dt2, loop.sponge, loop.dy, loop.dx, out, loop.spans, loop.threads)
-        g.add_at_sources(out, sources[k])
+        kern.forward(u, p, out)
+        if touch:  # the receivers sit in the owned block: the exchange does not change them
+            kern.points(out, pts.sources, _row(pts.values, k), record,
+                        None if record is None else _row(traces, k))
         if loop.exchanges_after(k):
             loop.exchange(out, u)
-        if traces is not None:
-            traces[:, :, k] = g.record(out)
         p, u = u, out
     return p, u
 
@@ -226,7 +246,9 @@ class _Propagation(torch.autograd.Function):
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
         p, u = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
-        traces = c2dt2.new_empty((nshots, loop.geom.nrec_local, loop.nt))
+        kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads)
+        pts = _Points(loop, shape)
+        traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
         keep = ctx.needs_input_grad[0]
         starts, store = [], None
         for s, (t0, t1) in enumerate(loop.segments):
@@ -234,17 +256,17 @@ class _Propagation(torch.autograd.Function):
                 longest = max(b - a for a, b in loop.segments)
                 store = loop.workspace.take(c2dt2, (longest + 1, *shape))
                 store[0] = u
-                p, u = _steps(loop, c2dt2, p, store[0], t0, t1, traces, store)
+                p, u = _steps(loop, kern, pts, p, store[0], t0, t1, traces, store)
             else:
                 if keep:
                     starts.append((p.clone(), u.clone()))
-                p, u = _steps(loop, c2dt2, p, u, t0, t1, traces)
+                p, u = _steps(loop, kern, pts, p, u, t0, t1, traces)
         if keep:
-            ctx.loop, ctx.starts, ctx.store = loop, starts, store
+            ctx.loop, ctx.starts, ctx.store, ctx.kern, ctx.pts = loop, starts, store, kern, pts
             ctx.save_for_backward(c2dt2)
         final = u.clone() if store is not None else u
         ctx.mark_non_differentiable(final)
-        return traces, final
+        return traces.permute(1, 2, 0).contiguous(), final
 
     @staticmethod
     @once_differentiable
@@ -261,10 +283,11 @@ class _Propagation(torch.autograd.Function):
         # One kernel thread: two steps per pass where no halo exchange sits between them.
         paired = loop.threads == 1
         scratch = pair_scratch(c2dt2, shape[0]) if paired else adjoint_scratch(c2dt2, loop.threads)
-        g_traces = g_traces.contiguous()
         g = loop.geom
-        shot = torch.arange(shape[0], device=c2dt2.device)[:, None]
+        kern, pts = ctx.kern, ctx.pts
         order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
+        residuals = g_traces.permute(2, 0, 1).contiguous()  # (nt, shots, receivers)
+        in_order = residuals[:, :, order].contiguous()  # the same, in the paired pass's order
         if paired and loop.extension:  # receivers plus the owned edge cells neighbours send to
             edge_iy, edge_ix = loop.edge_cells(shape)
             both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
@@ -273,32 +296,30 @@ class _Propagation(torch.autograd.Function):
             if s < len(loop.segments) - 1:  # recompute this segment's fields from its start
                 p0, u0 = ctx.starts[s]
                 store[0] = u0
-                _steps(loop, c2dt2, p0, store[0], t0, t1, None, store)  # p0 is only read
+                _steps(loop, kern, pts, p0, store[0], t0, t1, None, store)  # p0 is only read
             k = t1 - 1
             while k >= t0:
                 if g.nrec_local:
-                    a_u.index_put_((shot, g.rec_iy[None, :], g.rec_ix[None, :]),
-                                   g_traces[:, :, k], accumulate=True)
+                    kern.points(a_u, pts.receivers, _row(residuals, k))
                 pending = loop.exchange_adjoint(a_u, a_later) if loop.exchanges_after(k) else None
                 if paired and k - 1 >= t0 and not loop.exchanges_after(k - 1):
                     # a_u ends as the adjoint of u_{k-1}; what the neighbours sent for u_k's edge
                     # is subtracted between the two steps, with the receiver residuals
-                    receivers, values = (row_ptr, columns), g_traces[:, order, k - 1]
+                    receivers, values = (row_ptr, columns), in_order[k - 1]
                     if pending is not None:
                         sent = pending[:, edge_iy, edge_ix]
                         pending[:, edge_iy, edge_ix] = 0
                         receivers = both[1:]
-                        values = torch.cat([g_traces[:, :, k - 1], sent.neg_()], dim=1)[:, both[0]]
-                    step_adjoint_pair(store[k - t0], store[k - 1 - t0], c2dt2, loop.sponge, a_u, a_later,
-                                      loop.dy, loop.dx, grad_c2, scratch, receivers, values, loop.spans)
+                        values = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
+                    kern.adjoint_pair(store[k - t0], store[k - 1 - t0], a_u, a_later, grad_c2, scratch,
+                                      receivers, values)
                     k -= 2
                     continue
-                step_adjoint(store[k - t0], c2dt2, loop.sponge, a_u, a_later, loop.dy, loop.dx,
-                             grad_c2, scratch, loop.spans)
+                kern.adjoint(store[k - t0], a_u, a_later, grad_c2, scratch)
                 if pending is not None:
                     loop.settle(a_later, pending)
                 a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
                 k -= 1
         loop.workspace.give(store)
-        ctx.starts = ctx.store = None
+        ctx.starts = ctx.store = ctx.kern = ctx.pts = None
         return grad_c2, None, None

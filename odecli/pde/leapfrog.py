@@ -67,10 +67,14 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 
 
 def _kernel(kind: str, dtype: torch.dtype):
+    return _kernel_named(f"leapfrog_{kind}_{_SUFFIX[dtype]}")
+
+
+def _kernel_named(name: str):
     lib, why = native.load("acoustic")
     if lib is None:
         raise RuntimeError(f"fused acoustic kernel unavailable: {why}")
-    return getattr(lib, f"leapfrog_{kind}_{_SUFFIX[dtype]}")
+    return getattr(lib, name)
 
 
 def _dims(u: Tensor) -> tuple[ctypes.c_long, ctypes.c_long, ctypes.c_long]:
@@ -93,6 +97,90 @@ def sponge_spans(sponge: Tensor | None) -> Tensor | None:
     return spans.to(device="cpu", dtype=torch.int64).contiguous()
 
 
+class Kernels:
+    """The fused kernels bound to one problem: ``c2dt2``, the sponge and its spans, the grid
+    spacing and the field layout are checked and converted once, so a step costs the kernel
+    and one ctypes call (at 256^2, checking and building the arguments of every call cost about
+    as much as the stencil pass).  Fields passed per step must be contiguous, of ``like``'s
+    shape and dtype (checked cheaply)."""
+
+    def __init__(self, like: Tensor, c2dt2: Tensor, sponge: Tensor | None, dy: float, dx: float,
+                 spans: Tensor | None = None, threads: int = 1) -> None:
+        check_layout(like, c2dt2, sponge)
+        self.shape, self.dtype = tuple(like.shape), like.dtype
+        self.spans = _spans(sponge, spans)
+        self._keep = (c2dt2, sponge)  # the kernels read them through raw pointers
+        self._grad_shape = tuple(c2dt2.shape)
+        ny, nx = c2dt2.shape
+        self._nx = nx
+        self._dims = _dims(like)
+        self._c2, self._sponge, self._span = _ptr(c2dt2), _ptr(sponge), _ptr(self.spans)
+        self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
+        self._fwd_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny, threads)]
+        self._adj_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny + 2 * RING, threads)]
+        self._forward = _kernel("forward", self.dtype)
+        self._adjoint = _kernel("adjoint", self.dtype)
+        self._pair = _kernel("adjoint_pair", self.dtype)
+        self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
+
+    def _check(self, *fields: Tensor) -> None:
+        for f in fields:
+            if tuple(f.shape) != self.shape or f.dtype != self.dtype or not f.is_contiguous():
+                raise ValueError(f"leapfrog: expected contiguous {self.dtype} fields of shape "
+                                 f"{self.shape}, got {f.dtype} {tuple(f.shape)}")
+
+    def forward(self, u: Tensor, u_prev: Tensor, out: Tensor) -> Tensor:
+        """:func:`step_forward` into ``out`` (which may be ``u_prev``)."""
+        self._check(u, u_prev, out)
+        fixed = (_ptr(u), _ptr(u_prev), self._c2, self._sponge, self._span, self._iy2, self._ix2,
+                 _ptr(out))
+        if len(self._fwd_rows) == 1:
+            self._forward(*self._dims, *self._fwd_rows[0], *fixed)
+        else:
+            _run_pieces([functools.partial(self._forward, *self._dims, a, b, *fixed)
+                         for a, b in self._fwd_rows])
+        return out
+
+    def adjoint(self, u: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
+        """:func:`step_adjoint`; ``scratch`` has (at least) one zeroed row set per piece of rows."""
+        self._check(u, g, a)
+        if scratch.dim() != 2 or scratch.shape[0] < len(self._adj_rows) \
+                or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING) \
+                or tuple(grad_c2.shape) != self._grad_shape:
+            raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
+        if g.data_ptr() == a.data_ptr():
+            raise ValueError("step_adjoint: g and a must be different buffers")
+        fixed = (_ptr(u), self._c2, self._sponge, self._span, _ptr(g), _ptr(a), self._iy2,
+                 self._ix2, _ptr(grad_c2))
+        _run_pieces([functools.partial(self._adjoint, *self._dims, r0, r1, *fixed, _ptr(scratch[k]))
+                     for k, (r0, r1) in enumerate(self._adj_rows)])
+
+    def adjoint_pair(self, u_k: Tensor, u_km1: Tensor, a: Tensor, b: Tensor, grad_c2: Tensor,
+                     scratch: Tensor, receivers: tuple[Tensor, Tensor], values: Tensor) -> None:
+        """:func:`step_adjoint_pair`; ``values`` must be contiguous ``(shots, nrec)``."""
+        self._check(u_k, u_km1, a, b)
+        row_ptr, columns = receivers
+        if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] != 2 * self.shape[0]:
+            raise ValueError("step_adjoint_pair: scratch or grad_c2 has the wrong size")
+        if a.data_ptr() == b.data_ptr():
+            raise ValueError("step_adjoint_pair: a and b must be different buffers")
+        if row_ptr.shape != (self.shape[1] + 1,) or tuple(values.shape) != (self.shape[0], columns.numel()) \
+                or not values.is_contiguous():
+            raise ValueError("step_adjoint_pair: receivers or values have the wrong size")
+        self._pair(*self._dims, _ptr(u_k), _ptr(u_km1), self._c2, self._sponge, self._span, _ptr(a),
+                   _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch), _ptr(row_ptr),
+                   _ptr(columns), ctypes.c_long(columns.numel()), _ptr(values))
+
+    def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
+               out: ctypes.c_void_p | None = None) -> None:
+        """``field.view(-1)[add] += values`` in order, then ``out = field.view(-1)[get]``: the
+        step's sources and receivers (int64 flat indices; ``values``/``out`` the addresses of
+        ``add.numel()`` / ``get.numel()`` contiguous numbers of the fields' dtype)."""
+        self._check(field)
+        self._points(_ptr(field), _ptr(add), values, ctypes.c_long(add.numel()),
+                     _ptr(get), ctypes.c_long(0 if get is None else get.numel()), out)
+
+
 def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
                  dy: float, dx: float, out: Tensor, spans: Tensor | None = None,
                  threads: int = 1) -> Tensor:
@@ -102,13 +190,7 @@ def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None
     split the rows (the kernel releases the GIL; results do not depend on the split).
     """
     check_layout(u, c2dt2, sponge, u_prev, out)
-    spans = _spans(sponge, spans)
-    kernel, ny = _kernel("forward", u.dtype), c2dt2.shape[0]
-    fixed = (_ptr(u), _ptr(u_prev), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
-             ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(out))
-    _run_pieces([functools.partial(kernel, *_dims(u), ctypes.c_long(a), ctypes.c_long(b), *fixed)
-                 for a, b in _pieces(ny, threads)])
-    return out
+    return Kernels(u, c2dt2, sponge, dy, dx, spans, threads).forward(u, u_prev, out)
 
 
 def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
@@ -123,19 +205,7 @@ def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: 
     over.
     """
     check_layout(u, c2dt2, sponge, g, a)
-    ny, nx = c2dt2.shape
-    threads = scratch.shape[0]
-    if scratch.shape != (threads, _SCRATCH_ROWS * (nx + 4 * RING)) or grad_c2.shape != c2dt2.shape:
-        raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
-    if g.data_ptr() == a.data_ptr():
-        raise ValueError("step_adjoint: g and a must be different buffers")
-    spans = _spans(sponge, spans)
-    kernel = _kernel("adjoint", u.dtype)
-    fixed = (_ptr(u), _ptr(c2dt2), _ptr(sponge), _ptr(spans), _ptr(g), _ptr(a),
-             ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)), _ptr(grad_c2))
-    _run_pieces([functools.partial(kernel, *_dims(u), ctypes.c_long(r0), ctypes.c_long(r1),
-                                   *fixed, _ptr(scratch[k]))
-                 for k, (r0, r1) in enumerate(_pieces(ny + 2 * RING, threads))])
+    Kernels(u, c2dt2, sponge, dy, dx, spans, scratch.shape[0]).adjoint(u, g, a, grad_c2, scratch)
 
 
 def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -165,21 +235,10 @@ def step_adjoint_pair(u_k: Tensor, u_km1: Tensor, c2dt2: Tensor, sponge: Tensor 
     field from cache, which is what makes it faster (the adjoint is memory-bound).
     """
     check_layout(u_k, c2dt2, sponge, u_km1, a, b)
-    ny, nx = c2dt2.shape
-    if scratch.shape != pair_scratch(c2dt2, u_k.shape[0]).shape or grad_c2.shape != c2dt2.shape:
+    if scratch.shape != pair_scratch(c2dt2, u_k.shape[0]).shape:
         raise ValueError("step_adjoint_pair: scratch or grad_c2 has the wrong size")
-    if a.data_ptr() == b.data_ptr():
-        raise ValueError("step_adjoint_pair: a and b must be different buffers")
-    row_ptr, columns = receivers
-    values = values.contiguous()
-    if row_ptr.shape != (ny + 2 * RING + 1,) or values.shape != (u_k.shape[0], columns.numel()):
-        raise ValueError("step_adjoint_pair: receivers or values have the wrong size")
-    spans = _spans(sponge, spans)  # kept in a name: the kernel reads it through a raw pointer
-    kernel = _kernel("adjoint_pair", u_k.dtype)
-    kernel(*_dims(u_k), _ptr(u_k), _ptr(u_km1), _ptr(c2dt2), _ptr(sponge), _ptr(spans),
-           _ptr(a), _ptr(b), ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx)),
-           _ptr(grad_c2), _ptr(scratch), _ptr(row_ptr), _ptr(columns), ctypes.c_long(columns.numel()),
-           _ptr(values))
+    Kernels(u_k, c2dt2, sponge, dy, dx, spans).adjoint_pair(u_k, u_km1, a, b, grad_c2, scratch,
+                                                            receivers, values.contiguous())
 
 
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:

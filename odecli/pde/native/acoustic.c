@@ -211,6 +211,19 @@ void leapfrog_adjoint_pair_##SUFFIX(long B, long ny, long nx, const T *restrict 
     }                                                                                         \
 }
 
+/* One step's point work in one call: field[add[k]] += vals[k] in order (the sources, or the
+ * receivers' residuals), then out[k] = field[get[k]] (the receivers).  Indices are flat into
+ * the whole (B, ny+4, nx+4) array.  Done in Python, each is a torch indexing op that costs as
+ * much as a small grid's stencil pass. */
+#define DEFINE_POINTS(T, SUFFIX)                                                              \
+void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *restrict vals,   \
+                             long nadd, const int64_t *restrict get, long nget,              \
+                             T *restrict out)                                                \
+{                                                                                             \
+    for (long k = 0; k < nadd; ++k) field[add[k]] += vals[k];                                  \
+    for (long k = 0; k < nget; ++k) out[k] = field[get[k]];                                    \
+}
+
 /* Loop bodies for SPLIT_ROW (they use the names of the kernels above; real is their T). */
 #define FWD_DAMPED(j)                                                                 \
     do {                                                                              \
@@ -241,3 +254,5 @@ void leapfrog_adjoint_pair_##SUFFIX(long B, long ny, long nx, const T *restrict 
 
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
+DEFINE_POINTS(double, f64)
+DEFINE_POINTS(float, f32)
