@@ -14,6 +14,7 @@ with one array less to write.
 that :mod:`odecli.pde.acoustic` drives on CPU: one pass over the grid each, instead of about
 twenty full-size temporaries, and no padding copy.  The forward kernel reproduces the reference
 bit for bit; the adjoint matches autograd of the reference to round-off (tests).
+:class:`Kernels` binds them to one problem's fixed arrays for the time loops.
 """
 
 from __future__ import annotations
