@@ -24,10 +24,12 @@ def reference():
 
 
 # exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
-# (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source).
+# (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source; on 4x1 the
+# middle ranks have neighbours on both sides).
 # Two kernel threads: one adjoint step per pass, the neighbours' share settled after each.
 @pytest.mark.parametrize("n,grid,every,threads", [(2, "2x1", 1, 0), (2, "1x2", 1, 0), (4, "2x2", 1, 0),
-                                                  (2, "1x2", 4, 0), (4, "2x2", 3, 0), (2, "2x1", 3, 2)])
+                                                  (2, "1x2", 4, 0), (4, "2x2", 3, 0), (4, "4x1", 4, 0),
+                                                  (2, "2x1", 3, 2)])
 def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every, threads):
     out = tmp_path / "res.npz"
     proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid, str(every), str(threads)],
