@@ -157,7 +157,7 @@ class Problem:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.prop.segments)
         if self.fused:
-            every = getattr(self.prop, "every", 1)
+            every = self.prop.every  # fused means acoustic2d
             exchange = f", halo exchange every {every} steps" if every > 1 else ""
             return (f"fused C kernels, {self.prop.threads} thread(s) per rank, "
                     f"{segs} time segment(s){exchange}")
