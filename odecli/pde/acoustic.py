@@ -29,12 +29,12 @@ from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
 MIN_POINTS_PER_THREAD = 50_000  # grid points per step below which another kernel thread does not pay
-MAX_EXCHANGE_EVERY = 4  # 8 measured no faster than 4 at 256^2 per rank (more redundant cells)
+MAX_EXCHANGE_EVERY = 8  # at 256^2 per rank 8 beat 4 by ~10 % and 16 was no better (RESULTS.md)
 
 
 def auto_exchange_every(decomp) -> int:
     """Steps between halo exchanges on the fused path: one more step per 32 cells of the smallest
-    block, up to 4, so the redundant band (2 cells per extra step) stays near 1/16 of a block."""
+    block, up to 8, so the redundant band (2 cells per extra step) stays under 1/16 of a block."""
     if decomp.nranks == 1:
         return 1
     return max(1, min(MAX_EXCHANGE_EVERY, 1 + min(decomp.min_local_shape) // 32))
