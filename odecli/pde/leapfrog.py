@@ -10,11 +10,11 @@ storing a damped copy of ``u`` each step, is what Cerjan damping of both time le
 with one array less to write.
 
 :func:`reference_step` is the readable PyTorch version (any device; autograd differentiates it).
-:func:`step_forward` and :func:`step_adjoint` are the fused C kernels (:mod:`odecli.pde.native`)
-that :mod:`odecli.pde.acoustic` drives on CPU: one pass over the grid each, instead of about
-twenty full-size temporaries, and no padding copy.  The forward kernel reproduces the reference
-bit for bit; the adjoint matches autograd of the reference to round-off (tests).
-:class:`Kernels` binds them to one problem's fixed arrays for the time loops.
+:func:`step_forward` and :func:`step_adjoint` call the fused C kernels (:mod:`odecli.pde.native`):
+one pass over the grid each, instead of about twenty full-size temporaries, and no padding
+copy.  The forward kernel reproduces the reference bit for bit; the adjoint matches autograd of
+the reference to round-off (tests).  :class:`Kernels` binds the kernels to one problem's fixed
+arrays; it is what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls every step.
 """
 
 from __future__ import annotations
