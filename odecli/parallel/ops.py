@@ -24,6 +24,7 @@ from torch.autograd.function import once_differentiable
 
 from .comm import Comm
 from .decomposition import Decomposition, decompose
+from .strips import Boxes
 
 # Tags name the direction a message travels; forward and adjoint halo traffic never share a tag.
 _EASTWARD, _WESTWARD, _NORTHWARD, _SOUTHWARD = range(4)
@@ -158,9 +159,10 @@ def _ghost_slices(shape: tuple[int, ...], d: Decomposition, ring: Ring, depth: i
 
 
 class GhostExchange:
-    """A halo exchange of CPU fields of one shape, planned once: the strips and the packed
-    message buffers are made here, so a call is a few numpy copies and one exchange per phase
-    (on small blocks, building views and buffers per call was most of an exchange's cost).
+    """A halo exchange of CPU fields of one shape, planned once: the strips of each message are
+    :class:`~odecli.parallel.strips.Boxes` with their packed buffer, so a call is one pack and
+    one unpack per neighbour (C copies) and one exchange per phase.  On small blocks, building
+    views and buffers, then numpy per strip, was most of an exchange's cost.
 
     ``depths[i]`` ghost cells of field ``i`` next to its owned block, inside the ghost ring
     ``ring``, are exchanged on every side with a neighbour; all fields travel in one message
@@ -172,55 +174,38 @@ class GhostExchange:
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, d: Decomposition, comm: Comm,
                  ring: Ring, depths: tuple[int, ...], adjoint: bool = False) -> None:
-        dtype = _NUMPY_DTYPES[dtype]
         sides = (d.north, d.south, d.west, d.east)
         if any(peer is not None and k > width for k in depths for peer, width in zip(sides, ring)):
             raise ValueError(f"GhostExchange: depths {depths} exceed the ghost ring {ring}")
-        self.shape, self.adjoint = tuple(shape), adjoint
+        self.adjoint = adjoint
         tag = _TAG_HALO_ADJ if adjoint else _TAG_HALO_FWD
-        probe = np.empty(shape, dtype)
         per_field = [(i, _ghost_slices(shape, d, ring, k)) for i, k in enumerate(depths) if k > 0]
         self.phases = []
         for phase in ((1, 0) if adjoint else (0, 1)):
             links = []
             for side in range(2):
-                strips = []
+                outgoing, incoming = [], []
                 for i, groups in per_field:
                     peer, edge, ghost, toward, back = groups[phase][side]
                     if peer is None:
                         break
-                    src, dst = (ghost, edge) if adjoint else (edge, ghost)
-                    strips.append((i, src, dst, probe[src].shape, probe[src].size))
-                if not strips:
-                    continue
-                size = sum(s[-1] for s in strips)
-                send, recv = np.empty(size, dtype), np.empty(size, dtype)
-                links.append((peer, tag + toward, tag + back, strips, send, recv))
-            self.phases.append((links, [(p, s, t) for p, t, _, _, s, _ in links],
-                                [(p, r, t) for p, _, t, _, _, r in links]))
+                    outgoing.append((i, ghost if adjoint else edge))
+                    incoming.append((i, edge if adjoint else ghost))
+                if outgoing:
+                    links.append((peer, tag + toward, tag + back, Boxes(shape, dtype, outgoing),
+                                  Boxes(shape, dtype, incoming)))
+            self.phases.append((links, [(p, out.buffer, t) for p, t, _, out, _ in links],
+                                [(p, into.buffer, t) for p, _, t, _, into in links]))
         self.comm = comm
 
     def __call__(self, fields: list[Tensor]) -> None:
-        arrays = [f.detach().numpy() for f in fields]
-        if any(a.shape != self.shape for a in arrays):
-            raise ValueError(f"GhostExchange: planned for fields of shape {self.shape}")
+        mode = "add" if self.adjoint else "copy"
         for links, sends, recvs in self.phases:
-            for _, _, _, strips, send, _ in links:
-                at = 0
-                for i, src, _, shape, n in strips:
-                    np.copyto(send[at : at + n].reshape(shape), arrays[i][src])
-                    at += n
+            for *_, outgoing, _ in links:
+                outgoing.pack(fields, clear=self.adjoint)
             self.comm.exchange(sends, recvs)
-            for _, _, _, strips, _, recv in links:
-                at = 0
-                for i, src, dst, shape, n in strips:
-                    part = recv[at : at + n].reshape(shape)
-                    at += n
-                    if self.adjoint:
-                        arrays[i][dst] += part
-                        arrays[i][src] = 0
-                    else:
-                        arrays[i][dst] = part
+            for *_, incoming in links:
+                incoming.unpack(fields, mode)
 
 
 def fill_ring_(up: Tensor, d: Decomposition, comm: Comm, w: int) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
+from odecli.parallel.strips import Boxes
 from odecli.pde.leapfrog import RING, Kernels, adjoint_scratch, pair_scratch, receiver_rows
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
@@ -117,16 +118,10 @@ class Loop:
         """
         t0 = time.perf_counter()
         sent = None
-        if self.extension:  # numpy on the strips: a fraction of torch's per-op cost
+        if self.extension:
             sent = self.workspace.pending(a_after)
-            a, w = a_after.numpy(), sent.numpy()
-            for index, g in self._ghost_frames(a_after.shape):
-                if g is None:
-                    w[index] = a[index]
-                else:
-                    np.multiply(a[index], g, out=w[index])
-                    w[index] *= g
-                a[index] = 0
+            frames, weight = self._ghost_frames(a_after)
+            frames.move(sent, a_after, weight)
         self._plan(a_next, adjoint=True)([a_next, a_next if sent is None else sent])
         self._clock(t0)
         return sent
@@ -134,21 +129,38 @@ class Loop:
     def settle(self, a: Tensor, sent: Tensor) -> None:
         """Subtract the neighbours' ``G G a_after`` from the owned edge of ``a`` (the adjoint of
         u), and clear ``sent`` for the next exchange."""
-        a, w = a.numpy(), sent.numpy()
-        for rows, cols in _frame(self.ring, a.shape, self.extension, self._sides(), outside=False):
-            a[:, rows, cols] -= w[:, rows, cols]
-            w[:, rows, cols] = 0
+        self.edges(a).move(a, sent, subtract=True)
 
-    def _ghost_frames(self, shape: tuple[int, ...]) -> list[tuple[tuple, np.ndarray | None]]:
-        """The extension's strips outside the owned block, each with its sponge values (numpy)."""
-        key = ("frames", tuple(shape))
+    def take_sent(self, sent: Tensor) -> Tensor:
+        """What the neighbours sent for the owned edge, ``(shots, cells)`` in the order of
+        :meth:`edge_cells`, cleared from ``sent`` (a view of a buffer reused by the next call)."""
+        return torch.from_numpy(self.edges(sent).pack([sent], clear=True)).view(sent.shape[0], -1)
+
+    def _ghost_frames(self, like: Tensor) -> tuple[Boxes, np.ndarray | None]:
+        """The extension's strips outside the owned block of fields like ``like``, and the
+        sponge squared over the ringed field (None without a sponge): ``G G a`` there is
+        u_prev's adjoint."""
+        shape = tuple(like.shape)
+        key = ("frames", shape, like.dtype)
         if key not in self.plans:
-            sponge = None if self.sponge is None else self.sponge.numpy()
-            self.plans[key] = [
-                ((slice(None), rows, cols),
-                 None if sponge is None else sponge[rows.start - RING : rows.stop - RING,
-                                                    cols.start - RING : cols.stop - RING])
-                for rows, cols in _frame(self.ring, shape, self.extension, self._sides(), outside=True)]
+            weight = None
+            if self.sponge is not None:
+                weight = np.zeros(shape[-2:], dtype=like.numpy().dtype)
+                weight[RING:-RING, RING:-RING] = (self.sponge * self.sponge).numpy()
+            boxes = [(0, (..., rows, cols)) for rows, cols
+                     in _frame(self.ring, shape, self.extension, self._sides(), outside=True)]
+            self.plans[key] = (Boxes(shape, like.dtype, boxes), weight)
+        return self.plans[key]
+
+    def edges(self, like: Tensor) -> Boxes:
+        """The owned edge band of fields like ``like`` that neighbours send u_prev's adjoint
+        for, box by box in the order of :meth:`edge_cells`."""
+        shape = tuple(like.shape)
+        key = ("edges", shape, like.dtype)
+        if key not in self.plans:
+            boxes = [(0, (..., rows, cols)) for rows, cols
+                     in _frame(self.ring, shape, self.extension, self._sides(), outside=False)]
+            self.plans[key] = Boxes(shape, like.dtype, boxes)
         return self.plans[key]
 
     def edge_cells(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
@@ -308,8 +320,7 @@ class _Propagation(torch.autograd.Function):
                     # is subtracted between the two steps, with the receiver residuals
                     receivers, values = (row_ptr, columns), in_order[k - 1]
                     if pending is not None:
-                        sent = pending[:, edge_iy, edge_ix]
-                        pending[:, edge_iy, edge_ix] = 0
+                        sent = loop.take_sent(pending)
                         receivers = both[1:]
                         values = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
                     kern.adjoint_pair(store[k - t0], store[k - 1 - t0], a_u, a_later, grad_c2, scratch,
