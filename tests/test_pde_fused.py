@@ -13,8 +13,9 @@ import torch
 from odecli.parallel.comm import get_comm
 import odecli.native
 from odecli.pde import native
-from odecli.pde.leapfrog import (adjoint_scratch, native_available, pair_scratch, receiver_rows, reference_step,
-                                 step_adjoint, step_adjoint_pair, step_forward)
+from odecli.pde.leapfrog import (adjoint_scratch, native_available, receiver_rows, reference_step,
+                                 run_scratch, step_adjoint, step_adjoint_run, step_forward,
+                                 steps_per_pass)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
 
@@ -225,14 +226,16 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         assert torch.equal(one, many)
 
 
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("with_sponge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_paired_adjoint_steps_equal_two_single_steps_bit_for_bit(with_sponge, dtype):
-    """Two adjoint steps in one pass, with the receiver residuals injected between them."""
-    gen = torch.Generator().manual_seed(11)
+def test_adjoint_run_equals_single_steps_bit_for_bit(steps, with_sponge, dtype):
+    """n adjoint steps in one pass, with each next step's receiver residuals injected between."""
+    gen = torch.Generator().manual_seed(11 + steps)
     b, ny, nx = 3, 14, 17
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
-    u_k, u_km1, g, later = (rnd(b, ny + 4, nx + 4) for _ in range(4))
+    stores = [rnd(b, ny + 4, nx + 4) for _ in range(steps)]  # u_k, u_{k-1}, ...
+    g, later = rnd(b, ny + 4, nx + 4), rnd(b, ny + 4, nx + 4)
     c2dt2 = 0.1 + rnd(ny, nx).abs() * 0.1
     sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
     if sponge is not None:
@@ -240,20 +243,43 @@ def test_paired_adjoint_steps_equal_two_single_steps_bit_for_bit(with_sponge, dt
     # ringed coordinates: two receivers in one row, the block's first and last rows and columns
     rec_iy = torch.tensor([9, 2, 9, ny + 1, 5])
     rec_ix = torch.tensor([3, 2, 12, nx + 1, 7])
-    values = rnd(b, rec_iy.numel())
+    values = [rnd(b, rec_iy.numel()) for _ in range(steps - 1)]  # residuals of steps k-1, k-2, ...
 
     a1, b1, grad1 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
-    step_adjoint(u_k, c2dt2, sponge, a1, b1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
-    b1.index_put_((torch.arange(b)[:, None], rec_iy[None, :], rec_ix[None, :]), values, accumulate=True)
-    step_adjoint(u_km1, c2dt2, sponge, b1, a1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
+    for j, u in enumerate(stores):
+        step_adjoint(u, c2dt2, sponge, a1, b1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
+        a1, b1 = b1, a1  # a1: the adjoint of the field just stepped back to
+        if j < steps - 1:
+            a1.index_put_((torch.arange(b)[:, None], rec_iy[None, :], rec_ix[None, :]), values[j],
+                          accumulate=True)
 
     order, row_ptr, columns = receiver_rows(rec_iy, rec_ix, ny + 4)
     a2, b2, grad2 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
-    step_adjoint_pair(u_k, u_km1, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, pair_scratch(c2dt2, b),
-                      (row_ptr, columns), values[:, order])
+    step_adjoint_run(stores, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, run_scratch(c2dt2, b, steps),
+                     [((row_ptr, columns), v[:, order]) for v in values])
+    last, before = (a2, b2) if steps % 2 == 0 else (b2, a2)
     assert float(grad1.abs().max()) > 0
-    for single, paired in ((a1, a2), (b1, b2), (grad1, grad2)):
-        assert torch.equal(single, paired)
+    for single, run in ((a1, last), (grad1, grad2)):
+        assert torch.equal(single, run)
+    if steps > 1:
+        assert torch.equal(b1, before)
+
+
+def test_fields_out_of_cache_get_longer_adjoint_passes():
+    assert steps_per_pass(256 * 256 * 8) == 2 and steps_per_pass(1000 * 1000 * 8) > 2
+
+
+@pytest.mark.parametrize("per_pass", [1, 3, 4, 8])
+def test_problem_gradient_is_the_same_for_any_steps_per_pass(monkeypatch, per_pass):
+    """Passes of n adjoint steps, cut by the time segments (these small fields would get 2)."""
+    from odecli.pde import acoustic_native
+
+    P = _problem(copy.deepcopy(BASE), True)
+    assert len(P.prop.segments) > 1
+    loss2, grad2 = P.evaluate(0)
+    monkeypatch.setattr(acoustic_native, "steps_per_pass", lambda field_bytes: per_pass)
+    loss, grad = P.evaluate(0)
+    assert loss == loss2 and torch.equal(grad[0], grad2[0])
 
 
 def test_problem_gradient_with_threads_equals_one_thread(monkeypatch):

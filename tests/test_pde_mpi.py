@@ -27,13 +27,16 @@ def reference():
 # (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source; on 4x1 the
 # middle ranks have neighbours on both sides).
 # Two kernel threads: one adjoint step per pass, the neighbours' share settled after each.
-@pytest.mark.parametrize("n,grid,every,threads", [(2, "2x1", 1, 0), (2, "1x2", 1, 0), (4, "2x2", 1, 0),
-                                                  (2, "1x2", 4, 0), (4, "2x2", 3, 0), (4, "4x1", 4, 0),
-                                                  (2, "2x1", 3, 2)])
-def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every, threads):
+# Three adjoint steps per pass between exchanges every 4 steps: odd passes, and single steps
+# after an exchange.
+@pytest.mark.parametrize("n,grid,every,threads,per_pass",
+                         [(2, "2x1", 1, 0, 0), (2, "1x2", 1, 0, 0), (4, "2x2", 1, 0, 0),
+                          (2, "1x2", 4, 0, 0), (4, "2x2", 3, 0, 0), (4, "4x1", 4, 0, 0),
+                          (2, "2x1", 3, 2, 0), (2, "1x2", 4, 0, 3)])
+def test_n_ranks_equal_one_rank(reference, tmp_path, n, grid, every, threads, per_pass):
     out = tmp_path / "res.npz"
-    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, [str(out), grid, str(every), str(threads)],
-                   timeout=180)
+    args = [str(out), grid, str(every), str(threads)] + ([str(per_pass)] if per_pass else [])
+    proc = run_mpi(SCRIPTS / "pde_equivalence.py", n, args, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert set(got.files) == set(reference)

@@ -6,8 +6,8 @@ the state at the start of every time segment is kept.  Backward, each segment is
 its start into a store of its fields (the last segment's store is kept from the forward), then
 the adjoint steps run through it in reverse: receiver residuals are injected as adjoint sources,
 ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per step
-(per two steps with one kernel thread) advances both adjoint fields and accumulates the
-gradient of ``c2dt2``.  Against autograd over
+(with one kernel thread, per run of 2-8 steps between halo exchanges: :func:`steps_per_pass`)
+advances both adjoint fields and accumulates the gradient of ``c2dt2``.  Against autograd over
 per-step ops this saves the graph, the zero-filled index gradients, the gradient accumulations
 and every per-step allocation.  Memory: ``2 (segments - 1)`` start fields plus the longest
 segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
@@ -26,7 +26,8 @@ from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
 from odecli.parallel.strips import Boxes
-from odecli.pde.leapfrog import RING, Kernels, adjoint_scratch, pair_scratch, receiver_rows
+from odecli.pde.leapfrog import (RING, Kernels, adjoint_scratch, receiver_rows, run_scratch,
+                                 steps_per_pass)
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -293,15 +294,16 @@ class _Propagation(torch.autograd.Function):
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
-        # One kernel thread: two steps per pass where no halo exchange sits between them.
-        paired = loop.threads == 1
-        scratch = pair_scratch(c2dt2, shape[0]) if paired else adjoint_scratch(c2dt2, loop.threads)
+        # One kernel thread: several steps per pass where no halo exchange sits between them.
+        per_pass = steps_per_pass(store[0].numel() * store.element_size()) if loop.threads == 1 else 1
+        scratch = (run_scratch(c2dt2, shape[0], per_pass) if per_pass > 1
+                   else adjoint_scratch(c2dt2, loop.threads))
         g = loop.geom
         kern, pts = ctx.kern, ctx.pts
         order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
         residuals = g_traces.permute(2, 0, 1).contiguous()  # (nt, shots, receivers)
-        in_order = residuals[:, :, order].contiguous()  # the same, in the paired pass's order
-        if paired and loop.extension:  # receivers plus the owned edge cells neighbours send to
+        in_order = residuals[:, :, order].contiguous()  # the same, in the pass's order
+        if per_pass > 1 and loop.extension:  # receivers plus the owned edge cells neighbours send to
             edge_iy, edge_ix = loop.edge_cells(shape)
             both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
         for s in reversed(range(len(loop.segments))):
@@ -315,17 +317,22 @@ class _Propagation(torch.autograd.Function):
                 if g.nrec_local:
                     kern.points(a_u, pts.receivers, _row(residuals, k))
                 pending = loop.exchange_adjoint(a_u, a_later) if loop.exchanges_after(k) else None
-                if paired and k - 1 >= t0 and not loop.exchanges_after(k - 1):
-                    # a_u ends as the adjoint of u_{k-1}; what the neighbours sent for u_k's edge
-                    # is subtracted between the two steps, with the receiver residuals
-                    receivers, values = (row_ptr, columns), in_order[k - 1]
+                n = 1  # steps k .. k-n+1 in this pass: up to the next exchange or segment start
+                while n < per_pass and k - n >= t0 and not loop.exchanges_after(k - n):
+                    n += 1
+                if n > 1:
+                    # the residuals of step k-j go in after step k-j+1; what the neighbours sent
+                    # for u_k's edge is subtracted between steps k and k-1, with them
+                    injections = [((row_ptr, columns), in_order[k - j]) for j in range(1, n)]
                     if pending is not None:
                         sent = loop.take_sent(pending)
-                        receivers = both[1:]
-                        values = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
-                    kern.adjoint_pair(store[k - t0], store[k - 1 - t0], a_u, a_later, grad_c2, scratch,
-                                      receivers, values)
-                    k -= 2
+                        merged = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
+                        injections[0] = (both[1:], merged)
+                    kern.adjoint_run([store[k - j - t0] for j in range(n)], a_u, a_later, grad_c2,
+                                     scratch, injections)
+                    if n % 2:  # a_later holds the adjoint of u_{k-n+1}, a_u that of u_{k-n+2}
+                        a_u, a_later = a_later, a_u
+                    k -= n
                     continue
                 kern.adjoint(store[k - t0], a_u, a_later, grad_c2, scratch)
                 if pending is not None:

@@ -121,7 +121,7 @@ class Kernels:
         self._adj_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny + 2 * RING, threads)]
         self._forward = _kernel("forward", self.dtype)
         self._adjoint = _kernel("adjoint", self.dtype)
-        self._pair = _kernel("adjoint_pair", self.dtype)
+        self._run = _kernel("adjoint_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
 
     def _check(self, *fields: Tensor) -> None:
@@ -156,21 +156,29 @@ class Kernels:
         _run_pieces([functools.partial(self._adjoint, *self._dims, r0, r1, *fixed, _ptr(scratch[k]))
                      for k, (r0, r1) in enumerate(self._adj_rows)])
 
-    def adjoint_pair(self, u_k: Tensor, u_km1: Tensor, a: Tensor, b: Tensor, grad_c2: Tensor,
-                     scratch: Tensor, receivers: tuple[Tensor, Tensor], values: Tensor) -> None:
-        """:func:`step_adjoint_pair`; ``values`` must be contiguous ``(shots, nrec)``."""
-        self._check(u_k, u_km1, a, b)
-        row_ptr, columns = receivers
-        if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] != 2 * self.shape[0]:
-            raise ValueError("step_adjoint_pair: scratch or grad_c2 has the wrong size")
+    def adjoint_run(self, stores: list[Tensor], a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
+                    injections: list[tuple[tuple[Tensor, Tensor], Tensor]]) -> None:
+        """:func:`step_adjoint_run`; each injection's values must be contiguous ``(shots, nrec)``."""
+        n = len(stores)
+        self._check(*stores, a, b)
+        if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] < n * self.shape[0] \
+                or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING):
+            raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
         if a.data_ptr() == b.data_ptr():
-            raise ValueError("step_adjoint_pair: a and b must be different buffers")
-        if row_ptr.shape != (self.shape[1] + 1,) or tuple(values.shape) != (self.shape[0], columns.numel()) \
-                or not values.is_contiguous():
-            raise ValueError("step_adjoint_pair: receivers or values have the wrong size")
-        self._pair(*self._dims, _ptr(u_k), _ptr(u_km1), self._c2, self._sponge, self._span, _ptr(a),
-                   _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch), _ptr(row_ptr),
-                   _ptr(columns), ctypes.c_long(columns.numel()), _ptr(values))
+            raise ValueError("step_adjoint_run: a and b must be different buffers")
+        if len(injections) != n - 1:
+            raise ValueError(f"step_adjoint_run: {n} steps need {n - 1} injections, got {len(injections)}")
+        for (row_ptr, columns), values in injections:
+            if row_ptr.shape != (self.shape[1] + 1,) or not values.is_contiguous() \
+                    or tuple(values.shape) != (self.shape[0], columns.numel()):
+                raise ValueError("step_adjoint_run: receivers or values have the wrong size")
+        pointers = ctypes.c_void_p * max(1, n - 1)
+        self._run(*self._dims, ctypes.c_long(n), (ctypes.c_void_p * n)(*(s.data_ptr() for s in stores)),
+                  self._c2, self._sponge, self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2),
+                  _ptr(scratch), pointers(*(r[0].data_ptr() for r, _ in injections)),
+                  pointers(*(r[1].data_ptr() for r, _ in injections)),
+                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
+                  pointers(*(v.data_ptr() for _, v in injections)))
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:
@@ -210,7 +218,7 @@ def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: 
 
 
 def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Receivers (ringed coordinates) sorted by row, for :func:`step_adjoint_pair`.
+    """Receivers (ringed coordinates) sorted by row, for :func:`step_adjoint_run`.
 
     Returns ``(order, row_ptr, columns)``: residuals are passed as ``values[:, order]``, and
     the receivers of ringed row ``q`` are ``row_ptr[q] .. row_ptr[q + 1] - 1`` of that order.
@@ -222,24 +230,39 @@ def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Te
     return order, row_ptr, rec_ix[order].to(torch.int64).contiguous()
 
 
-def step_adjoint_pair(u_k: Tensor, u_km1: Tensor, c2dt2: Tensor, sponge: Tensor | None, a: Tensor,
-                      b: Tensor, dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
-                      receivers: tuple[Tensor, Tensor], values: Tensor,
-                      spans: Tensor | None = None) -> None:
-    """Adjoint steps k and k-1 in one pass (one thread): two :func:`step_adjoint` calls, bit for bit.
+def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
+                     dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
+                     injections: list[tuple[tuple[Tensor, Tensor], Tensor]],
+                     spans: Tensor | None = None) -> None:
+    """Adjoint steps k, k-1, ..., k-n+1 in one pass (one thread): n :func:`step_adjoint` calls,
+    bit for bit, ``stores`` being the fields u_k, u_{k-1}, ..., u_{k-n+1}.
 
-    Between the two steps, ``values`` (shots, nrec), the residuals of step k-1 in the order of
-    :func:`receiver_rows`, are added at the receivers (``receivers = (row_ptr, columns)``).
-    On entry ``a`` is step k's ``g`` and ``b`` its ``a``; on exit ``a`` is the adjoint of u_{k-1}
-    and ``b`` that of u_k, as after the calls.  ``scratch``: :func:`pair_scratch`.  The
-    pass loads c2dt2, the sponge and grad_c2 once for both steps and reads the middle adjoint
-    field from cache, which is what makes it faster (the adjoint is memory-bound).
+    After the step at ``stores[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
+    residuals of the next step, ``values`` (shots, nrec) in the order of :func:`receiver_rows`,
+    at its receivers.  On entry ``a`` is step k's ``g`` and ``b`` its ``a``.  On exit the
+    adjoint of u_{k-n+1} is in ``a`` for even n and in ``b`` for odd n, and the other holds
+    that of u_{k-n+2} (for n = 1: ``b`` as after one call, ``a`` unchanged).
+    ``scratch``: :func:`run_scratch`.  The pass loads c2dt2, the sponge, grad_c2 and both
+    adjoint fields once for all n steps and reads each step's adjoint input from cache, which
+    is what makes it faster (the adjoint is memory-bound).
     """
-    check_layout(u_k, c2dt2, sponge, u_km1, a, b)
-    if scratch.shape != pair_scratch(c2dt2, u_k.shape[0]).shape:
-        raise ValueError("step_adjoint_pair: scratch or grad_c2 has the wrong size")
-    Kernels(u_k, c2dt2, sponge, dy, dx, spans).adjoint_pair(u_k, u_km1, a, b, grad_c2, scratch,
-                                                            receivers, values.contiguous())
+    check_layout(stores[0], c2dt2, sponge, *stores, a, b)
+    if scratch.shape[0] < len(stores) * stores[0].shape[0]:
+        raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
+    Kernels(stores[0], c2dt2, sponge, dy, dx, spans).adjoint_run(
+        stores, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
+
+
+def steps_per_pass(field_bytes: int) -> int:
+    """Adjoint steps per :func:`step_adjoint_run` pass for fields of ``field_bytes``.
+
+    Measured on the 2-core EPYC VM (benchmarks/RESULTS.md, "Then: up to 8 adjoint steps per
+    pass"): at 256^2 float64 (0.5 MB fields) a step's fields stay in cache and pairs were
+    best; from 512^2 float64 (2 MB) on, 8 steps per pass were best or level with 4, because
+    each further step saves a load of both adjoint fields, c2dt2 and grad_c2 (the backward
+    took 15-32 % less time than with pairs at 600^2-2000^2).
+    """
+    return 2 if field_bytes < 2 << 20 else 8
 
 
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
@@ -280,9 +303,9 @@ def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
     return c2dt2.new_zeros((threads, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
 
 
-def pair_scratch(c2dt2: Tensor, shots: int) -> Tensor:
-    """The zeroed work rows :func:`step_adjoint_pair` needs: one ring of h rows per step and shot."""
-    return c2dt2.new_zeros((2 * shots, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
+def run_scratch(c2dt2: Tensor, shots: int, steps: int) -> Tensor:
+    """The zeroed work rows :func:`step_adjoint_run` needs: one ring of h rows per step and shot."""
+    return c2dt2.new_zeros((steps * shots, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
 
 
 def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:

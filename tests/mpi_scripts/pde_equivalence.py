@@ -1,9 +1,11 @@
 """Forward traces/fields, losses and gradients of small PDE problems on this rank layout.
 
-Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY [KERNEL_THREADS]]]   (rank 0 writes OUT.npz)
+Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY [KERNEL_THREADS [STEPS_PER_PASS]]]]
+(rank 0 writes OUT.npz)
 
 KERNEL_THREADS > 1 splits each step's rows over threads even on these small grids, which runs
-the adjoint one step per pass (no paired steps).
+the adjoint one step per pass.  STEPS_PER_PASS sets the adjoint steps per pass of one thread
+(these small fields would get 2).
 Imported by tests/test_pde_mpi.py for the single-rank reference (``compute``).
 """
 
@@ -111,6 +113,10 @@ if __name__ == "__main__":
         import odecli.pde.acoustic as acoustic
 
         acoustic.MIN_POINTS_PER_THREAD = 1
+    if len(sys.argv) > 5:
+        import odecli.pde.acoustic_native as acoustic_native
+
+        acoustic_native.steps_per_pass = lambda field_bytes: int(sys.argv[5])
     res = compute(pg, every, threads)
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)

@@ -33,7 +33,7 @@
 
 /* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
 #define HROWS 8
-#define PAIR_LAG 2 /* rows step k runs ahead of step k-1 in leapfrog_adjoint_pair */
+#define RUN_LAG 2 /* rows each step runs ahead of the next in leapfrog_adjoint_run */
 #define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
 #define LAPT(J)                                                                       \
     (((((hc[(J) + 2] * kc) + ((hc[(J) + 1] + hc[(J) + 3]) * k1x))                     \
@@ -172,44 +172,50 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
                                        grad_c2, scratch);                                     \
 }                                                                                             \
                                                                                               \
-/* Adjoint steps k and k-1 in one pass over the grid (one thread, the whole block), with the  \
- * same arithmetic in the same order as two leapfrog_adjoint calls with the receiver          \
- * injection between them, so the results are bit for bit those.  Step k (g = A, a = Bf) runs  \
- * PAIR_LAG rows ahead of step k-1 (g = Bf, a = A): ringed row q of Bf is final once step k    \
- * has done row q, gets the step-(k-1) residuals of the receivers in it (receivers sorted by   \
- * ringed row, rec_ptr their ny+5 CSR offsets, rec_ix ringed columns, rec_val (B, nrec) in    \
- * that order), and is read by step k-1 right after, still in cache; each row of c2dt2, the   \
- * sponge and grad_c2 is loaded once for both steps (and all shots).  Step k reads A's block   \
- * rows before step k-1 overwrites them.  On exit A is                                         \
- * the adjoint of u_{k-1} and Bf that of u_k (with the injection), as after the two calls.     \
- * Shots are interleaved row by row, so grad_c2 sums over shots in the two calls' order.       \
- * scratch: 2 B adjoint scratches (one per step and shot).                                     \
+/* Adjoint steps k, k-1, ..., k-n+1 in one pass over the grid (one thread, the whole block),   \
+ * with the same arithmetic in the same order as n leapfrog_adjoint calls with the receiver    \
+ * injections between them, so the results are bit for bit those.  Step k-j runs j*RUN_LAG    \
+ * rows behind step k; its fields alternate: g = A, a = Bf for even j, g = Bf, a = A for odd  \
+ * j.  Ringed row q of step k-j's output is final once that step has done row q; it then gets \
+ * the residuals of step k-j-1 (receivers sorted by ringed row: rec_ptr[j] their ny+5 CSR     \
+ * offsets, rec_ix[j] ringed columns, rec_val[j] (B, nrec[j]) in that order) and is read by   \
+ * step k-j-1 right after, still in cache.  Each row of c2dt2, the sponge and grad_c2 is      \
+ * loaded once for all n steps, and A and Bf once: the adjoint is memory-bound, so the pass   \
+ * costs little more than reading the n stored fields up[0..n-1] (u_k .. u_{k-n+1}).  A step  \
+ * reads its g's rows RUN_LAG rows ahead of where the step behind it overwrites them.  On     \
+ * exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf for  \
+ * odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls' order.  \
+ * scratch: n B adjoint scratches (one per step and shot).                                     \
  */                                                                                           \
-void leapfrog_adjoint_pair_##SUFFIX(long B, long ny, long nx, const T *restrict up_k,        \
-                                    const T *restrict up_km1, const T *restrict c2dt2,       \
-                                    const T *restrict sponge, const int64_t *restrict span,  \
-                                    T *restrict A, T *restrict Bf, double iy2, double ix2,   \
-                                    T *restrict grad_c2, T *restrict scratch,                \
-                                    const int64_t *restrict rec_ptr,                         \
-                                    const int64_t *restrict rec_ix, long nrec,               \
-                                    const T *restrict rec_val)                               \
+void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, const T *const *up,     \
+                                   const T *restrict c2dt2, const T *restrict sponge,        \
+                                   const int64_t *restrict span, T *A, T *Bf, double iy2,    \
+                                   double ix2, T *restrict grad_c2, T *restrict scratch,     \
+                                   const int64_t *const *rec_ptr,                            \
+                                   const int64_t *const *rec_ix, const long *nrec,           \
+                                   const T *const *rec_val)                                  \
 {                                                                                             \
     const long w = nx + 4, plane = (ny + 4) * w, R1 = ny + 4, ring = (HROWS + 1) * (nx + 8);   \
-    for (long q = -4; q < R1 + PAIR_LAG; ++q) {                                               \
-        for (long b = 0; b < B && q < R1; ++b) {                                              \
-            T *Bb = Bf + b * plane;                                                           \
-            adjoint_iteration_##SUFFIX(q, ny, nx, 0, R1, up_k + b * plane, c2dt2, sponge,     \
-                                       span, A + b * plane, Bb, iy2, ix2, grad_c2,            \
-                                       scratch + b * ring);                                   \
-            for (long k = q >= 0 ? rec_ptr[q] : 0; q >= 0 && k < rec_ptr[q + 1]; ++k)         \
-                Bb[q * w + rec_ix[k]] += rec_val[b * nrec + k];                               \
+    for (long q = -4; q < R1 + (n - 1) * RUN_LAG; ++q) {                                      \
+        for (long j = 0; j < n; ++j) {                                                        \
+            const long qj = q - j * RUN_LAG;                                                  \
+            if (qj < -4 || qj >= R1)                                                          \
+                continue;                                                                     \
+            T *g = (j % 2 == 0) ? A : Bf, *a = (j % 2 == 0) ? Bf : A;                         \
+            for (long b = 0; b < B; ++b) {                                                    \
+                T *ab = a + b * plane;                                                        \
+                adjoint_iteration_##SUFFIX(qj, ny, nx, 0, R1, up[j] + b * plane, c2dt2,       \
+                                           sponge, span, g + b * plane, ab, iy2, ix2,         \
+                                           grad_c2, scratch + (j * B + b) * ring);            \
+                if (j + 1 < n && qj >= 0) {                                                   \
+                    const int64_t *ptr = rec_ptr[j], *ix = rec_ix[j];                         \
+                    const T *val = rec_val[j] + b * nrec[j];                                  \
+                    for (long k = ptr[qj]; k < ptr[qj + 1]; ++k) ab[qj * w + ix[k]] += val[k]; \
+                }                                                                             \
+            }                                                                                 \
         }                                                                                     \
-        for (long b = 0; b < B && q - PAIR_LAG >= -4; ++b)                                    \
-            adjoint_iteration_##SUFFIX(q - PAIR_LAG, ny, nx, 0, R1, up_km1 + b * plane,       \
-                                       c2dt2, sponge, span, Bf + b * plane, A + b * plane,    \
-                                       iy2, ix2, grad_c2, scratch + (B + b) * ring);          \
     }                                                                                         \
-}
+}                                                                                             \
 
 /* One step's point work in one call: field[add[k]] += vals[k] in order (the sources, or the
  * receivers' residuals), then out[k] = field[get[k]] (the receivers).  Indices are flat into
