@@ -226,11 +226,12 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         assert torch.equal(one, many)
 
 
-@pytest.mark.parametrize("steps", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("steps,threads", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (5, 2), (8, 3)])
 @pytest.mark.parametrize("with_sponge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_adjoint_run_equals_single_steps_bit_for_bit(steps, with_sponge, dtype):
-    """n adjoint steps in one pass, with each next step's receiver residuals injected between."""
+def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype):
+    """n adjoint steps in one pass, with each next step's receiver residuals injected between;
+    on several threads, each running its share of the steps behind the one before."""
     gen = torch.Generator().manual_seed(11 + steps)
     b, ny, nx = 3, 14, 17
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
@@ -256,7 +257,7 @@ def test_adjoint_run_equals_single_steps_bit_for_bit(steps, with_sponge, dtype):
     order, row_ptr, columns = receiver_rows(rec_iy, rec_ix, ny + 4)
     a2, b2, grad2 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
     step_adjoint_run(stores, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, run_scratch(c2dt2, b, steps),
-                     [((row_ptr, columns), v[:, order]) for v in values])
+                     [((row_ptr, columns), v[:, order]) for v in values], threads=threads)
     last, before = (a2, b2) if steps % 2 == 0 else (b2, a2)
     assert float(grad1.abs().max()) > 0
     for single, run in ((a1, last), (grad1, grad2)):

@@ -26,7 +26,8 @@ def reference():
 # exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
 # (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source; on 4x1 the
 # middle ranks have neighbours on both sides).
-# Two kernel threads: one adjoint step per pass, the neighbours' share settled after each.
+# Two kernel threads: the two steps of a pass on two threads, and single steps (at a segment's
+# start, after an exchange) split by rows, the neighbours' share settled after them.
 # Three adjoint steps per pass between exchanges every 4 steps: odd passes, and single steps
 # after an exchange.
 @pytest.mark.parametrize("n,grid,every,threads,per_pass",

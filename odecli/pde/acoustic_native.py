@@ -5,9 +5,9 @@ buffers are recycled (each new field overwrites the one two steps back), so no s
 the state at the start of every time segment is kept.  Backward, each segment is recomputed from
 its start into a store of its fields (the last segment's store is kept from the forward), then
 the adjoint steps run through it in reverse: receiver residuals are injected as adjoint sources,
-ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per step
-(with one kernel thread, per run of 2-8 steps between halo exchanges: :func:`steps_per_pass`)
-advances both adjoint fields and accumulates the gradient of ``c2dt2``.  Against autograd over
+ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per run
+of 2-8 steps between halo exchanges (:func:`steps_per_pass`; the steps shared out over the
+kernel threads) advances both adjoint fields and accumulates the gradient of ``c2dt2``.  Against autograd over
 per-step ops this saves the graph, the zero-filled index gradients, the gradient accumulations
 and every per-step allocation.  Memory: ``2 (segments - 1)`` start fields plus the longest
 segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
@@ -26,8 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
 from odecli.parallel.strips import Boxes
-from odecli.pde.leapfrog import (RING, Kernels, adjoint_scratch, receiver_rows, run_scratch,
-                                 steps_per_pass)
+from odecli.pde.leapfrog import RING, Kernels, receiver_rows, run_scratch, steps_per_pass
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -294,16 +293,16 @@ class _Propagation(torch.autograd.Function):
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
-        # One kernel thread: several steps per pass where no halo exchange sits between them.
-        per_pass = steps_per_pass(store[0].numel() * store.element_size()) if loop.threads == 1 else 1
-        scratch = (run_scratch(c2dt2, shape[0], per_pass) if per_pass > 1
-                   else adjoint_scratch(c2dt2, loop.threads))
+        # several steps per pass where no halo exchange sits between them (shared out over the
+        # kernel threads), single steps split by rows where one must run alone
+        per_pass = steps_per_pass(store[0].numel() * store.element_size())
+        scratch = run_scratch(c2dt2, shape[0], max(per_pass, loop.threads))
         g = loop.geom
         kern, pts = ctx.kern, ctx.pts
         order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
         residuals = g_traces.permute(2, 0, 1).contiguous()  # (nt, shots, receivers)
         in_order = residuals[:, :, order].contiguous()  # the same, in the pass's order
-        if per_pass > 1 and loop.extension:  # receivers plus the owned edge cells neighbours send to
+        if loop.extension:  # receivers plus the owned edge cells neighbours send to
             edge_iy, edge_ix = loop.edge_cells(shape)
             both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
         for s in reversed(range(len(loop.segments))):

@@ -117,6 +117,7 @@ class Kernels:
         self._dims = _dims(like)
         self._c2, self._sponge, self._span = _ptr(c2dt2), _ptr(sponge), _ptr(self.spans)
         self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
+        self.threads = threads
         self._fwd_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny, threads)]
         self._adj_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny + 2 * RING, threads)]
         self._forward = _kernel("forward", self.dtype)
@@ -173,12 +174,21 @@ class Kernels:
                     or tuple(values.shape) != (self.shape[0], columns.numel()):
                 raise ValueError("step_adjoint_run: receivers or values have the wrong size")
         pointers = ctypes.c_void_p * max(1, n - 1)
-        self._run(*self._dims, ctypes.c_long(n), (ctypes.c_void_p * n)(*(s.data_ptr() for s in stores)),
-                  self._c2, self._sponge, self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2),
-                  _ptr(scratch), pointers(*(r[0].data_ptr() for r, _ in injections)),
-                  pointers(*(r[1].data_ptr() for r, _ in injections)),
-                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
-                  pointers(*(v.data_ptr() for _, v in injections)))
+        fixed = ((ctypes.c_void_p * n)(*(s.data_ptr() for s in stores)), self._c2, self._sponge,
+                 self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch),
+                 pointers(*(r[0].data_ptr() for r, _ in injections)),
+                 pointers(*(r[1].data_ptr() for r, _ in injections)),
+                 (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
+                 pointers(*(v.data_ptr() for _, v in injections)))
+        parts = _pieces(n, self.threads)  # consecutive steps per thread, pipelined row by row
+        if len(parts) == 1:
+            self._run(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
+            return
+        done = torch.full((len(parts),), -(1 << 40), dtype=torch.int64)  # last row iteration per part
+        marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(len(parts))]
+        _run_pieces([functools.partial(self._run, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
+                                       ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
+                     for t, (j0, j1) in enumerate(parts)])
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:
@@ -233,9 +243,10 @@ def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Te
 def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
                      dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
                      injections: list[tuple[tuple[Tensor, Tensor], Tensor]],
-                     spans: Tensor | None = None) -> None:
-    """Adjoint steps k, k-1, ..., k-n+1 in one pass (one thread): n :func:`step_adjoint` calls,
-    bit for bit, ``stores`` being the fields u_k, u_{k-1}, ..., u_{k-n+1}.
+                     spans: Tensor | None = None, threads: int = 1) -> None:
+    """Adjoint steps k, k-1, ..., k-n+1 in one pass: n :func:`step_adjoint` calls, bit for bit,
+    ``stores`` being the fields u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1 the steps are
+    shared out, each thread's steps following the ones before row by row.
 
     After the step at ``stores[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
     residuals of the next step, ``values`` (shots, nrec) in the order of :func:`receiver_rows`,
@@ -249,7 +260,7 @@ def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None,
     check_layout(stores[0], c2dt2, sponge, *stores, a, b)
     if scratch.shape[0] < len(stores) * stores[0].shape[0]:
         raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
-    Kernels(stores[0], c2dt2, sponge, dy, dx, spans).adjoint_run(
+    Kernels(stores[0], c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
         stores, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
 
 

@@ -3,9 +3,9 @@
 Usage: pde_equivalence.py OUT.npz [PYxPX [EXCHANGE_EVERY [KERNEL_THREADS [STEPS_PER_PASS]]]]
 (rank 0 writes OUT.npz)
 
-KERNEL_THREADS > 1 splits each step's rows over threads even on these small grids, which runs
-the adjoint one step per pass.  STEPS_PER_PASS sets the adjoint steps per pass of one thread
-(these small fields would get 2).
+KERNEL_THREADS > 1 splits the kernels over threads even on these small grids: a forward step's
+rows, an adjoint pass's steps (pipelined row by row), and the rows of an adjoint step that runs
+alone.  STEPS_PER_PASS sets the adjoint steps per pass (these small fields would get 2).
 Imported by tests/test_pde_mpi.py for the single-rank reference (``compute``).
 """
 

@@ -18,6 +18,7 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <sched.h>
 #include <string.h>
 
 #define C0 (-5.0 / 2.0)
@@ -186,8 +187,15 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
  * exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf for  \
  * odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls' order.  \
  * scratch: n B adjoint scratches (one per step and shot).                                     \
+ * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
+ * at once, each publishing in *done the last iteration q it has finished and waiting before  \
+ * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
+ * are then written and read in the one-thread order, and every row of grad_c2 gets its       \
+ * steps' terms in step order: results do not depend on the split.  done, ahead: NULL alone.  \
  */                                                                                           \
-void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, const T *const *up,     \
+void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, long j1,       \
+                                   int64_t *done, const int64_t *ahead,                      \
+                                   const T *const *up,                                       \
                                    const T *restrict c2dt2, const T *restrict sponge,        \
                                    const int64_t *restrict span, T *A, T *Bf, double iy2,    \
                                    double ix2, T *restrict grad_c2, T *restrict scratch,     \
@@ -197,7 +205,10 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, const T *co
 {                                                                                             \
     const long w = nx + 4, plane = (ny + 4) * w, R1 = ny + 4, ring = (HROWS + 1) * (nx + 8);   \
     for (long q = -4; q < R1 + (n - 1) * RUN_LAG; ++q) {                                      \
-        for (long j = 0; j < n; ++j) {                                                        \
+        if (ahead) /* steps j0.. read what step j0-1 (another thread) makes in iteration q */ \
+            for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; ++spins)       \
+                if (spins > 256) sched_yield();                                               \
+        for (long j = j0; j < j1; ++j) {                                                      \
             const long qj = q - j * RUN_LAG;                                                  \
             if (qj < -4 || qj >= R1)                                                          \
                 continue;                                                                     \
@@ -214,6 +225,8 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, const T *co
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
+        if (done)                                                                             \
+            __atomic_store_n(done, q, __ATOMIC_RELEASE);                                      \
     }                                                                                         \
 }                                                                                             \
 
