@@ -7,10 +7,10 @@ its start into a store of its fields (the last segment's store is kept from the 
 the adjoint steps run through it in reverse: receiver residuals are injected as adjoint sources,
 ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per run
 of 2-8 steps between halo exchanges (:func:`steps_per_pass`; the steps shared out over the
-kernel threads) advances both adjoint fields and accumulates the gradient of ``c2dt2``.  Against autograd over
-per-step ops this saves the graph, the zero-filled index gradients, the gradient accumulations
-and every per-step allocation.  Memory: ``2 (segments - 1)`` start fields plus the longest
-segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
+kernel threads) advances both adjoint fields and accumulates the gradient of ``c2dt2``.
+Against autograd over per-step ops this saves the graph, the zero-filled index gradients, the
+gradient accumulations and every per-step allocation.  Memory: ``2 (segments - 1)`` start
+fields plus the longest segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
 """
 
 from __future__ import annotations
