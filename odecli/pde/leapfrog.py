@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -180,7 +181,9 @@ class Kernels:
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
                  pointers(*(v.data_ptr() for _, v in injections)))
-        parts = _pieces(n, self.threads)  # consecutive steps per thread, pipelined row by row
+        # consecutive steps per thread, pipelined row by row; a thread waiting for the one before
+        # it spins, so no more threads than the CPUs this process may use
+        parts = _pieces(n, min(self.threads, _cpus()))
         if len(parts) == 1:
             self._run(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
             return
@@ -292,6 +295,14 @@ def _run_pieces(calls: list) -> None:
     calls[-1]()
     for f in futures:
         f.result()
+
+
+@functools.lru_cache(maxsize=1)
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)
