@@ -173,20 +173,20 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
                                        grad_c2, scratch);                                     \
 }                                                                                             \
                                                                                               \
-/* Adjoint steps k, k-1, ..., k-n+1 in one pass over the grid (one thread, the whole block),   \
- * with the same arithmetic in the same order as n leapfrog_adjoint calls with the receiver    \
+/* Adjoint steps k, k-1, ..., k-n+1 in one pass over the whole block (threads: see below),    \
+ * with the same arithmetic in the same order as n leapfrog_adjoint calls with the receiver   \
  * injections between them, so the results are bit for bit those.  Step k-j runs j*RUN_LAG    \
  * rows behind step k; its fields alternate: g = A, a = Bf for even j, g = Bf, a = A for odd  \
  * j.  Ringed row q of step k-j's output is final once that step has done row q; it then gets \
  * the residuals of step k-j-1 (receivers sorted by ringed row: rec_ptr[j] their ny+5 CSR     \
  * offsets, rec_ix[j] ringed columns, rec_val[j] (B, nrec[j]) in that order) and is read by   \
  * step k-j-1 right after, still in cache.  Each row of c2dt2, the sponge and grad_c2 is      \
- * loaded once for all n steps, and A and Bf once: the adjoint is memory-bound, so the pass   \
- * costs little more than reading the n stored fields up[0..n-1] (u_k .. u_{k-n+1}).  A step  \
- * reads its g's rows RUN_LAG rows ahead of where the step behind it overwrites them.  On     \
- * exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf for  \
- * odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls' order.  \
- * scratch: n B adjoint scratches (one per step and shot).                                     \
+ * loaded once for all n steps, and A and Bf once, besides the n stored fields up[0..n-1]     \
+ * (u_k .. u_{k-n+1}): the adjoint is bound by memory traffic once fields leave cache.  A     \
+ * step reads its g's rows RUN_LAG rows ahead of where the step behind it overwrites them.    \
+ * On exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf   \
+ * for odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls'     \
+ * order.  scratch: n B adjoint scratches (one per step and shot).                            \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last iteration q it has finished and waiting before  \
  * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
