@@ -286,6 +286,25 @@ def test_problem_gradient_is_the_same_for_any_steps_per_pass(monkeypatch, per_pa
     assert loss == loss2 and torch.equal(grad[0], grad2[0])
 
 
+@pytest.mark.parametrize("per_pass", [1, 3, 5])
+def test_forward_passes_of_any_length_give_the_same_traces_and_gradient(monkeypatch, per_pass):
+    """Forward passes of n steps (cut by the time segments; the default is 8): the traces, the
+    stored fields the adjoint reads and so the gradient are those of single steps."""
+    from odecli.pde import acoustic_native
+
+    P = _problem(copy.deepcopy(BASE), True)
+    c = P.unknown.field().detach()
+    with torch.no_grad():
+        traces8 = P.prop.forward(c)[0]
+    loss8, grad8 = P.evaluate(0)
+    monkeypatch.setattr(acoustic_native, "FORWARD_STEPS_PER_PASS", per_pass)
+    with torch.no_grad():
+        traces = P.prop.forward(c)[0]
+    loss, grad = P.evaluate(0)
+    assert float(traces8.abs().max()) > 0
+    assert torch.equal(traces, traces8) and loss == loss8 and torch.equal(grad[0], grad8[0])
+
+
 def test_problem_gradient_with_threads_equals_one_thread(monkeypatch):
     from odecli.pde import acoustic
 

@@ -26,7 +26,8 @@ from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
 from odecli.parallel.strips import Boxes
-from odecli.pde.leapfrog import RING, Kernels, receiver_rows, run_scratch, steps_per_pass
+from odecli.pde.leapfrog import (FORWARD_STEPS_PER_PASS, RING, Kernels, RowPoints, receiver_rows,
+                                 run_scratch, steps_per_pass)
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -217,7 +218,8 @@ def propagate(loop: Loop, c2dt2: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
 
 class _Points:
     """The sources and receivers as flat indices into the fields, and the sources' values per
-    step, for :meth:`Kernels.points` (one C call per step for both)."""
+    step, for :meth:`Kernels.points` (one C call per step for both), and sorted by row for
+    :meth:`Kernels.forward_run`."""
 
     def __init__(self, loop: Loop, shape: tuple[int, int, int]) -> None:
         g = loop.geom
@@ -227,29 +229,50 @@ class _Points:
         self.receivers = ((torch.arange(shots)[:, None] * plane + (g.rec_iy * cols + g.rec_ix)[None, :])
                           .reshape(-1).to(torch.int64).contiguous())
         self.values = g.source_values(loop.dt2, loop.src_gain).contiguous()  # (nt, sources)
+        self.source_rows = RowPoints(self.sources, shape) if self.sources.numel() else None
+        self.receiver_rows = RowPoints(self.receivers, shape) if self.receivers.numel() else None
+
+
+def _address(t: Tensor, k: int) -> int:
+    """The address of ``t[k]`` (``t`` contiguous), without making a view."""
+    return t.data_ptr() + k * t.stride(0) * t.element_size()
 
 
 def _row(t: Tensor, k: int) -> ctypes.c_void_p:
-    """The address of ``t[k]`` (``t`` contiguous), without making a view."""
-    return ctypes.c_void_p(t.data_ptr() + k * t.stride(0) * t.element_size())
+    return ctypes.c_void_p(_address(t, k))
 
 
 def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: int, t1: int,
            traces: Tensor | None, store: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Steps ``t0 .. t1-1`` from ``(p, u)``, recording the receivers into ``traces[k]``
     (``(nt, shots, receivers)``) when given.  With ``store`` (``store[0]`` is ``u``), field
-    ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer."""
+    ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer.
+    With one kernel thread, runs of steps up to the next exchange go in one pass each."""
+    per_pass = FORWARD_STEPS_PER_PASS if loop.threads == 1 else 1
     record = pts.receivers if traces is not None and pts.receivers.numel() else None
     touch = record is not None or pts.sources.numel() > 0
-    for k in range(t0, t1):
-        out = p if store is None else store[k - t0 + 1]
-        kern.forward(u, p, out)
-        if touch:  # the receivers sit in the owned block: the exchange does not change them
-            kern.points(out, pts.sources, _row(pts.values, k), record,
-                        None if record is None else _row(traces, k))
-        if loop.exchanges_after(k):
-            loop.exchange(out, u)
-        p, u = u, out
+    k = t0
+    while k < t1:
+        n = 1  # steps k .. k+n-1, up to the next exchange
+        while n < per_pass and k + n < t1 and not loop.exchanges_after(k + n - 1):
+            n += 1
+        if n > 1:
+            outs = [store[k + j - t0 + 1] for j in range(n)] if store is not None \
+                else [(p, u)[j % 2] for j in range(n)]
+            kern.forward_run([p, u, *outs], pts.source_rows, _address(pts.values, k),
+                             None if record is None else pts.receiver_rows,
+                             0 if record is None else _address(traces, k))
+            p, u = ([p, u, *outs])[-2:]
+        else:
+            out = p if store is None else store[k - t0 + 1]
+            kern.forward(u, p, out)
+            if touch:  # the receivers sit in the owned block: the exchange does not change them
+                kern.points(out, pts.sources, _row(pts.values, k), record,
+                            None if record is None else _row(traces, k))
+            p, u = u, out
+        k += n
+        if loop.exchanges_after(k - 1):
+            loop.exchange(u, p)
     return p, u
 
 

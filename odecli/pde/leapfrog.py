@@ -124,6 +124,7 @@ class Kernels:
         self._forward = _kernel("forward", self.dtype)
         self._adjoint = _kernel("adjoint", self.dtype)
         self._run = _kernel("adjoint_run", self.dtype)
+        self._forward_run = _kernel("forward_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
 
     def _check(self, *fields: Tensor) -> None:
@@ -143,6 +144,25 @@ class Kernels:
             _run_pieces([functools.partial(self._forward, *self._dims, a, b, *fixed)
                          for a, b in self._fwd_rows])
         return out
+
+    def forward_run(self, fields: list[Tensor], sources: RowPoints | None, source_values: int,
+                    receivers: RowPoints | None, traces: int) -> None:
+        """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass (one thread):
+        ``out_j`` may be the field two before it (two buffers recycled).  After step j the
+        sources get ``source_values + j * sources.stride`` (an address: rows of ``stride``
+        numbers, in source order) and the receivers are read into ``traces + j *
+        receivers.stride``; bit for bit the same as :meth:`forward` then :meth:`points` per
+        step."""
+        n = len(fields) - 2
+        self._check(*fields)
+        if n < 1:
+            raise ValueError("leapfrog: forward_run needs u_prev, u and at least one output")
+        none = (None, None, None, None, ctypes.c_long(0))
+        self._forward_run(*self._dims, ctypes.c_long(n), (ctypes.c_void_p * len(fields))(
+                              *(f.data_ptr() for f in fields)),
+                          self._c2, self._sponge, self._span, self._iy2, self._ix2,
+                          *(none if sources is None else sources.args(source_values)),
+                          *(none if receivers is None else receivers.args(traces)))
 
     def adjoint(self, u: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
         """:func:`step_adjoint`; ``scratch`` has (at least) one zeroed row set per piece of rows."""
@@ -201,6 +221,27 @@ class Kernels:
         self._check(field)
         self._points(_ptr(field), _ptr(add), values, ctypes.c_long(add.numel()),
                      _ptr(get), ctypes.c_long(0 if get is None else get.numel()), out)
+
+
+class RowPoints:
+    """Points of ringed fields (flat indices into ``(B, ny + 4, nx + 4)``) sorted by ringed row,
+    for the passes that add or read them row by row: ``stride`` numbers per step, point ``k``
+    being number ``k`` of a step's row of values."""
+
+    def __init__(self, flat: Tensor, shape: tuple[int, int, int]) -> None:
+        rows = (flat % (shape[1] * shape[2])) // shape[2]
+        if flat.numel() and (int(rows.min()) < RING or int(rows.max()) >= shape[1] - RING):
+            raise ValueError("leapfrog: points must lie in block rows, not in the ring")
+        order = torch.argsort(rows, stable=True)
+        self.row_ptr = torch.zeros(shape[1] + 1, dtype=torch.int64)
+        self.row_ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[1]), 0)
+        self.at = flat[order].to(torch.int64).contiguous()
+        self.index = order.to(torch.int64).contiguous()
+        self.stride = flat.numel()
+
+    def args(self, values: int) -> tuple:
+        return (_ptr(self.row_ptr), _ptr(self.at), _ptr(self.index), ctypes.c_void_p(values),
+                ctypes.c_long(self.stride))
 
 
 def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
@@ -265,6 +306,12 @@ def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None,
         raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
     Kernels(stores[0], c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
         stores, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
+
+
+# Forward steps per Kernels.forward_run pass (one thread).  Measured on the 2-core EPYC VM
+# (benchmarks/RESULTS.md, "Then: forward passes of 8 steps"): 8 beat 1, 2 and 4 from 256^2
+# (in cache) to 2000^2, because each step reads u and u_prev from cache instead of memory.
+FORWARD_STEPS_PER_PASS = 8
 
 
 def steps_per_pass(field_bytes: int) -> int:

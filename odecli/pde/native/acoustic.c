@@ -35,6 +35,7 @@
 /* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
 #define HROWS 8
 #define RUN_LAG 2 /* rows each step runs ahead of the next in leapfrog_adjoint_run */
+#define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
 #define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
 #define LAPT(J)                                                                       \
     (((((hc[(J) + 2] * kc) + ((hc[(J) + 1] + hc[(J) + 3]) * k1x))                     \
@@ -99,6 +100,59 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
                            i1 == ny ? ny + 4 : i1 + 2);                                       \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+/* Steps k, k+1, ..., k+n-1 in one pass over the whole block (one thread): step j makes       \
+ * f[j+2] from f[j+1] (u) and f[j] (u_prev), FRUN_LAG block rows behind step j-1, so the rows it\
+ * reads come from cache.  f[j+2] may be f[j] (two buffers recycled, as leapfrog_forward allows\
+ * u_next = u_prev): in each row iteration step j-1 runs first, so the rows of f[j] it reads are\
+ * read before step j overwrites them.  Each row of c2dt2 and the sponge is loaded once for all\
+ * n steps.  Once step j has made ringed row R (all shots), the step's sources in that row are\
+ * added (src_ptr: ny+5 CSR offsets by ringed row; src_at flat indices into the (B, ny+4, nx+4)\
+ * field, stable-sorted by row; the value of source src_idx[k] is src_val[j*src_stride +      \
+ * src_idx[k]]) and then its receivers read (rec_ptr, rec_at likewise; traces[j*rec_stride +  \
+ * rec_slot[k]]), as the time loop does after a whole step; NULL pointers: none.  Sources and \
+ * receivers lie in block rows.  Results are bit for bit those of n leapfrog_forward calls.   \
+ */                                                                                           \
+void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, T *const *f,             \
+                                   const T *restrict c2dt2, const T *restrict sponge,         \
+                                   const int64_t *restrict span, double iy2, double ix2,      \
+                                   const int64_t *src_ptr, const int64_t *src_at,             \
+                                   const int64_t *src_idx, const T *src_val, long src_stride, \
+                                   const int64_t *rec_ptr, const int64_t *rec_at,             \
+                                   const int64_t *rec_slot, T *traces, long rec_stride)       \
+{                                                                                             \
+    typedef T real; /* for the loop bodies below */                                           \
+    const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    COEFFS(T);                                                                                \
+    for (long q = 0; q < ny + (n - 1) * FRUN_LAG; ++q) {                                      \
+        for (long j = 0; j < n; ++j) {                                                        \
+            const long i = q - j * FRUN_LAG;                                                  \
+            if (i < 0 || i >= ny)                                                             \
+                continue;                                                                     \
+            T *un = f[j + 2];                                                                 \
+            for (long b = 0; b < B; ++b) {                                                    \
+                const long row = b * plane + (i + 2) * w;                                     \
+                const T *restrict r = f[j + 1] + row;                                         \
+                const T *p = f[j] + row + 2;                                                  \
+                const T *restrict cc = c2dt2 + i * nx;                                        \
+                const T *restrict g = sponge ? sponge + i * nx : NULL;                        \
+                T *out = un + row + 2;                                                        \
+                SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN);                                          \
+                un[row] = un[row + 1] = un[row + nx + 2] = un[row + nx + 3] = 0;              \
+                if (i == 0)                                                                   \
+                    memset(un + b * plane, 0, sizeof(T) * 2 * w);                             \
+                if (i == ny - 1)                                                              \
+                    memset(un + b * plane + (ny + 2) * w, 0, sizeof(T) * 2 * w);              \
+            }                                                                                 \
+            if (src_ptr)                                                                      \
+                for (long k = src_ptr[i + 2]; k < src_ptr[i + 3]; ++k)                        \
+                    un[src_at[k]] += src_val[j * src_stride + src_idx[k]];                    \
+            if (rec_ptr)                                                                      \
+                for (long k = rec_ptr[i + 2]; k < rec_ptr[i + 3]; ++k)                        \
+                    traces[j * rec_stride + rec_slot[k]] = un[rec_at[k]];                     \
+        }                                                                                     \
     }                                                                                         \
 }                                                                                             \
                                                                                               \
