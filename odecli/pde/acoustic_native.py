@@ -247,8 +247,8 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
     """Steps ``t0 .. t1-1`` from ``(p, u)``, recording the receivers into ``traces[k]``
     (``(nt, shots, receivers)``) when given.  With ``store`` (``store[0]`` is ``u``), field
     ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer.
-    With one kernel thread, runs of steps up to the next exchange go in one pass each."""
-    per_pass = FORWARD_STEPS_PER_PASS if loop.threads == 1 else 1
+    Runs of steps up to the next exchange go in passes of up to FORWARD_STEPS_PER_PASS."""
+    per_pass = FORWARD_STEPS_PER_PASS
     record = pts.receivers if traces is not None and pts.receivers.numel() else None
     touch = record is not None or pts.sources.numel() > 0
     k = t0

@@ -147,22 +147,36 @@ class Kernels:
 
     def forward_run(self, fields: list[Tensor], sources: RowPoints | None, source_values: int,
                     receivers: RowPoints | None, traces: int) -> None:
-        """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass (one thread):
-        ``out_j`` may be the field two before it (two buffers recycled).  After step j the
-        sources get ``source_values + j * sources.stride`` (an address: rows of ``stride``
-        numbers, in source order) and the receivers are read into ``traces + j *
-        receivers.stride``; bit for bit the same as :meth:`forward` then :meth:`points` per
-        step."""
+        """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass: ``out_j`` may be
+        the field two before it (two buffers recycled).  After step j the sources get
+        ``source_values + j * sources.stride`` (an address: rows of ``stride`` numbers, in
+        source order) and the receivers are read into ``traces + j * receivers.stride``; bit
+        for bit the same as :meth:`forward` then :meth:`points` per step.  Several threads
+        share the steps out as :meth:`adjoint_run` does."""
         n = len(fields) - 2
         self._check(*fields)
         if n < 1:
             raise ValueError("leapfrog: forward_run needs u_prev, u and at least one output")
         none = (None, None, None, None, ctypes.c_long(0))
-        self._forward_run(*self._dims, ctypes.c_long(n), (ctypes.c_void_p * len(fields))(
-                              *(f.data_ptr() for f in fields)),
-                          self._c2, self._sponge, self._span, self._iy2, self._ix2,
-                          *(none if sources is None else sources.args(source_values)),
-                          *(none if receivers is None else receivers.args(traces)))
+        fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
+                 self._c2, self._sponge, self._span, self._iy2, self._ix2,
+                 *(none if sources is None else sources.args(source_values)),
+                 *(none if receivers is None else receivers.args(traces)))
+        self._pipelined(self._forward_run, n, fixed)
+
+    def _pipelined(self, kernel, n: int, fixed: tuple) -> None:
+        """Run a pass kernel over its n steps: one call, or consecutive shares of the steps on
+        threads, each starting a row iteration once the thread before it has finished it (a
+        waiting thread spins, so no more threads than the CPUs this process may use)."""
+        parts = _pieces(n, min(self.threads, _cpus()))
+        if len(parts) == 1:
+            kernel(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
+            return
+        done = torch.full((len(parts),), -(1 << 40), dtype=torch.int64)  # last row iteration per part
+        marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(len(parts))]
+        _run_pieces([functools.partial(kernel, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
+                                       ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
+                     for t, (j0, j1) in enumerate(parts)])
 
     def adjoint(self, u: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
         """:func:`step_adjoint`; ``scratch`` has (at least) one zeroed row set per piece of rows."""
@@ -201,17 +215,7 @@ class Kernels:
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
                  pointers(*(v.data_ptr() for _, v in injections)))
-        # consecutive steps per thread, pipelined row by row; a thread waiting for the one before
-        # it spins, so no more threads than the CPUs this process may use
-        parts = _pieces(n, min(self.threads, _cpus()))
-        if len(parts) == 1:
-            self._run(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
-            return
-        done = torch.full((len(parts),), -(1 << 40), dtype=torch.int64)  # last row iteration per part
-        marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(len(parts))]
-        _run_pieces([functools.partial(self._run, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
-                                       ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
-                     for t, (j0, j1) in enumerate(parts)])
+        self._pipelined(self._run, n, fixed)
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:

@@ -103,7 +103,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
     }                                                                                         \
 }                                                                                             \
                                                                                               \
-/* Steps k, k+1, ..., k+n-1 in one pass over the whole block (one thread): step j makes       \
+/* Steps k, k+1, ..., k+n-1 in one pass over the whole block (threads: at the end): step j   \
  * f[j+2] from f[j+1] (u) and f[j] (u_prev), FRUN_LAG block rows behind step j-1, so the rows it\
  * reads come from cache.  f[j+2] may be f[j] (two buffers recycled, as leapfrog_forward allows\
  * u_next = u_prev): in each row iteration step j-1 runs first, so the rows of f[j] it reads are\
@@ -113,9 +113,11 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * field, stable-sorted by row; the value of source src_idx[k] is src_val[j*src_stride +      \
  * src_idx[k]]) and then its receivers read (rec_ptr, rec_at likewise; traces[j*rec_stride +  \
  * rec_slot[k]]), as the time loop does after a whole step; NULL pointers: none.  Sources and \
- * receivers lie in block rows.  Results are bit for bit those of n leapfrog_forward calls.   \
+ * receivers lie in block rows.  Results are bit for bit those of n leapfrog_forward calls.
+ * Threads: steps j0 .. j1-1 of the n, with done and ahead as in leapfrog_adjoint_run.   \
  */                                                                                           \
-void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, T *const *f,             \
+void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, long j1,        \
+                                   int64_t *done, const int64_t *ahead, T *const *f,          \
                                    const T *restrict c2dt2, const T *restrict sponge,         \
                                    const int64_t *restrict span, double iy2, double ix2,      \
                                    const int64_t *src_ptr, const int64_t *src_at,             \
@@ -127,7 +129,10 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, T *const *f
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
     COEFFS(T);                                                                                \
     for (long q = 0; q < ny + (n - 1) * FRUN_LAG; ++q) {                                      \
-        for (long j = 0; j < n; ++j) {                                                        \
+        if (ahead) /* as in leapfrog_adjoint_run */                                           \
+            for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; ++spins)       \
+                if (spins > 256) sched_yield();                                               \
+        for (long j = j0; j < j1; ++j) {                                                      \
             const long i = q - j * FRUN_LAG;                                                  \
             if (i < 0 || i >= ny)                                                             \
                 continue;                                                                     \
@@ -153,6 +158,8 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, T *const *f
                 for (long k = rec_ptr[i + 2]; k < rec_ptr[i + 3]; ++k)                        \
                     traces[j * rec_stride + rec_slot[k]] = un[rec_at[k]];                     \
         }                                                                                     \
+        if (done)                                                                             \
+            __atomic_store_n(done, q, __ATOMIC_RELEASE);                                      \
     }                                                                                         \
 }                                                                                             \
                                                                                               \
