@@ -1,12 +1,14 @@
-"""Time the acoustic adjoint (backward only) for several adjoint steps per C pass.
+"""Time the acoustic backward (adjoint) or forward for several time steps per C pass.
 
-    python benchmarks/adjoint_pass_bench.py --size 1000 --dtype float64 --steps 100
-    python benchmarks/adjoint_pass_bench.py --size 2000 --steps 40 --threads 2 --per-pass 1 2 8
+    python benchmarks/pde_pass_bench.py --size 1000 --dtype float64 --steps 100
+    python benchmarks/pde_pass_bench.py --size 2000 --steps 40 --threads 2 --per-pass 1 2 8
+    python benchmarks/pde_pass_bench.py --forward --size 1000 --per-pass 1 8
 
-One rank, the pde_bench problem.  The time loop's ``steps_per_pass`` is replaced by each
-value of --per-pass in turn, alternated over --rounds; each entry is the faster of two
-evaluations' backward calls (the forward is not timed).  1 per pass is single steps, split by
-rows when --threads > 1.  Prints ms per backward and the ratio to the first --per-pass value.
+One rank, the pde_bench problem.  The time loop's adjoint ``steps_per_pass`` (or, with
+--forward, ``FORWARD_STEPS_PER_PASS``) is set to each value of --per-pass in turn, alternated
+over --rounds.  Backward: each entry is the faster of two evaluations' backward calls (the
+forward is not timed).  Forward: the fastest of three no-gradient forwards.  1 per pass is
+single steps, split by rows when --threads > 1.  Prints ms and the ratio to the first value.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="kernel threads")
     ap.add_argument("--per-pass", type=int, nargs="+", default=[2, 8])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--forward", action="store_true", help="time the forward instead")
     args = ap.parse_args()
 
     import torch
@@ -55,16 +58,26 @@ def main() -> None:
         return out
 
     acoustic_native._Propagation.backward = staticmethod(timed_backward)
+    model = problem.unknown.field().detach()
     rows: dict[int, list[float]] = {n: [] for n in args.per_pass}
     for _ in range(args.rounds):
         for n in args.per_pass:
-            acoustic_native.steps_per_pass = lambda field_bytes, n=n: n
             times.clear()
-            problem.evaluate(None)
-            problem.evaluate(None)
+            if args.forward:
+                acoustic_native.FORWARD_STEPS_PER_PASS = n
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        problem.prop.forward(model)
+                    times.append(time.perf_counter() - t0)
+            else:
+                acoustic_native.steps_per_pass = lambda field_bytes, n=n: n
+                problem.evaluate(None)
+                problem.evaluate(None)
             rows[n].append(min(times))
     print(f"{args.size}^2 {args.dtype}, {args.steps} steps, {args.threads} kernel thread(s), "
-          f"{len(problem.prop.segments)} time segment(s): backward ms per round")
+          f"{len(problem.prop.segments)} time segment(s): "
+          f"{'forward' if args.forward else 'backward'} ms per round")
     first = min(rows[args.per_pass[0]])
     for n, ts in rows.items():
         print(f"  {n} per pass: {', '.join(f'{1e3 * t:.0f}' for t in ts)}   "
