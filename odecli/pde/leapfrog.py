@@ -14,7 +14,10 @@ with one array less to write.
 one pass over the grid each, instead of about twenty full-size temporaries, and no padding
 copy.  The forward kernel reproduces the reference bit for bit; the adjoint matches autograd of
 the reference to round-off (tests).  :class:`Kernels` binds the kernels to one problem's fixed
-arrays; it is what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls every step.
+arrays; it is what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls.  Its passes
+(:meth:`Kernels.forward_run`, :func:`step_adjoint_run`) make several steps in one sweep over
+the grid, each step a few rows behind the one before, so a step reads its inputs from cache;
+several threads share a pass's steps out.  Results are bit for bit those of single steps.
 """
 
 from __future__ import annotations
