@@ -248,13 +248,12 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
     (``(nt, shots, receivers)``) when given.  With ``store`` (``store[0]`` is ``u``), field
     ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer.
     Runs of steps up to the next exchange go in passes of up to FORWARD_STEPS_PER_PASS."""
-    per_pass = FORWARD_STEPS_PER_PASS
     record = pts.receivers if traces is not None and pts.receivers.numel() else None
     touch = record is not None or pts.sources.numel() > 0
     k = t0
     while k < t1:
         n = 1  # steps k .. k+n-1, up to the next exchange
-        while n < per_pass and k + n < t1 and not loop.exchanges_after(k + n - 1):
+        while n < FORWARD_STEPS_PER_PASS and k + n < t1 and not loop.exchanges_after(k + n - 1):
             n += 1
         if n > 1:
             outs = [store[k + j - t0 + 1] for j in range(n)] if store is not None \
