@@ -126,7 +126,7 @@ class Kernels:
         self._adj_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny + 2 * RING, threads)]
         self._forward = _kernel("forward", self.dtype)
         self._adjoint = _kernel("adjoint", self.dtype)
-        self._run = _kernel("adjoint_run", self.dtype)
+        self._adjoint_run = _kernel("adjoint_run", self.dtype)
         self._forward_run = _kernel("forward_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
 
@@ -218,7 +218,7 @@ class Kernels:
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
                  pointers(*(v.data_ptr() for _, v in injections)))
-        self._pipelined(self._run, n, fixed)
+        self._pipelined(self._adjoint_run, n, fixed)
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:
@@ -239,9 +239,7 @@ class RowPoints:
         rows = (flat % (shape[1] * shape[2])) // shape[2]
         if flat.numel() and (int(rows.min()) < RING or int(rows.max()) >= shape[1] - RING):
             raise ValueError("leapfrog: points must lie in block rows, not in the ring")
-        order = torch.argsort(rows, stable=True)
-        self.row_ptr = torch.zeros(shape[1] + 1, dtype=torch.int64)
-        self.row_ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=shape[1]), 0)
+        order, self.row_ptr = _by_row(rows, shape[1])
         self.at = flat[order].to(torch.int64).contiguous()
         self.index = order.to(torch.int64).contiguous()
         self.stride = flat.numel()
@@ -284,11 +282,16 @@ def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Te
     Returns ``(order, row_ptr, columns)``: residuals are passed as ``values[:, order]``, and
     the receivers of ringed row ``q`` are ``row_ptr[q] .. row_ptr[q + 1] - 1`` of that order.
     """
-    order = torch.argsort(rec_iy, stable=True)
-    counts = torch.bincount(rec_iy, minlength=rows)
-    row_ptr = torch.zeros(rows + 1, dtype=torch.int64)
-    row_ptr[1:] = torch.cumsum(counts, 0)
+    order, row_ptr = _by_row(rec_iy, rows)
     return order, row_ptr, rec_ix[order].to(torch.int64).contiguous()
+
+
+def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """A stable sort of points by ``row`` and the ``rows + 1`` CSR offsets of each row's run."""
+    order = torch.argsort(row, stable=True)
+    row_ptr = torch.zeros(rows + 1, dtype=torch.int64)
+    row_ptr[1:] = torch.cumsum(torch.bincount(row, minlength=rows), 0)
+    return order, row_ptr
 
 
 def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
