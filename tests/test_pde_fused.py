@@ -18,6 +18,7 @@ from odecli.pde.leapfrog import (adjoint_scratch, native_available, receiver_row
                                  steps_per_pass)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
+from odecli.pde.stencils import laplacian4
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
 from pde_equivalence import BASE, variants  # noqa: E402
@@ -93,9 +94,10 @@ def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype)
     out = step_forward(u.detach(), u_prev.detach(), c2dt2.detach(), sponge, dy, dx,
                        torch.empty_like(u))
     assert torch.equal(out, expected)
-    recycled = u_prev.detach().clone()
-    step_forward(u.detach(), recycled, c2dt2.detach(), sponge, dy, dx, recycled)
+    recycled, lap = u_prev.detach().clone(), torch.empty(b, ny, nx, dtype=dtype)
+    step_forward(u.detach(), recycled, c2dt2.detach(), sponge, dy, dx, recycled, lap=lap)
     assert torch.equal(recycled, expected)  # writing over u_prev while reading it is safe
+    assert torch.equal(lap, laplacian4(u.detach(), dy, dx))  # what the adjoint reads
 
     # Adjoint loop: u gets w's pullback through this step, plus that of the next step's
     # cotangent `later` through its u_prev slot (where the next step reads u).
@@ -103,7 +105,7 @@ def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype)
     ref_u, ref_c2 = torch.autograd.grad(expected, (u, c2dt2), w, retain_graph=True)
     (ref_later,) = torch.autograd.grad(expected, u_prev, later)
     g, a, grad_c2 = w.clone(), later.clone(), torch.zeros(ny, nx, dtype=dtype)
-    step_adjoint(u.detach(), c2dt2.detach(), sponge, g, a, dy, dx, grad_c2, adjoint_scratch(c2dt2))
+    step_adjoint(lap, c2dt2.detach(), sponge, g, a, dy, dx, grad_c2, adjoint_scratch(c2dt2))
     assert torch.equal(g, w)  # g is only read
     tol = 1e-12 if dtype is torch.float64 else 2e-5
     for name, got, want in (("u", a, ref_u + ref_later), ("c2dt2", grad_c2, ref_c2)):
@@ -115,8 +117,13 @@ def test_kernels_reject_mismatched_layout():
     with pytest.raises(ValueError, match="expected fields"):
         step_forward(u, u, torch.zeros(5, 5, dtype=torch.float64), None, 1.0, 1.0, u)
     c2 = torch.zeros(6, 6, dtype=torch.float64)
+    lap = torch.zeros(1, 6, 6, dtype=torch.float64)
     with pytest.raises(ValueError, match="different buffers"):
-        step_adjoint(u, c2, None, u, u, 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
+        step_adjoint(lap, c2, None, u, u, 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
+    with pytest.raises(ValueError, match=r"lap4\(u\) of shape \(1, 6, 6\)"):
+        step_adjoint(u, c2, None, u, u.clone(), 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
+    with pytest.raises(ValueError, match=r"lap4\(u\) of shape"):
+        step_forward(u, u, c2, None, 1.0, 1.0, u, lap=torch.zeros(1, 6, 7, dtype=torch.float64))
 
 
 def _forget_builds() -> None:
@@ -195,10 +202,10 @@ def test_sponge_spans_cover_exactly_the_undamped_run_of_each_row():
 def test_auto_segments_keep_every_field_when_the_budget_allows():
     from odecli.pde.acoustic import fused_auto_segments
 
-    assert fused_auto_segments(100, 1, 101) == 1  # all 100 steps + the start field
-    assert fused_auto_segments(100, 1, 100) == 2  # 50 + 1 + 2 starts = 53
-    assert fused_auto_segments(100, 1, 53) == 2
-    assert fused_auto_segments(100, 1, 52) == 3  # 34 + 1 + 4 = 39
+    assert fused_auto_segments(100, 1, 100) == 1  # all 100 steps' laps
+    assert fused_auto_segments(100, 1, 99) == 2  # 50 laps + 2 starts = 52
+    assert fused_auto_segments(100, 1, 52) == 2
+    assert fused_auto_segments(100, 1, 51) == 3  # 34 + 4 = 38
     assert fused_auto_segments(100, 1, 10) == 10  # nothing fits: sqrt(nt), the least memory
     assert fused_auto_segments(1, 10**9, 0) == 1
 
@@ -218,10 +225,11 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         sponge[2:-2, 3:-3] = 1.0  # an undamped inside, as a real sponge has
     results = []
     for k in (1, threads):
-        out = step_forward(u, u_prev, c2dt2, sponge, 10.0, 12.0, torch.empty_like(u), threads=k)
+        lap = torch.empty(b, ny, nx, dtype=torch.float64)
+        out = step_forward(u, u_prev, c2dt2, sponge, 10.0, 12.0, torch.empty_like(u), threads=k, lap=lap)
         a, grad_c2 = later.clone(), torch.zeros_like(c2dt2)
-        step_adjoint(u, c2dt2, sponge, g, a, 10.0, 12.0, grad_c2, adjoint_scratch(c2dt2, k))
-        results.append((out, a, grad_c2))
+        step_adjoint(lap, c2dt2, sponge, g, a, 10.0, 12.0, grad_c2, adjoint_scratch(c2dt2, k))
+        results.append((out, lap, a, grad_c2))
     for one, many in zip(*results):
         assert torch.equal(one, many)
 
@@ -238,7 +246,7 @@ def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge
     gen = torch.Generator().manual_seed(11 + steps)
     b, ny, nx = 3, 14, 17
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
-    stores = [rnd(b, ny + 4, nx + 4) for _ in range(steps)]  # u_k, u_{k-1}, ...
+    laps = [rnd(b, ny, nx) for _ in range(steps)]  # lap4 of u_k, u_{k-1}, ...
     g, later = rnd(b, ny + 4, nx + 4), rnd(b, ny + 4, nx + 4)
     c2dt2 = 0.1 + rnd(ny, nx).abs() * 0.1
     sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
@@ -250,8 +258,8 @@ def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge
     values = [rnd(b, rec_iy.numel()) for _ in range(steps - 1)]  # residuals of steps k-1, k-2, ...
 
     a1, b1, grad1 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
-    for j, u in enumerate(stores):
-        step_adjoint(u, c2dt2, sponge, a1, b1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
+    for j, lap in enumerate(laps):
+        step_adjoint(lap, c2dt2, sponge, a1, b1, 10.0, 12.0, grad1, adjoint_scratch(c2dt2))
         a1, b1 = b1, a1  # a1: the adjoint of the field just stepped back to
         if j < steps - 1:
             a1.index_put_((torch.arange(b)[:, None], rec_iy[None, :], rec_ix[None, :]), values[j],
@@ -259,7 +267,7 @@ def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge
 
     order, row_ptr, columns = receiver_rows(rec_iy, rec_ix, ny + 4)
     a2, b2, grad2 = g.clone(), later.clone(), torch.zeros_like(c2dt2)
-    step_adjoint_run(stores, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, run_scratch(c2dt2, b, steps),
+    step_adjoint_run(laps, c2dt2, sponge, a2, b2, 10.0, 12.0, grad2, run_scratch(c2dt2, b, steps),
                      [((row_ptr, columns), v[:, order]) for v in values], threads=threads)
     last, before = (a2, b2) if steps % 2 == 0 else (b2, a2)
     assert float(grad1.abs().max()) > 0

@@ -64,12 +64,13 @@ def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, fr
 def fused_auto_segments(nt: int, field_bytes: int, budget_bytes: float) -> int:
     """Fewest time segments whose fused-gradient store fits ``budget_bytes``.
 
-    Fewer segments mean less recomputation; one segment keeps every wavefield, and
-    ``round(sqrt(nt))`` (the fewest fields, about ``3 sqrt(nt)``) is the fallback.
+    Fewer segments mean less recomputation; one segment keeps every step's ``lap4(u)`` (a field
+    without its ring), and ``round(sqrt(nt))`` (the fewest fields, about ``3 sqrt(nt)``) is the
+    fallback.
     """
     sqrt_nt = max(1, round(math.sqrt(nt)))
     for s in range(1, sqrt_nt):
-        fields = math.ceil(nt / s) + 1 + 2 * (s - 1)  # the longest segment's store + starts
+        fields = math.ceil(nt / s) + 2 * (s - 1)  # the longest segment's store + starts
         if fields * field_bytes <= budget_bytes:
             return s
     return sqrt_nt

@@ -3,11 +3,12 @@
 The whole propagation is one autograd operation of ``c2dt2``.  Forward, two ringed field
 buffers are recycled (each new field overwrites the one two steps back), so no step allocates;
 the state at the start of every time segment is kept.  Backward, each segment is recomputed from
-its start into a store of its fields (the last segment's store is kept from the forward), then
-the adjoint steps run through it in reverse: receiver residuals are injected as adjoint sources,
-ghost gradients go back to their owners (the halo exchange's adjoint), and one C pass per run
-of 2-8 steps between halo exchanges (:func:`steps_per_pass`; the steps shared out over the
-kernel threads) advances both adjoint fields and accumulates the gradient of ``c2dt2``.
+its start, storing every step's ``lap4(u)`` (the last segment's store is kept from the forward:
+the gradient of ``c2dt2`` needs nothing else of u), then the adjoint steps run through it in
+reverse: receiver residuals are injected as adjoint sources, ghost gradients go back to their
+owners (the halo exchange's adjoint), and one C pass per run of 2-8 steps between halo
+exchanges (:func:`steps_per_pass`; the steps shared out over the kernel threads) advances both
+adjoint fields and accumulates the gradient of ``c2dt2``.
 Against autograd over per-step ops this saves the graph, the zero-filled index gradients, the
 gradient accumulations and every per-step allocation.  Memory: ``2 (segments - 1)`` start
 fields plus the longest segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
@@ -244,9 +245,9 @@ def _row(t: Tensor, k: int) -> ctypes.c_void_p:
 
 def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: int, t1: int,
            traces: Tensor | None, store: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Steps ``t0 .. t1-1`` from ``(p, u)``, recording the receivers into ``traces[k]``
-    (``(nt, shots, receivers)``) when given.  With ``store`` (``store[0]`` is ``u``), field
-    ``u_{t0+i}`` lands in ``store[i]``; without, each new field overwrites ``p``'s buffer.
+    """Steps ``t0 .. t1-1`` from ``(p, u)``, each new field overwriting ``p``'s buffer (so both
+    are used up), recording the receivers into ``traces[k]`` (``(nt, shots, receivers)``) when
+    given, and with ``store`` the ``lap4(u_{t0+i})`` of step ``t0+i`` into ``store[i]``.
     Runs of steps up to the next exchange go in passes of up to FORWARD_STEPS_PER_PASS."""
     record = pts.receivers if traces is not None and pts.receivers.numel() else None
     touch = record is not None or pts.sources.numel() > 0
@@ -256,15 +257,15 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
         while n < FORWARD_STEPS_PER_PASS and k + n < t1 and not loop.exchanges_after(k + n - 1):
             n += 1
         if n > 1:
-            outs = [store[k + j - t0 + 1] for j in range(n)] if store is not None \
-                else [(p, u)[j % 2] for j in range(n)]
+            outs = [(p, u)[j % 2] for j in range(n)]
             kern.forward_run([p, u, *outs], pts.source_rows, _address(pts.values, k),
                              None if record is None else pts.receiver_rows,
-                             0 if record is None else _address(traces, k))
+                             0 if record is None else _address(traces, k),
+                             None if store is None else list(store[k - t0:k - t0 + n]))
             p, u = ([p, u, *outs])[-2:]
         else:
-            out = p if store is None else store[k - t0 + 1]
-            kern.forward(u, p, out)
+            out = p
+            kern.forward(u, p, out, None if store is None else store[k - t0])
             if touch:  # the receivers sit in the owned block: the exchange does not change them
                 kern.points(out, pts.sources, _row(pts.values, k), record,
                             None if record is None else _row(traces, k))
@@ -287,21 +288,17 @@ class _Propagation(torch.autograd.Function):
         keep = ctx.needs_input_grad[0]
         starts, store = [], None
         for s, (t0, t1) in enumerate(loop.segments):
-            if keep and s == len(loop.segments) - 1:  # the backward starts here: keep its fields
+            if keep and s == len(loop.segments) - 1:  # the backward starts here: keep its laps
                 longest = max(b - a for a, b in loop.segments)
-                store = loop.workspace.take(c2dt2, (longest + 1, *shape))
-                store[0] = u
-                p, u = _steps(loop, kern, pts, p, store[0], t0, t1, traces, store)
-            else:
-                if keep:
-                    starts.append((p.clone(), u.clone()))
-                p, u = _steps(loop, kern, pts, p, u, t0, t1, traces)
+                store = loop.workspace.take(c2dt2, (longest, nshots, ny, nx))
+            elif keep:
+                starts.append((p.clone(), u.clone()))
+            p, u = _steps(loop, kern, pts, p, u, t0, t1, traces, store)
         if keep:
             ctx.loop, ctx.starts, ctx.store, ctx.kern, ctx.pts = loop, starts, store, kern, pts
             ctx.save_for_backward(c2dt2)
-        final = u.clone() if store is not None else u
-        ctx.mark_non_differentiable(final)
-        return traces.permute(1, 2, 0).contiguous(), final
+        ctx.mark_non_differentiable(u)
+        return traces.permute(1, 2, 0).contiguous(), u
 
     @staticmethod
     @once_differentiable
@@ -311,13 +308,13 @@ class _Propagation(torch.autograd.Function):
         if g_traces is None:
             loop.workspace.give(store)
             return None, None, None
-        shape = store.shape[1:]
+        shape = ctx.kern.shape
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
         # several steps per pass where no halo exchange sits between them (shared out over the
         # kernel threads), single steps split by rows where one must run alone
-        per_pass = steps_per_pass(store[0].numel() * store.element_size())
+        per_pass = steps_per_pass(a_u.numel() * a_u.element_size())
         scratch = run_scratch(c2dt2, shape[0], max(per_pass, loop.threads))
         g = loop.geom
         kern, pts = ctx.kern, ctx.pts
@@ -329,10 +326,8 @@ class _Propagation(torch.autograd.Function):
             both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
         for s in reversed(range(len(loop.segments))):
             t0, t1 = loop.segments[s]
-            if s < len(loop.segments) - 1:  # recompute this segment's fields from its start
-                p0, u0 = ctx.starts[s]
-                store[0] = u0
-                _steps(loop, kern, pts, p0, store[0], t0, t1, None, store)  # p0 is only read
+            if s < len(loop.segments) - 1:  # recompute this segment's laps from its start
+                _steps(loop, kern, pts, *ctx.starts[s], t0, t1, None, store)
             k = t1 - 1
             while k >= t0:
                 if g.nrec_local:

@@ -18,6 +18,8 @@ arrays; it is what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls. 
 (:meth:`Kernels.forward_run`, :func:`step_adjoint_run`) make several steps in one sweep over
 the grid, each step a few rows behind the one before, so a step reads its inputs from cache;
 several threads share a pass's steps out.  Results are bit for bit those of single steps.
+For the gradient the forward also stores each step's ``lap4(u)`` (``(B, ny, nx)``, no ring),
+so the adjoint step needs one stencil, of its own field, instead of two.
 """
 
 from __future__ import annotations
@@ -136,11 +138,21 @@ class Kernels:
                 raise ValueError(f"leapfrog: expected contiguous {self.dtype} fields of shape "
                                  f"{self.shape}, got {f.dtype} {tuple(f.shape)}")
 
-    def forward(self, u: Tensor, u_prev: Tensor, out: Tensor) -> Tensor:
-        """:func:`step_forward` into ``out`` (which may be ``u_prev``)."""
+    def _check_laps(self, *laps: Tensor) -> None:
+        want = (self.shape[0], *self._grad_shape)
+        for f in laps:
+            if tuple(f.shape) != want or f.dtype != self.dtype or not f.is_contiguous():
+                raise ValueError(f"leapfrog: expected contiguous {self.dtype} lap4(u) of shape "
+                                 f"{want}, got {f.dtype} {tuple(f.shape)}")
+
+    def forward(self, u: Tensor, u_prev: Tensor, out: Tensor, lap: Tensor | None = None) -> Tensor:
+        """:func:`step_forward` into ``out`` (which may be ``u_prev``), and ``lap4(u)`` into
+        ``lap`` when given."""
         self._check(u, u_prev, out)
+        if lap is not None:
+            self._check_laps(lap)
         fixed = (_ptr(u), _ptr(u_prev), self._c2, self._sponge, self._span, self._iy2, self._ix2,
-                 _ptr(out))
+                 _ptr(out), _ptr(lap))
         if len(self._fwd_rows) == 1:
             self._forward(*self._dims, *self._fwd_rows[0], *fixed)
         else:
@@ -149,22 +161,28 @@ class Kernels:
         return out
 
     def forward_run(self, fields: list[Tensor], sources: RowPoints | None, source_values: int,
-                    receivers: RowPoints | None, traces: int) -> None:
+                    receivers: RowPoints | None, traces: int, laps: list[Tensor] | None = None) -> None:
         """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass: ``out_j`` may be
         the field two before it (two buffers recycled).  After step j the sources get
         ``source_values + j * sources.stride`` (an address: rows of ``stride`` numbers, in
-        source order) and the receivers are read into ``traces + j * receivers.stride``; bit
-        for bit the same as :meth:`forward` then :meth:`points` per step.  Several threads
-        share the steps out as :meth:`adjoint_run` does."""
+        source order) and the receivers are read into ``traces + j * receivers.stride``; with
+        ``laps``, step j writes ``lap4`` of its ``u`` into ``laps[j]``.  Bit for bit the same as
+        :meth:`forward` then :meth:`points` per step.  Several threads share the steps out as
+        :meth:`adjoint_run` does."""
         n = len(fields) - 2
         self._check(*fields)
         if n < 1:
             raise ValueError("leapfrog: forward_run needs u_prev, u and at least one output")
+        if laps is not None:
+            if len(laps) != n:
+                raise ValueError(f"leapfrog: forward_run of {n} steps needs {n} laps, got {len(laps)}")
+            self._check_laps(*laps)
         none = (None, None, None, None, ctypes.c_long(0))
         fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if sources is None else sources.args(source_values)),
-                 *(none if receivers is None else receivers.args(traces)))
+                 *(none if receivers is None else receivers.args(traces)),
+                 None if laps is None else (ctypes.c_void_p * n)(*(f.data_ptr() for f in laps)))
         self._pipelined(self._forward_run, n, fixed)
 
     def _pipelined(self, kernel, n: int, fixed: tuple) -> None:
@@ -181,25 +199,27 @@ class Kernels:
                                        ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
                      for t, (j0, j1) in enumerate(parts)])
 
-    def adjoint(self, u: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
+    def adjoint(self, lap: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
         """:func:`step_adjoint`; ``scratch`` has (at least) one zeroed row set per piece of rows."""
-        self._check(u, g, a)
+        self._check(g, a)
+        self._check_laps(lap)
         if scratch.dim() != 2 or scratch.shape[0] < len(self._adj_rows) \
                 or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING) \
                 or tuple(grad_c2.shape) != self._grad_shape:
             raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
         if g.data_ptr() == a.data_ptr():
             raise ValueError("step_adjoint: g and a must be different buffers")
-        fixed = (_ptr(u), self._c2, self._sponge, self._span, _ptr(g), _ptr(a), self._iy2,
+        fixed = (_ptr(lap), self._c2, self._sponge, self._span, _ptr(g), _ptr(a), self._iy2,
                  self._ix2, _ptr(grad_c2))
         _run_pieces([functools.partial(self._adjoint, *self._dims, r0, r1, *fixed, _ptr(scratch[k]))
                      for k, (r0, r1) in enumerate(self._adj_rows)])
 
-    def adjoint_run(self, stores: list[Tensor], a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
+    def adjoint_run(self, laps: list[Tensor], a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
                     injections: list[tuple[tuple[Tensor, Tensor], Tensor]]) -> None:
         """:func:`step_adjoint_run`; each injection's values must be contiguous ``(shots, nrec)``."""
-        n = len(stores)
-        self._check(*stores, a, b)
+        n = len(laps)
+        self._check(a, b)
+        self._check_laps(*laps)
         if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] < n * self.shape[0] \
                 or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING):
             raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
@@ -212,7 +232,7 @@ class Kernels:
                     or tuple(values.shape) != (self.shape[0], columns.numel()):
                 raise ValueError("step_adjoint_run: receivers or values have the wrong size")
         pointers = ctypes.c_void_p * max(1, n - 1)
-        fixed = ((ctypes.c_void_p * n)(*(s.data_ptr() for s in stores)), self._c2, self._sponge,
+        fixed = ((ctypes.c_void_p * n)(*(s.data_ptr() for s in laps)), self._c2, self._sponge,
                  self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch),
                  pointers(*(r[0].data_ptr() for r, _ in injections)),
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
@@ -251,29 +271,31 @@ class RowPoints:
 
 def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
                  dy: float, dx: float, out: Tensor, spans: Tensor | None = None,
-                 threads: int = 1) -> Tensor:
+                 threads: int = 1, lap: Tensor | None = None) -> Tensor:
     """The fused step into ``out`` (which may be ``u_prev``): no autograd, plain tensors.
 
     ``spans``: :func:`sponge_spans` of ``sponge`` (computed here when not given).  ``threads``
-    split the rows (the kernel releases the GIL; results do not depend on the split).
+    split the rows (the kernel releases the GIL; results do not depend on the split).  With
+    ``lap`` (``(B, ny, nx)``), the step also writes there the ``lap4(u)`` it used, which is
+    what :func:`step_adjoint` reads.
     """
     check_layout(u, c2dt2, sponge, u_prev, out)
-    return Kernels(u, c2dt2, sponge, dy, dx, spans, threads).forward(u, u_prev, out)
+    return Kernels(u, c2dt2, sponge, dy, dx, spans, threads).forward(u, u_prev, out, lap)
 
 
-def step_adjoint(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
+def step_adjoint(lap: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
                  dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
                  spans: Tensor | None = None) -> None:
     """Adjoint of :func:`step_forward` at field ``u``, in place (the C source has the exact map).
 
-    On entry ``g`` is the adjoint of ``u_next`` (only read) and ``a`` the ``g`` of the step
-    after this one (zeros for the last step); on exit ``a`` is the adjoint of ``u``, and
-    ``grad_c2`` has this step's share added.  ``scratch``: :func:`adjoint_scratch` (zeroed once,
-    reusable across steps); its first dimension is the number of threads the rows are split
-    over.
+    ``lap`` is the ``lap4(u)`` the forward step stored.  On entry ``g`` is the adjoint of
+    ``u_next`` (only read) and ``a`` the ``g`` of the step after this one (zeros for the last
+    step); on exit ``a`` is the adjoint of ``u``, and ``grad_c2`` has this step's share added.
+    ``scratch``: :func:`adjoint_scratch` (zeroed once, reusable across steps); its first
+    dimension is the number of threads the rows are split over.
     """
-    check_layout(u, c2dt2, sponge, g, a)
-    Kernels(u, c2dt2, sponge, dy, dx, spans, scratch.shape[0]).adjoint(u, g, a, grad_c2, scratch)
+    check_layout(g, c2dt2, sponge, a)
+    Kernels(g, c2dt2, sponge, dy, dx, spans, scratch.shape[0]).adjoint(lap, g, a, grad_c2, scratch)
 
 
 def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -294,12 +316,12 @@ def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     return order, row_ptr
 
 
-def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
+def step_adjoint_run(laps: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
                      dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
                      injections: list[tuple[tuple[Tensor, Tensor], Tensor]],
                      spans: Tensor | None = None, threads: int = 1) -> None:
     """Adjoint steps k, k-1, ..., k-n+1 in one pass: n :func:`step_adjoint` calls, bit for bit,
-    ``stores`` being the fields u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1 the steps are
+    ``laps`` being the stored ``lap4`` of u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1 the steps are
     shared out, each thread's steps following the ones before row by row.
 
     After the step at ``stores[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
@@ -311,11 +333,11 @@ def step_adjoint_run(stores: list[Tensor], c2dt2: Tensor, sponge: Tensor | None,
     adjoint fields once for all n steps and reads each step's adjoint input from cache, which
     is what makes it faster (the adjoint is memory-bound).
     """
-    check_layout(stores[0], c2dt2, sponge, *stores, a, b)
-    if scratch.shape[0] < len(stores) * stores[0].shape[0]:
+    check_layout(a, c2dt2, sponge, b)
+    if scratch.shape[0] < len(laps) * a.shape[0]:
         raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
-    Kernels(stores[0], c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
-        stores, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
+    Kernels(a, c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
+        laps, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
 
 
 # Forward steps per Kernels.forward_run pass (one thread).  Measured on the 2-core EPYC VM
