@@ -117,7 +117,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
             const T *restrict g = sponge ? sponge + i * nx : NULL;                            \
             T *out = u_next + row + 2;                                                        \
             T *restrict lp = lap ? lap + (b * ny + i) * nx : NULL;                            \
-            FORWARD_ROW(i, SUFFIX);                                                                   \
+            FORWARD_ROW(i, SUFFIX);                                                           \
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
                            i1 == ny ? ny + 4 : i1 + 2);                                       \
@@ -168,7 +168,7 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 const T *restrict g = sponge ? sponge + i * nx : NULL;                        \
                 T *out = un + row + 2;                                                        \
                 T *restrict lp = lap ? lap[j] + (b * ny + i) * nx : NULL;                     \
-                FORWARD_ROW(i, SUFFIX);                                                               \
+                FORWARD_ROW(i, SUFFIX);                                                       \
                 un[row] = un[row + 1] = un[row + nx + 2] = un[row + nx + 3] = 0;              \
                 if (i == 0)                                                                   \
                     memset(un + b * plane, 0, sizeof(T) * 2 * w);                             \
@@ -363,7 +363,7 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
 #define ADJ_DAMPED(j)                                                                 \
     do {                                                                              \
         const real gj = gi[j] * s[j];                                                    \
-        gc[j] += gj * l[j];                                                   \
+        gc[j] += gj * l[j];                                                           \
         h[j] = gj * cc[j];                                                            \
         ai[j] = (gj + gj) + (-((ai[j] * s[j]) * s[j]));                               \
     } while (0)
@@ -372,7 +372,7 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
 #define ADJ_PLAIN(j)                                                                  \
     do {                                                                              \
         const real gj = gi[j];                                                           \
-        gc[j] += gj * l[j];                                                   \
+        gc[j] += gj * l[j];                                                           \
         h[j] = gj * cc[j];                                                            \
         ai[j] = (gj + gj) - ai[j];                                                    \
     } while (0)
