@@ -321,17 +321,17 @@ def step_adjoint_run(laps: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a
                      injections: list[tuple[tuple[Tensor, Tensor], Tensor]],
                      spans: Tensor | None = None, threads: int = 1) -> None:
     """Adjoint steps k, k-1, ..., k-n+1 in one pass: n :func:`step_adjoint` calls, bit for bit,
-    ``laps`` being the stored ``lap4`` of u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1 the steps are
-    shared out, each thread's steps following the ones before row by row.
+    ``laps`` being the stored ``lap4`` of u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1
+    the steps are shared out, each thread's steps following the ones before row by row.
 
-    After the step at ``stores[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
+    After the step at ``laps[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
     residuals of the next step, ``values`` (shots, nrec) in the order of :func:`receiver_rows`,
     at its receivers.  On entry ``a`` is step k's ``g`` and ``b`` its ``a``.  On exit the
     adjoint of u_{k-n+1} is in ``a`` for even n and in ``b`` for odd n, and the other holds
     that of u_{k-n+2} (for n = 1: ``b`` as after one call, ``a`` unchanged).
     ``scratch``: :func:`run_scratch`.  The pass loads c2dt2, the sponge, grad_c2 and both
     adjoint fields once for all n steps and reads each step's adjoint input from cache, which
-    is what makes it faster (the adjoint is memory-bound).
+    is what makes it faster: only the stored laps then stream from memory.
     """
     check_layout(a, c2dt2, sponge, b)
     if scratch.shape[0] < len(laps) * a.shape[0]:
