@@ -124,6 +124,9 @@ def test_kernels_reject_mismatched_layout():
         step_adjoint(u, c2, None, u, u.clone(), 1.0, 1.0, torch.zeros_like(c2), adjoint_scratch(c2))
     with pytest.raises(ValueError, match=r"lap4\(u\) of shape"):
         step_forward(u, u, c2, None, 1.0, 1.0, u, lap=torch.zeros(1, 6, 7, dtype=torch.float64))
+    with pytest.raises(ValueError, match="on meta"):  # raw pointers must be CPU memory
+        step_adjoint(lap.to("meta"), c2, None, u, u.clone(), 1.0, 1.0, torch.zeros_like(c2),
+                     adjoint_scratch(c2))
 
 
 def _forget_builds() -> None:

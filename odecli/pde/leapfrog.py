@@ -134,16 +134,18 @@ class Kernels:
 
     def _check(self, *fields: Tensor) -> None:
         for f in fields:
-            if tuple(f.shape) != self.shape or f.dtype != self.dtype or not f.is_contiguous():
-                raise ValueError(f"leapfrog: expected contiguous {self.dtype} fields of shape "
-                                 f"{self.shape}, got {f.dtype} {tuple(f.shape)}")
+            if tuple(f.shape) != self.shape or f.dtype != self.dtype or not f.is_contiguous() \
+                    or f.device.type != "cpu":
+                raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} fields of shape "
+                                 f"{self.shape}, got {f.dtype} {tuple(f.shape)} on {f.device}")
 
     def _check_laps(self, *laps: Tensor) -> None:
         want = (self.shape[0], *self._grad_shape)
         for f in laps:
-            if tuple(f.shape) != want or f.dtype != self.dtype or not f.is_contiguous():
-                raise ValueError(f"leapfrog: expected contiguous {self.dtype} lap4(u) of shape "
-                                 f"{want}, got {f.dtype} {tuple(f.shape)}")
+            if tuple(f.shape) != want or f.dtype != self.dtype or not f.is_contiguous() \
+                    or f.device.type != "cpu":
+                raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} lap4(u) of shape "
+                                 f"{want}, got {f.dtype} {tuple(f.shape)} on {f.device}")
 
     def forward(self, u: Tensor, u_prev: Tensor, out: Tensor, lap: Tensor | None = None) -> Tensor:
         """:func:`step_forward` into ``out`` (which may be ``u_prev``), and ``lap4(u)`` into
