@@ -308,7 +308,8 @@ class _Propagation(torch.autograd.Function):
         if g_traces is None:
             loop.workspace.give(store)
             return None, None, None
-        shape = ctx.kern.shape
+        kern, pts = ctx.kern, ctx.pts
+        shape = kern.shape  # of the ringed fields (the store holds blocks)
         # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
         a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
         grad_c2 = torch.zeros_like(c2dt2)
@@ -317,7 +318,6 @@ class _Propagation(torch.autograd.Function):
         per_pass = steps_per_pass(a_u.numel() * a_u.element_size())
         scratch = run_scratch(c2dt2, shape[0], max(per_pass, loop.threads))
         g = loop.geom
-        kern, pts = ctx.kern, ctx.pts
         order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
         residuals = g_traces.permute(2, 0, 1).contiguous()  # (nt, shots, receivers)
         in_order = residuals[:, :, order].contiguous()  # the same, in the pass's order
