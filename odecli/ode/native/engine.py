@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import dataclasses
 import functools
 import math
 import os
@@ -179,6 +180,82 @@ def solve_native_arrays(
     cannot be generated or built here; callers fall back to ``solve``.
     """
     started = time.perf_counter()
+    job = prepare_job(rhs, y0, t_start, t_end, t_eval, params=params, method=method, rtol=rtol, atol=atol,
+                      controller=controller, dt0=dt0, max_steps=max_steps)
+    return solve_job(rhs, method, job, threads, progress, started)
+
+
+def solve_job(rhs: NativeRhs, method: str, job: "Job", threads: int | None = None,
+              progress: Callable[[Progress], None] | None = None, started: float | None = None) -> ArraySolution:
+    """Run the generated solver on a prepared :class:`Job` (its output arrays become the result's)."""
+    started = time.perf_counter() if started is None else started
+    solver, solver_holding_gil = _load(METHODS[method], rhs)
+    batch = job.y0.shape[0]
+    if batch < HOLD_GIL_BELOW and progress is None:
+        # Releasing the lock for a sub-millisecond call costs more when another Python thread
+        # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
+        run_blocks(solver_holding_gil, job.args(), job, 1)
+    else:
+        run_blocks(solver, job.args(), job, threads or default_threads(), progress)
+    stats = {name: job.istat[:, i].copy() for i, name in enumerate(INT_STATS) if name in STAT_NAMES}
+    stats["dt0"], stats["dt_final"] = job.fstat[:, 0].copy(), job.fstat[:, 1].copy()
+    return ArraySolution(
+        t=job.grid, y=job.y_out, status=job.istat[:, 0].copy(), stats=stats, t_final=job.fstat[:, 2].copy(),
+        y_final=job.y_final, wall_time_s=time.perf_counter() - started, method=method,
+        extra={"engine": "native"},
+    )
+
+
+@dataclass
+class Job:
+    """What ``solve_samples`` reads (the batch as float64 arrays, the controller's constants) and
+    the output arrays it fills; the gradient's replay reads the same."""
+
+    y0: np.ndarray  # (B, n_states)
+    t0: np.ndarray  # (B,)
+    t1: np.ndarray  # (B,)
+    grid: np.ndarray  # (B, n_eval)
+    p: np.ndarray  # (B, n_params), at least one column
+    dt: np.ndarray  # (B,) first steps, used unless auto_dt0
+    auto_dt0: bool
+    cfg: np.ndarray  # CONFIG_FIELDS
+    max_steps: int
+    y_out: np.ndarray  # (B, n_eval, n_states), NaN until written
+    istat: np.ndarray  # (B, len(INT_STATS)) int64
+    fstat: np.ndarray  # (B, len(FLOAT_STATS))
+    y_final: np.ndarray  # (B, n_states)
+
+    def args(self) -> list:
+        """solve_samples' arguments after the sample range."""
+        return [ctypes.c_int64(self.grid.shape[1]), ctypes.c_int64(self.p.shape[1])] + [
+            ctypes.c_void_p(x.ctypes.data) for x in (self.y0, self.t0, self.t1, self.grid, self.p, self.dt)
+        ] + [ctypes.c_int64(int(self.auto_dt0)), ctypes.c_void_p(self.cfg.ctypes.data),
+             ctypes.c_int64(self.max_steps)] + [
+            ctypes.c_void_p(x.ctypes.data) for x in (self.y_out, self.istat, self.fstat, self.y_final)
+        ]
+
+    def fresh_outputs(self) -> "Job":
+        """The same inputs with new output arrays (a replay must not overwrite a returned result)."""
+        return dataclasses.replace(self, y_out=np.full_like(self.y_out, math.nan), istat=np.zeros_like(self.istat),
+                                   fstat=np.zeros_like(self.fstat), y_final=np.empty_like(self.y_final))
+
+
+def prepare_job(
+    rhs: NativeRhs,
+    y0: np.ndarray,
+    t_start: np.ndarray | float,
+    t_end: np.ndarray | float,
+    t_eval: np.ndarray | None,
+    *,
+    params: Mapping[str, np.ndarray | float] | None,
+    method: str,
+    rtol: float,
+    atol: float,
+    controller: str | PIDController,
+    dt0: float | np.ndarray | None,
+    max_steps: int,
+) -> Job:
+    """Check the arguments of :func:`solve_native_arrays` and lay them out for the C solver."""
     why = unsupported_reason(method)
     if why:
         raise NativeUnavailable(why)
@@ -191,51 +268,41 @@ def solve_native_arrays(
         raise ValueError(f"method {method!r} has a fixed step: pass dt0")
     if max_steps < 1:
         raise ValueError("max_steps must be >= 1")
-    solver, solver_holding_gil = _load(tableau, rhs)
     batch, n_states = y0.shape
     t0 = _batch_vector(t_start, batch)
     t1 = _batch_vector(t_end, batch)
     grid = _eval_grid(t_eval, t0, t1)
-    n_eval = grid.shape[1]
-    p = _param_matrix(rhs.params, params or {}, batch)
-    dt = _batch_vector(dt0 if dt0 is not None else 0.0, batch)
-    cfg = np.array([float(rtol), float(atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])])
-    y_out = np.full((batch, n_eval, n_states), math.nan)
-    istat = np.zeros((batch, len(INT_STATS)), dtype=np.int64)
-    fstat = np.zeros((batch, len(FLOAT_STATS)))
-    y_final = np.empty((batch, n_states))
-    fixed = [ctypes.c_int64(n_eval), ctypes.c_int64(p.shape[1])] + [
-        ctypes.c_void_p(x.ctypes.data) for x in (y0, t0, t1, grid, p, dt)
-    ] + [ctypes.c_int64(int(dt0 is None)), ctypes.c_void_p(cfg.ctypes.data), ctypes.c_int64(max_steps)] + [
-        ctypes.c_void_p(x.ctypes.data) for x in (y_out, istat, fstat, y_final)
-    ]
+    return Job(
+        y0=y0, t0=t0, t1=t1, grid=grid, p=_param_matrix(rhs.params, params or {}, batch),
+        dt=_batch_vector(dt0 if dt0 is not None else 0.0, batch), auto_dt0=dt0 is None,
+        cfg=np.array([float(rtol), float(atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])]),
+        max_steps=int(max_steps), y_out=np.full((batch, grid.shape[1], n_states), math.nan),
+        istat=np.zeros((batch, len(INT_STATS)), dtype=np.int64), fstat=np.zeros((batch, len(FLOAT_STATS))),
+        y_final=np.empty((batch, n_states)),
+    )
 
-    def run(block: tuple[int, int], entry=solver) -> tuple[int, int]:
-        if entry(ctypes.c_int64(block[0]), ctypes.c_int64(block[1]), *fixed) != 0:
-            raise MemoryError("the generated ODE solver could not allocate its lanes")
+
+def run_blocks(entry: Callable, args: list, job: Job, threads: int,
+               progress: Callable[[Progress], None] | None = None) -> None:
+    """``entry(i0, i1, *args)`` over contiguous blocks of samples, on ``threads`` threads."""
+    batch = job.y0.shape[0]
+
+    def run(block: tuple[int, int]) -> tuple[int, int]:
+        if entry(ctypes.c_int64(block[0]), ctypes.c_int64(block[1]), *args) != 0:
+            raise MemoryError("the generated ODE solver could not allocate its working memory")
         return block
 
-    workers = max(1, min(threads or default_threads(), batch))
-    if batch < HOLD_GIL_BELOW and progress is None:
-        # Releasing the lock for a sub-millisecond call costs more when another Python thread
-        # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
-        run((0, batch), solver_holding_gil)
-    elif workers == 1 and progress is None:
+    workers = max(1, min(threads, batch))
+    if workers == 1 and progress is None:
         run((0, batch))
-    else:
-        finished = steps = 0
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for lo, hi in pool.map(run, _blocks(batch, workers)):
-                finished += hi - lo
-                steps += int(istat[lo:hi, 1].sum())
-                if progress is not None:
-                    progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
-    stats = {name: istat[:, i].copy() for i, name in enumerate(INT_STATS) if name in STAT_NAMES}
-    stats["dt0"], stats["dt_final"] = fstat[:, 0].copy(), fstat[:, 1].copy()
-    return ArraySolution(
-        t=grid, y=y_out, status=istat[:, 0].copy(), stats=stats, t_final=fstat[:, 2].copy(), y_final=y_final,
-        wall_time_s=time.perf_counter() - started, method=method, extra={"engine": "native"},
-    )
+        return
+    finished = steps = 0
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for lo, hi in pool.map(run, _blocks(batch, workers)):
+            finished += hi - lo
+            steps += int(job.istat[lo:hi, 1].sum())
+            if progress is not None:
+                progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
 
 
 def solve_native(
@@ -257,12 +324,19 @@ def solve_native(
 ) -> Solution:
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
 
-    Same arguments and result as :func:`odecli.ode.solver.solve` (no gradients: the output
-    does not require grad).
+    Same arguments and result as :func:`odecli.ode.solver.solve`. When autograd records and
+    ``y0`` or a tensor in ``params`` requires grad, ``y`` and ``y_final`` are differentiable
+    (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in generated C).
     """
     why = unsupported_reason(method, y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)
+    if _records_gradient(y0, params):
+        from odecli.ode.native.gradient import solve_native_with_grad
+
+        return solve_native_with_grad(rhs, y0, t_start, t_end, t_eval, params=params, method=method, rtol=rtol,
+                                      atol=atol, controller=controller, dt0=dt0, max_steps=max_steps,
+                                      threads=threads, progress=progress)
     started = time.perf_counter()
     result = solve_native_arrays(
         rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
@@ -271,6 +345,13 @@ def solve_native(
     )
     result.wall_time_s = time.perf_counter() - started
     return result.to_tensors()
+
+
+def _records_gradient(y0: Tensor, params: Mapping[str, Any] | None) -> bool:
+    import torch
+
+    tensors = [y0, *(v for v in (params or {}).values() if isinstance(v, torch.Tensor))]
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _numpy(value: Any) -> Any:

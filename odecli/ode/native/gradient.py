@@ -1,0 +1,143 @@
+"""Gradients through the generated C solver: :func:`solve_native` when its inputs require grad.
+
+The forward pass is the ordinary lane solver; the backward pass is generated C too
+(:mod:`odecli.ode.native.reverse`): each sample is replayed on one lane with a tape of its
+accepted steps and swept backwards. The gradient is the one ``adjoint="direct"`` gives in the
+PyTorch loop (backpropagation through the steps taken, step sizes held fixed), for ``y0`` and
+every parameter, at C speed and with memory of one tape per thread instead of an autograd graph.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from odecli import native
+from odecli.ode.controllers import PIDController
+from odecli.ode.methods import METHODS, ExplicitRK
+from odecli.ode.native.engine import (
+    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _numpy, default_threads, prepare_job, run_blocks, solve_job,
+)
+from odecli.ode.native.reverse import generate_reverse, reverse_unsupported
+from odecli.ode.solver import Solution
+from odecli.ode.status import Progress
+
+
+def gradient_unsupported(rhs: NativeRhs, method: str) -> str:
+    """Why the generated gradient cannot take this solve ("" when it can, compiler permitting)."""
+    if method not in METHODS:
+        return f"method {method!r} is not an explicit Runge-Kutta method"
+    why = reverse_unsupported(METHODS[method])
+    if why:
+        return why
+    try:
+        _source(METHODS[method], rhs)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def solve_native_with_grad(
+    rhs: NativeRhs,
+    y0: Tensor,
+    t_start: Tensor | float,
+    t_end: Tensor | float,
+    t_eval: Tensor | None = None,
+    *,
+    params: Mapping[str, Tensor | float] | None = None,
+    method: str = "dopri5",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    controller: str | PIDController = "integral",
+    dt0: float | Tensor | None = None,
+    max_steps: int = 100_000,
+    threads: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> Solution:
+    """:func:`~odecli.ode.native.engine.solve_native` with ``y``/``y_final`` differentiable in
+    ``y0`` and the tensors in ``params`` (per-sample ones get per-sample gradients, shared ones
+    the batch sum). Times and ``dt0`` get no gradient, as in the PyTorch loop."""
+    why = gradient_unsupported(rhs, method)
+    if why:
+        raise NativeUnavailable(why)
+    started = time.perf_counter()
+    params = dict(params or {})
+    job = prepare_job(rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
+                      params={name: _numpy(value) for name, value in params.items()}, method=method, rtol=rtol,
+                      atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps)
+    result = solve_job(rhs, method, job, threads, progress, started)
+    names = [name for name in rhs.params if isinstance(params.get(name), Tensor)]
+    backward = _Backward(rhs, method, job, threads or default_threads(), [rhs.params.index(n) for n in names])
+    y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names))
+    solution = result.to_tensors()
+    solution.y, solution.y_final = y, y_final
+    solution.wall_time_s = time.perf_counter() - started
+    return solution
+
+
+class _Backward:
+    """What the backward pass needs: the solve's inputs, and which parameter columns are tensors."""
+
+    def __init__(self, rhs: NativeRhs, method: str, job: Job, threads: int, columns: list[int]):
+        self.rhs, self.method, self.job, self.threads, self.columns = rhs, method, job, threads, columns
+
+    def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cotangents of y0 (B, n_states) and of the parameter matrix (B, n_params)."""
+        job = self.job.fresh_outputs()
+        grad_y0, grad_p = np.zeros_like(job.y0), np.zeros_like(job.p)
+        extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)]
+        run_blocks(_load(METHODS[self.method], self.rhs), job.args() + extra, job, self.threads)
+        return grad_y0, grad_p
+
+
+class _NativeSolve(torch.autograd.Function):
+    """Connects the C solve's outputs to ``y0`` and the parameter tensors in autograd's graph."""
+
+    @staticmethod
+    def forward(ctx: Any, backward: _Backward, y0: Tensor, *param_values: Tensor) -> tuple[Tensor, Tensor]:
+        ctx.backward_pass = backward
+        ctx.shapes = [(value.shape, value.dtype) for value in param_values]
+        ctx.like = (y0.dtype, y0.device)
+        dtype, device = ctx.like
+        job = backward.job
+        return (torch.from_numpy(job.y_out.copy()).to(dtype=dtype, device=device),
+                torch.from_numpy(job.y_final.copy()).to(dtype=dtype, device=device))
+
+    @staticmethod
+    def backward(ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None):
+        job = ctx.backward_pass.job
+        gy = np.zeros_like(job.y_out) if grad_y is None else _contiguous(grad_y)
+        gf = np.zeros_like(job.y_final) if grad_final is None else _contiguous(grad_final)
+        grad_y0, grad_p = ctx.backward_pass(gy, gf)
+        dtype, device = ctx.like
+        grads = [torch.from_numpy(grad_y0).to(dtype=dtype, device=device)]
+        for column, (shape, value_dtype) in zip(ctx.backward_pass.columns, ctx.shapes):
+            per_sample = torch.from_numpy(grad_p[:, column].copy()).to(dtype=value_dtype, device=device)
+            grads.append(per_sample.reshape(shape) if per_sample.numel() == shape.numel()
+                         else per_sample.sum().expand(shape))
+        return (None, *grads)
+
+
+def _contiguous(tensor: Tensor) -> np.ndarray:
+    return np.ascontiguousarray(tensor.detach().cpu().double().numpy())
+
+
+@functools.lru_cache(maxsize=32)
+def _source(tableau: ExplicitRK, rhs: NativeRhs) -> bytes:
+    return generate_reverse(tableau, rhs.equations, len(rhs.params)).encode()
+
+
+def _load(tableau: ExplicitRK, rhs: NativeRhs) -> Callable:
+    lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs))
+    if lib is None:
+        raise NativeUnavailable(why)
+    entry = lib.gradient_samples
+    entry.restype = ctypes.c_int
+    entry.argtypes = _ARGTYPES + [ctypes.c_void_p] * 4
+    return entry

@@ -1,0 +1,250 @@
+"""C source of the generated solver's gradient: replay each sample's steps, then sweep them backwards.
+
+``direct`` gradients in the PyTorch loop are backpropagation through the solver's own
+operations with the step sizes held fixed (the controller's decisions are detached), so they
+are the exact gradient of the discrete solution. This is the same gradient written out: for one
+sample, the solver runs again with one lane (the same steps, bit for bit, as in the forward
+solve, since lanes never mix) and keeps a tape of its accepted steps (t, h, y and which output
+times each step wrote). The sweep then walks the tape backwards; each step recomputes its stages
+from the stored y and pulls the cotangent of y1 and of the step's dense outputs back through
+``y1 = y + h * sum_i b_i K_i`` and ``K_i = f(t + c_i h, y + h * sum_j a_ij K_j)`` with the right-hand
+side's vector-Jacobian product (:mod:`odecli.ode.native.vjp`). Memory is the tape: one state
+and a few numbers per accepted step of the samples a thread has in hand, never a graph.
+
+DOP853's own interpolant (extra stages) has no generated reverse; such solves use PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from odecli.ode.methods import ExplicitRK
+from odecli.ode.native.codegen import generate
+from odecli.ode.native.vjp import rhs_vjp_source
+from odecli.spec.expr import c_double
+
+
+def reverse_unsupported(method: ExplicitRK) -> str:
+    """Why :func:`generate_reverse` cannot take ``method`` ("" when it can)."""
+    if method.interpolant == "dop853":
+        return "the gradient of dop853's dense output is not generated"
+    return ""
+
+
+def _stages(method: ExplicitRK) -> str:
+    """Recompute K[0..S-1] (and the stage states Y) of the step from (t, h, y), as rk_step does."""
+    lines = ["    rhs(t, y, p, K[0]);", "    memcpy(Y[0], y, sizeof Y[0]);"]
+    for i in range(1, method.n_stages):
+        terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.a[i]) if w != 0.0]
+        combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
+        lines.append(f"    for (int k = 0; k < N; k++) Y[{i}][k] = {combo};")
+        lines.append(f"    rhs(t + {c_double(method.c[i])} * h, Y[{i}], p, K[{i}]);")
+    terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.b) if w != 0.0]
+    combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
+    lines.append(f"    for (int k = 0; k < N; k++) y1[k] = {combo};")
+    return "\n".join(lines)
+
+
+def _dense_cotangent(method: ExplicitRK) -> str:
+    """Add one output's cotangent g (at theta) to ybar0 (y), lam (y1) and kbar (the K rows)."""
+    if method.interpolant == "polynomial":
+        assert method.p is not None
+        lines = []
+        for i, row in enumerate(method.p):
+            if not any(row):
+                continue
+            horner = c_double(row[-1])
+            for coefficient in reversed(row[:-1]):
+                horner = f"{c_double(coefficient)} + th * ({horner})"
+            lines.append(f"        const double w{i} = h * th * ({horner});")
+            lines.append(f"        for (int k = 0; k < N; k++) kbar[{i}][k] += g[k] * w{i};")
+        lines.append("        for (int k = 0; k < N; k++) ybar0[k] += g[k];")
+        return "\n".join(lines)
+    return "\n".join([  # cubic Hermite: out = (1-th) y + th y1 + th (th-1) ((1-2th)(y1-y) + (th-1) h K0 + th h KS)
+        "        const double q = th * (th - 1), r = q * (1 - 2 * th);",
+        "        for (int k = 0; k < N; k++) {",
+        "            ybar0[k] += g[k] * ((1 - th) - r);",
+        "            lam[k] += g[k] * (th + r);",
+        "            kbar[0][k] += g[k] * (q * (th - 1) * h);",
+        "            kbar[S][k] += g[k] * (q * th * h);",
+        "        }",
+    ])
+
+
+def _uses_last_stage(method: ExplicitRK) -> bool:
+    """Whether dense output reads K[S] = f(t + h, y1)."""
+    return method.interpolant == "hermite" or (method.p is not None and len(method.p) > method.n_stages
+                                               and any(method.p[method.n_stages]))
+
+
+def _step_reverse(method: ExplicitRK) -> str:
+    """Pull lam (cotangent of y1) and kbar back through the step onto ybar0 (cotangent of y)."""
+    lines = [f"    for (int k = 0; k < N; k++) kbar[{j}][k] += (h * {c_double(w)}) * lam[k];"
+             for j, w in enumerate(method.b) if w != 0.0]
+    lines.append("    for (int k = 0; k < N; k++) ybar0[k] += lam[k];")
+    for i in reversed(range(method.n_stages)):
+        lines.append("    memset(ys, 0, sizeof ys);")
+        lines.append(f"    rhs_vjp(t + {c_double(method.c[i])} * h, Y[{i}], p, kbar[{i}], ys, pbar);")
+        lines.append("    for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
+        for j, w in enumerate(method.a[i]):
+            if w != 0.0:
+                lines.append(f"    for (int k = 0; k < N; k++) kbar[{j}][k] += (h * {c_double(w)}) * ys[k];")
+    return "\n".join(lines)
+
+
+_REVERSE = """\
+/* One accepted step, as the replay records it: output times [p0, p1) came from its dense output. */
+typedef struct { double t, h, t_new; int64_t p0, p1; } Step;
+
+/* One sample's accepted steps, and the state at the start of each (y: n x N). */
+typedef struct { int64_t n, cap; Step *steps; double *y; } Tape;
+
+static int tape_push(Tape *tp, Step step, const double *y)
+{
+    if (tp->n == tp->cap) {
+        const int64_t cap = tp->cap ? 2 * tp->cap : 256;
+        Step *steps = realloc(tp->steps, cap * sizeof(Step));
+        if (steps == NULL) return -1;
+        tp->steps = steps;
+        double *ys = realloc(tp->y, cap * N * sizeof(double));
+        if (ys == NULL) return -1;
+        tp->y = ys;
+        tp->cap = cap;
+    }
+    tp->steps[tp->n] = step;
+    memcpy(tp->y + tp->n * N, y, N * sizeof(double));
+    tp->n++;
+    return 0;
+}
+
+/* Solve sample i again with one lane (solve_samples' loop), recording its accepted steps.
+ * Returns the number of output times the start wrote (those at or before t0), or -1 (memory). */
+static int64_t replay(Lanes *restrict L, const Job *restrict job, int64_t i, Tape *restrict tp)
+{
+    tp->n = 0;
+    if (!start(L, 0, job, i)) return L->ptr[0];
+    const int64_t written_at_start = L->ptr[0];
+    for (;;) {
+        clip_steps(L);
+        rk_step(L->t, L->y, L->hs, L->P, L->K, L->y1, L->err, job->rtol, job->atol);
+        control(L, job);
+        if (L->accept[0]) {
+            double y[N];
+            const int64_t p0 = L->ptr[0];
+            for (int k = 0; k < N; k++) y[k] = L->y[k][0];
+            if (L->ptr[0] < L->n_interior[0]) dense_output(L, 0, job);
+            const Step step = {.t = L->t[0], .h = L->hs[0], .t_new = L->t_new[0], .p0 = p0, .p1 = L->ptr[0]};
+            if (tape_push(tp, step, y) != 0) return -1;
+        }
+        take_steps(L);
+        if (!L->running[0]) break;
+    }
+    finish(L, 0, job);
+    return written_at_start;
+}
+
+/* The cotangent of one sample's y0 and params from those of its outputs (gy: n_eval x N) and
+ * final state (gfinal), by the reverse sweep over the tape. */
+static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, int64_t written_at_start,
+                  int64_t status, const double *restrict gy, const double *restrict gfinal,
+                  double *restrict gy0, double *restrict gp)
+{
+    const double *grid = job->grid + i * job->n_eval, *p = job->params + i * job->n_params;
+    const double t1 = job->t1[i], dir = t1 >= job->t0[i] ? 1.0 : -1.0;
+    double lam[N], pbar[NP] = {0};
+    for (int k = 0; k < N; k++) lam[k] = gfinal[k];
+    for (int64_t j = 0; j < job->n_eval; j++)  /* finish wrote y at t1 over anything else */
+        if (status == SUCCESS && grid[j] == t1)
+            for (int k = 0; k < N; k++) lam[k] += gy[j * N + k];
+    for (int64_t n = tp->n - 1; n >= 0; n--) {
+        const Step step = tp->steps[n];
+        const double t = step.t, h = step.h, t_new = step.t_new, *y = tp->y + n * N;
+        double K[S + 1][N], Y[S][N], y1[N], kbar[S + 1][N], ybar0[N], ys[N];
+        memset(kbar, 0, sizeof kbar);
+        memset(ybar0, 0, sizeof ybar0);
+{stages}
+        int dense = 0;
+        for (int64_t j = step.p0; j < step.p1; j++) {  /* inside the span: never t1 */
+            const double *g = gy + j * N, t_at = grid[j] * dir * dir;
+            if (t_at == t_new) {
+                for (int k = 0; k < N; k++) lam[k] += g[k];
+                continue;
+            }
+            const double th = (t_at - t) / (h == 0 ? 1.0 : h);
+{dense}
+            dense = 1;
+        }
+        if (dense && LAST_STAGE) {  /* K[S] = f(t + h, y1) feeds the interpolant: its cotangent goes to y1 */
+            memset(ys, 0, sizeof ys);
+            rhs_vjp(t + h, y1, p, kbar[S], ys, pbar);
+            for (int k = 0; k < N; k++) lam[k] += ys[k];
+        }
+{step}
+        memcpy(lam, ybar0, sizeof lam);
+    }
+    for (int64_t j = 0; j < written_at_start && j < job->n_eval; j++)
+        if (!(status == SUCCESS && grid[j] == t1))
+            for (int k = 0; k < N; k++) lam[k] += gy[j * N + k];
+    memcpy(gy0, lam, sizeof lam);
+    memcpy(gp, pbar, job->n_params * sizeof(double));
+}
+
+/* Cotangents of y0 (B x N) and params (B x n_params) for samples [i0, i1), given those of the
+ * outputs yout (B x n_eval x N) and y_final (B x N). The forward arguments are solve_samples'
+ * (its output arrays are overwritten with the same values). 0, or -1 when out of memory. */
+int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                     const double *y0, const double *t0, const double *t1, const double *grid,
+                     const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
+                     int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
+                     const double *gy, const double *gfinal, double *gy0, double *gp)
+{
+    const double k_ctrl = ERROR_ORDER + 1.0;
+    const Job job = {
+        .y0 = y0, .t0 = t0, .t1 = t1, .grid = grid, .params = params, .dt0 = dt0,
+        .n_eval = n_eval, .n_params = n_params, .auto_dt0 = auto_dt0, .max_steps = max_steps,
+        .yout = yout, .fstat = fstat, .yfinal = yfinal, .istat = istat,
+        .rtol = cfg[0], .atol = cfg[1], .safety = cfg[2], .factor_min = cfg[3], .factor_max = cfg[4],
+        .dt_min = cfg[5], .dt_max = cfg[6],
+        .beta1 = (cfg[7] + cfg[8] + cfg[9]) / k_ctrl, .beta2 = -(cfg[7] + 2.0 * cfg[9]) / k_ctrl,
+        .beta3 = cfg[9] / k_ctrl, .inv_k = 1.0 / k_ctrl,
+    };
+    Lanes *L = calloc(1, sizeof *L);
+    Tape tape = {0};
+    int rc = L == NULL ? -1 : 0;
+    for (int64_t i = i0; i < i1 && rc == 0; i++) {
+        const int64_t written = replay(L, &job, i, &tape);
+        if (written < 0) { rc = -1; break; }
+        sweep(&job, i, &tape, written, istat[i * 5], gy + i * n_eval * N, gfinal + i * N, gy0 + i * N,
+              gp + i * n_params);
+    }
+    free(tape.steps);
+    free(tape.y);
+    free(L);
+    return rc;
+}
+"""
+
+
+def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int) -> str:
+    """The complete C file with ``gradient_samples`` for ``method`` and ``equations`` (see module doc).
+
+    It holds the one-lane solver (:func:`~odecli.ode.native.codegen.generate`), the right-hand
+    side's vjp and the sweep; raises ``ValueError`` when the equations cannot be differentiated.
+    """
+    why = reverse_unsupported(method)
+    if why:
+        raise ValueError(why)
+    body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
+            .replace("{dense}", _indent(_dense_cotangent(method)))
+            .replace("{step}", _indent(_step_reverse(method))))
+    return "\n\n".join([
+        generate(method, equations, n_params, lanes=1),
+        f"#define LAST_STAGE {int(_uses_last_stage(method))}",
+        rhs_vjp_source(equations),
+        body,
+    ])
+
+
+def _indent(block: str) -> str:
+    return "\n".join("    " + line if line else line for line in block.splitlines())
+
