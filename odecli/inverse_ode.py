@@ -29,10 +29,12 @@ from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
 from odecli.io.atomic import atomic_h5, check_writable
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
+from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
+from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
 from odecli.parallel.comm import Comm, get_comm
-from odecli.runner import resolve_device
-from odecli.spec import OdeSpec, build_rhs, param_tensors
+from odecli.runner import native_unsupported, resolve_device
+from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
 
 
@@ -51,6 +53,7 @@ class FitResult:
     stats: dict[str, np.ndarray] = field(default_factory=dict)
     wall_time_s: float = 0.0
     ranks: int = 1
+    engine: str = "torch"  # what computed the loss gradients: "native" (generated C) or "torch"
 
 
 def block(batch: int, size: int, rank: int) -> tuple[int, int]:
@@ -83,6 +86,7 @@ class Problem:
         self.device = resolve_device(s.device)
         self.dtype = getattr(torch, s.dtype)
         self.rhs = build_rhs(ode)
+        self.native_rhs = self._native_rhs()
         self.solve_kwargs = dict(
             method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
             controller=make_controller(
@@ -110,6 +114,33 @@ class Problem:
         self.n_evals = 0
         self.last_backward: dict[str, np.ndarray] = {}
 
+    # ---------------------------------------------------------------------------------- solves
+    def _native_rhs(self) -> NativeRhs | None:
+        """The C right-hand side when the generated solver runs this fit (its gradient, when the
+        fit asks for ``direct`` ones, is generated C too); None for the PyTorch loop."""
+        if native_unsupported(self.ode, str(self.device)) or self.dtype != torch.float64:
+            return None
+        rhs = NativeRhs(*build_c_equations(self.ode))
+        if self.inv.adjoint == "direct" and gradient_unsupported(rhs, self.ode.solver.method):
+            return None
+        return rhs
+
+    @property
+    def gradient_engine(self) -> str:
+        return "native" if self.native_rhs is not None and self.inv.adjoint == "direct" else "torch"
+
+    def _solve(self, y0: torch.Tensor, params: dict, grid: torch.Tensor, need_grad: bool):
+        """One solve of the rank's block, by the C solver where it can (else the PyTorch loop)."""
+        if self.native_rhs is not None and (not need_grad or self.inv.adjoint == "direct"):
+            try:
+                return solve_native(self.native_rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
+            except NativeUnavailable:  # no working C compiler here: the PyTorch loop from now on
+                self.native_rhs = None
+        if need_grad:
+            return odeint(self.rhs, y0, self.t0, self.t1, grid, params=params, adjoint=self.inv.adjoint,
+                          **self.solve_kwargs)
+        return solve(self.rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
+
     # ------------------------------------------------------------------------------------ data
     def _load_data(self) -> tuple[torch.Tensor, torch.Tensor]:
         ode, inv, data = self.ode, self.inv, self.inv.data
@@ -127,7 +158,7 @@ class Problem:
             for name, values in data.truth_initial.items():
                 y0[:, ode.states.index(name)] = torch.tensor(values, dtype=self.dtype, device=self.device)[sl]
             with torch.no_grad():
-                sol = solve(self.rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
+                sol = self._solve(y0, params, grid, need_grad=False)
             if bool((sol.status != 0).any()):
                 bad = int(torch.nonzero(sol.status != 0)[0, 0]) + self.lo
                 raise InputError(f"{ode.file}: inverse.data.truth: the true system fails to solve for sample {bad}")
@@ -165,8 +196,7 @@ class Problem:
         self.n_evals += 1
         params, y0, leaves = self._inputs(x, need_grad)
         with torch.set_grad_enabled(need_grad):
-            sol = odeint(self.rhs, y0, self.t0, self.t1, self.grid, params=params, adjoint=self.inv.adjoint,
-                         **self.solve_kwargs)
+            sol = self._solve(y0, params, self.grid, need_grad)
             resid = sol.y[:, :, self.obs_index] - self.obs
             per_sample = (self.weights * resid**2).sum(dim=(1, 2)) / self.norm
         local_ok = bool(torch.isfinite(per_sample).all()) and bool((sol.status == 0).all())
@@ -191,7 +221,7 @@ class Problem:
         """Trajectories, status and counters at ``x``, gathered to full arrays on every rank."""
         params, y0, _ = self._inputs(x, False)
         with torch.no_grad():
-            sol = solve(self.rhs, y0, self.t0, self.t1, self.grid, params=params, **self.solve_kwargs)
+            sol = self._solve(y0, params, self.grid, need_grad=False)
         g = lambda v: _allgather(self.comm, v.detach().cpu().numpy())  # noqa: E731
         stats = {name: g(sol.stats[name]) for name in STAT_NAMES}
         for name, values in self.last_backward.items():
@@ -350,7 +380,7 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     return FitResult(
         fitted=split(x), initial_guess=split(x0), truth=problem.truth, history=history, stop_reason=reason,
         iterations=done, t=t, y=y, data=data, status=status, stats=stats,
-        wall_time_s=time.perf_counter() - started, ranks=comm.size,
+        wall_time_s=time.perf_counter() - started, ranks=comm.size, engine=problem.gradient_engine,
     )
 
 
@@ -369,6 +399,7 @@ def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult) -> 
         a["rtol"] = ode.solver.rtol
         a["atol"] = ode.solver.atol
         a["adjoint"] = inv.adjoint
+        a["engine"] = result.engine
         a["optimizer"] = inv.optimizer
         a["iterations"] = result.iterations
         a["stop_reason"] = result.stop_reason

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from odecli.cli import app
 from odecli.errors import SpecError
-from odecli.inverse_ode import block, fit_ode
+from odecli.inverse_ode import block, fit_ode, write_fit
+from odecli.report.inverse_stats import inverse_summary
 from odecli.spec import parse_yaml
 from odecli.spec.inverse import parse_ode_inverse_spec
 from tests.mpi_helpers import run_mpi
@@ -130,6 +131,7 @@ def test_cli_fit_from_a_solve_output_with_noise_and_stats(tmp_path, monkeypatch)
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output)
     assert summary["kind"] == "ode-inverse" and summary["samples"] == 5
+    assert summary["adjoint"] == "backsolve" and summary["engine"] == "torch"  # backsolve: the PyTorch loop
     assert {u["name"] for u in summary["unknowns"]} == {"k", "u"}
     res = runner.invoke(app, ["stats", "fit.h5"])
     assert res.exit_code == 0 and "unknowns" in res.output
@@ -158,6 +160,26 @@ def test_missing_inverse_section_and_ode_errors_still_reported():
     with pytest.raises(SpecError) as info:
         _spec(text.replace("rtol: 1.0e-9", "rtol: -1"))
     assert info.value.field == "solver.rtol"
+
+
+def test_the_generated_c_gradient_fits_as_the_pytorch_loop_does(tmp_path):
+    """Equations specs with direct gradients fit on the C solver and its generated reverse sweep;
+    ``engine: torch`` backpropagates through the PyTorch loop. Same gradients, so same iterates."""
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 8, "adjoint": "direct"}
+    results = {}
+    for engine in ("auto", "torch"):
+        ode, inv = _spec(text.replace("device: cpu}", f"device: cpu, engine: {engine}}}"))
+        results[engine] = fit_ode(ode, inv)
+    native, torch_loop = results["auto"], results["torch"]
+    assert (native.engine, torch_loop.engine) == ("native", "torch")
+    np.testing.assert_allclose(native.history["loss"], torch_loop.history["loss"], rtol=1e-9)
+    np.testing.assert_allclose(native.history["grad_norm"], torch_loop.history["grad_norm"], rtol=1e-6)
+    for name in ("k", "u"):
+        np.testing.assert_allclose(native.fitted[name], torch_loop.fitted[name], rtol=1e-9)
+    assert len(native.history["loss"]) > 3
+    write_fit(tmp_path / "fit.h5", ode, inv, native)
+    with h5py.File(tmp_path / "fit.h5") as h5:
+        assert inverse_summary(h5)["engine"] == "native"
 
 
 def test_blocks_are_contiguous_and_cover_the_batch():

@@ -45,6 +45,7 @@ def inverse_summary(h5: h5py.File) -> dict[str, Any]:
         "status_counts": {STATUS_NAMES.get(int(c), str(c)): int((status == c).sum()) for c in np.unique(status)},
         "method": str(a.get("method", "")),
         "adjoint": str(a.get("adjoint", "")),
+        "engine": str(a.get("engine", "torch")),
         "optimizer": str(a.get("optimizer", "")),
         "iterations": int(a.get("iterations", len(loss) - 1)),
         "stop_reason": str(a.get("stop_reason", "")),
@@ -66,7 +67,8 @@ def render_inverse_summary(summary: dict[str, Any], console: Console) -> None:
     head = Table(title=f"ODE fit {summary['name']}", show_header=False)
     head.add_row("samples", f"{summary['samples']} on {summary['ranks']} rank(s)")
     head.add_row("status", ", ".join(f"{k}: {v}" for k, v in summary["status_counts"].items()))
-    head.add_row("solver", f"{summary['method']}, gradients by {summary['adjoint']}")
+    engine = " (generated C)" if summary.get("engine") == "native" else ""
+    head.add_row("solver", f"{summary['method']}, gradients by {summary['adjoint']}{engine}")
     head.add_row("optimizer", f"{summary['optimizer']}: {summary['iterations']} iterations, "
                               f"{summary['loss_evaluations']} loss evaluations ({summary['stop_reason']})")
     head.add_row("data", f"{summary['data_source']} (noise {summary['noise']:g})")
