@@ -297,12 +297,18 @@ def run_blocks(entry: Callable, args: list, job: Job, threads: int,
         run((0, batch))
         return
     finished = steps = 0
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for lo, hi in pool.map(run, _blocks(batch, workers)):
-            finished += hi - lo
-            steps += int(job.istat[lo:hi, 1].sum())
-            if progress is not None:
-                progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
+    for lo, hi in _pool(workers).map(run, _blocks(batch, workers)):
+        finished += hi - lo
+        steps += int(job.istat[lo:hi, 1].sum())
+        if progress is not None:
+            progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """One pool per thread count, kept: a fit solves and differentiates hundreds of times, and
+    starting threads for each call cost more than the C work of a small batch."""
+    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="odecli-native")
 
 
 def solve_native(
