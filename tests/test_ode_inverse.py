@@ -182,6 +182,18 @@ def test_the_generated_c_gradient_fits_as_the_pytorch_loop_does(tmp_path):
         assert inverse_summary(h5)["engine"] == "native"
 
 
+def test_a_fit_falls_back_to_the_pytorch_loop_when_the_c_gradient_cannot_be_built(monkeypatch):
+    from odecli.ode.native import gradient
+
+    def no_compiler(*args):
+        raise gradient.NativeUnavailable("no C compiler found (set CC)")
+
+    monkeypatch.setattr(gradient, "_load", no_compiler)
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 3, "adjoint": "direct"}
+    result = fit_ode(*_spec(text))
+    assert result.engine == "torch" and result.history["loss"][-1] < result.history["loss"][0]
+
+
 def test_blocks_are_contiguous_and_cover_the_batch():
     for batch, size in ((8, 2), (7, 3), (5, 5)):
         spans = [block(batch, size, r) for r in range(size)]

@@ -67,13 +67,14 @@ def solve_native_with_grad(
     if why:
         raise NativeUnavailable(why)
     started = time.perf_counter()
+    entry = _load(METHODS[method], rhs)  # built now: a failure falls back before any work, not in backward()
     params = dict(params or {})
     job = prepare_job(rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
                       params={name: _numpy(value) for name, value in params.items()}, method=method, rtol=rtol,
                       atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps)
     result = solve_job(rhs, method, job, threads, progress, started)
     names = [name for name in rhs.params if isinstance(params.get(name), Tensor)]
-    backward = _Backward(rhs, method, job, threads or default_threads(), [rhs.params.index(n) for n in names])
+    backward = _Backward(entry, job, threads or default_threads(), [rhs.params.index(n) for n in names])
     y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names))
     solution = result.to_tensors()
     solution.y, solution.y_final = y, y_final
@@ -82,17 +83,18 @@ def solve_native_with_grad(
 
 
 class _Backward:
-    """What the backward pass needs: the solve's inputs, and which parameter columns are tensors."""
+    """What the backward pass needs: the generated sweep, the solve's inputs, and which parameter
+    columns are tensors."""
 
-    def __init__(self, rhs: NativeRhs, method: str, job: Job, threads: int, columns: list[int]):
-        self.rhs, self.method, self.job, self.threads, self.columns = rhs, method, job, threads, columns
+    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int]):
+        self.entry, self.job, self.threads, self.columns = entry, job, threads, columns
 
     def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Cotangents of y0 (B, n_states) and of the parameter matrix (B, n_params)."""
         job = self.job.fresh_outputs()
         grad_y0, grad_p = np.zeros_like(job.y0), np.zeros_like(job.p)
         extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)]
-        run_blocks(_load(METHODS[self.method], self.rhs), job.args() + extra, job, self.threads)
+        run_blocks(self.entry, job.args() + extra, job, self.threads)
         return grad_y0, grad_p
 
 
