@@ -24,7 +24,7 @@ from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.engine import (
     _ARGTYPES, Job, NativeRhs, NativeUnavailable, _numpy, default_threads, prepare_job, run_blocks, solve_job,
 )
-from odecli.ode.native.reverse import generate_reverse, reverse_unsupported
+from odecli.ode.native.reverse import generate_reverse
 from odecli.ode.solver import Solution
 from odecli.ode.status import Progress
 
@@ -33,9 +33,6 @@ def gradient_unsupported(rhs: NativeRhs, method: str) -> str:
     """Why the generated gradient cannot take this solve ("" when it can, compiler permitting)."""
     if method not in METHODS:
         return f"method {method!r} is not an explicit Runge-Kutta method"
-    why = reverse_unsupported(METHODS[method])
-    if why:
-        return why
     try:
         _source(METHODS[method], rhs)
     except ValueError as exc:

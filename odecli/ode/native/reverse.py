@@ -11,24 +11,19 @@ from the stored y and pulls the cotangent of y1 and of the step's dense outputs 
 side's vector-Jacobian product (:mod:`odecli.ode.native.vjp`). Memory is the tape: one state
 and a few numbers per accepted step of the samples a thread has in hand, never a graph.
 
-DOP853's own interpolant (extra stages) has no generated reverse; such solves use PyTorch.
+DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
+recomputes them for steps with dense outputs and pulls their cotangents back the same way.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.native.codegen import generate
 from odecli.ode.native.vjp import rhs_vjp_source
 from odecli.spec.expr import c_double
-
-
-def reverse_unsupported(method: ExplicitRK) -> str:
-    """Why :func:`generate_reverse` cannot take ``method`` ("" when it can)."""
-    if method.interpolant == "dop853":
-        return "the gradient of dop853's dense output is not generated"
-    return ""
 
 
 def _stages(method: ExplicitRK) -> str:
@@ -45,8 +40,61 @@ def _stages(method: ExplicitRK) -> str:
     return "\n".join(lines)
 
 
+def _dense_prepare(method: ExplicitRK) -> str:
+    """Before a step's first interpolated output: K[S] and DOP853's extra stages (Yx, K[S+1..])."""
+    if method.interpolant != "dop853":
+        return ""
+    lines = ["        rhs(t + h, y1, p, K[S]);"]
+    n_k = method.n_stages + 1
+    for e, (a_row, c) in enumerate(zip(dop853.A_EXTRA, dop853.C_EXTRA)):
+        terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(a_row[:n_k]) if w != 0.0]
+        lines.append(f"        for (int k = 0; k < N; k++) Yx[{e}][k] = y[k] + h * ({' + '.join(terms)});")
+        lines.append(f"        rhs(t + {c_double(c)} * h, Yx[{e}], p, K[{n_k}]);")
+        n_k += 1
+    return "\n".join(lines)
+
+
+def _dense_finish(method: ExplicitRK) -> str:
+    """After a step's outputs: pull the cotangents of the extra stages and of K[S] back."""
+    lines = []
+    if method.interpolant == "dop853":
+        first = method.n_stages + 1
+        for e in reversed(range(len(dop853.C_EXTRA))):
+            lines.append("        memset(ys, 0, sizeof ys);")
+            lines.append(f"        rhs_vjp(t + {c_double(dop853.C_EXTRA[e])} * h, Yx[{e}], p, kbar[{first + e}], ys, pbar);")
+            lines.append("        for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
+            for j, w in enumerate(dop853.A_EXTRA[e][:first + e]):
+                if w != 0.0:
+                    lines.append(f"        for (int k = 0; k < N; k++) kbar[{j}][k] += (h * {c_double(w)}) * ys[k];")
+    if _uses_last_stage(method):  # K[S] = f(t + h, y1) feeds the interpolant: its cotangent goes to y1
+        lines += ["        memset(ys, 0, sizeof ys);",
+                  "        rhs_vjp(t + h, y1, p, kbar[S], ys, pbar);",
+                  "        for (int k = 0; k < N; k++) lam[k] += ys[k];"]
+    return "\n".join(lines)
+
+
 def _dense_cotangent(method: ExplicitRK) -> str:
     """Add one output's cotangent g (at theta) to ybar0 (y), lam (y1) and kbar (the K rows)."""
+    if method.interpolant == "dop853":
+        # out = y + sum_m c_m T_m with T = (delta, h K0 - delta, 2 delta - h (K[S] + K0), h D_r K),
+        # delta = y1 - y and c_m the product of the Horner factors (th, 1 - th, ...) applied after T_m
+        n_terms = 3 + len(dop853.D)
+        lines = [f"        double c[{n_terms}], run = 1.0;",
+                 f"        for (int i = {n_terms - 1}; i >= 0; i--) {{",
+                 "            run *= (i % 2 == 0) ? th : (1 - th);",
+                 f"            c[{n_terms - 1} - i] = run;",
+                 "        }",
+                 "        for (int k = 0; k < N; k++) {",
+                 "            const double g0 = g[k] * c[0], g1 = g[k] * c[1], g2 = g[k] * c[2];",
+                 "            ybar0[k] += g[k] - g0 + g1 - 2 * g2;",
+                 "            lam[k] += g0 - g1 + 2 * g2;",
+                 "            kbar[0][k] += h * (g1 - g2);",
+                 "            kbar[S][k] -= h * g2;"]
+        for r, row in enumerate(dop853.D):
+            lines.append(f"            const double gd{r} = h * g[k] * c[{3 + r}];")
+            lines += [f"            kbar[{j}][k] += gd{r} * {c_double(w)};" for j, w in enumerate(row) if w != 0.0]
+        lines.append("        }")
+        return "\n".join(lines)
     if method.interpolant == "polynomial":
         assert method.p is not None
         lines = []
@@ -73,8 +121,8 @@ def _dense_cotangent(method: ExplicitRK) -> str:
 
 def _uses_last_stage(method: ExplicitRK) -> bool:
     """Whether dense output reads K[S] = f(t + h, y1)."""
-    return method.interpolant == "hermite" or (method.p is not None and len(method.p) > method.n_stages
-                                               and any(method.p[method.n_stages]))
+    return method.interpolant in ("hermite", "dop853") or (
+        method.p is not None and len(method.p) > method.n_stages and any(method.p[method.n_stages]))
 
 
 def _step_reverse(method: ExplicitRK) -> str:
@@ -159,7 +207,7 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
     for (int64_t n = tp->n - 1; n >= 0; n--) {
         const Step step = tp->steps[n];
         const double t = step.t, h = step.h, t_new = step.t_new, *y = tp->y + n * N;
-        double K[S + 1][N], Y[S][N], y1[N], kbar[S + 1][N], ybar0[N], ys[N];
+        double K[NK][N], Y[S][N], Yx[3][N], y1[N], kbar[NK][N], ybar0[N], ys[N];
         memset(kbar, 0, sizeof kbar);
         memset(ybar0, 0, sizeof ybar0);
 {stages}
@@ -171,13 +219,14 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
                 continue;
             }
             const double th = (t_at - t) / (h == 0 ? 1.0 : h);
+            if (!dense) {
+{prepare}
+                dense = 1;
+            }
 {dense}
-            dense = 1;
         }
-        if (dense && LAST_STAGE) {  /* K[S] = f(t + h, y1) feeds the interpolant: its cotangent goes to y1 */
-            memset(ys, 0, sizeof ys);
-            rhs_vjp(t + h, y1, p, kbar[S], ys, pbar);
-            for (int k = 0; k < N; k++) lam[k] += ys[k];
+        if (dense) {
+{finish}
         }
 {step}
         memcpy(lam, ybar0, sizeof lam);
@@ -231,15 +280,13 @@ def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int
     It holds the one-lane solver (:func:`~odecli.ode.native.codegen.generate`), the right-hand
     side's vjp and the sweep; raises ``ValueError`` when the equations cannot be differentiated.
     """
-    why = reverse_unsupported(method)
-    if why:
-        raise ValueError(why)
     body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
+            .replace("{prepare}", _indent(_indent(_dense_prepare(method))))
+            .replace("{finish}", _indent(_dense_finish(method)))
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
     return "\n\n".join([
         generate(method, equations, n_params, lanes=1),
-        f"#define LAST_STAGE {int(_uses_last_stage(method))}",
         rhs_vjp_source(equations),
         body,
     ])
