@@ -355,6 +355,9 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     comm = comm if comm is not None else get_comm()
     started = time.perf_counter()
     problem = Problem(ode, inv, comm)
+    if log is not None and problem.native_rhs is not None and inv.adjoint != "direct":
+        log(f"note: gradients by {inv.adjoint} run in the PyTorch loop; adjoint: direct would run them in "
+            "generated C (exact for the discrete solution, and usually far faster)")
     history: dict[str, list[float]] = {"loss": [], "grad_norm": [], "wall_time_s": [], "n_evals": []}
 
     def record(f: float, g: np.ndarray) -> None:
