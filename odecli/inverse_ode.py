@@ -9,6 +9,9 @@ to the 1-rank run (to round-off, ~1e-12), rather than depending on an all-reduce
 
 Shared unknowns are handed to the solver as one copy per row (the spec's right-hand sides broadcast
 per-sample parameters), so their per-sample contributions come out of the same backward pass.
+
+Since the optimisers are deterministic given their state, ``OUT.ckpt.h5`` checkpoints of that state
+let ``--resume`` finish a killed fit exactly as an uninterrupted one (:mod:`odecli.inverse_checkpoint`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import numpy as np
 import torch
 
 from odecli import __version__
+from odecli import inverse_checkpoint as ckpt
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
+from odecli.inverse_checkpoint import OptState
 from odecli.io.atomic import atomic_h5, check_writable
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
@@ -33,6 +38,7 @@ from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
 from odecli.parallel.comm import Comm, get_comm
+from odecli.pde.checkpoint import checkpoint_path
 from odecli.runner import native_unsupported, resolve_device
 from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
@@ -271,37 +277,42 @@ def _converged(f_prev: float, f: float, g: np.ndarray, tol: float, gtol: float) 
     return None
 
 
-def _adam(evaluate, x, lower, upper, lr, iterations, tol, gtol, record) -> tuple[np.ndarray, str, int]:
+def _start(evaluate, x: np.ndarray) -> OptState:
+    """Both optimisers start from the loss and gradient at the initial guess."""
     f, g = evaluate(x)
     if g is None:
         raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
-    record(f, g)
-    m, v = np.zeros_like(x), np.zeros_like(x)
+    return OptState(x, f, g)
+
+
+def _adam(evaluate, state: OptState, lower, upper, lr, iterations, tol, gtol, record, checkpoint) -> tuple[str, int]:
+    """Adam from ``state`` (updated in place); ``checkpoint(state)`` after every iteration that goes on."""
+    if state.m is None:
+        state.m, state.v = np.zeros_like(state.x), np.zeros_like(state.x)
     b1, b2, eps = 0.9, 0.999, 1e-8
-    for it in range(1, iterations + 1):
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        x_new = np.clip(x - lr * (m / (1 - b1**it)) / (np.sqrt(v / (1 - b2**it)) + eps), lower, upper)
+    for it in range(state.it + 1, iterations + 1):
+        m = b1 * state.m + (1 - b1) * state.g
+        v = b2 * state.v + (1 - b2) * state.g * state.g
+        x_new = np.clip(state.x - lr * (m / (1 - b1**it)) / (np.sqrt(v / (1 - b2**it)) + eps), lower, upper)
         f_new, g_new = evaluate(x_new)
         if g_new is None:
-            return x, "failed: a sample did not solve", it - 1
-        x, f_prev, f, g = x_new, f, f_new, g_new
-        record(f, g)
-        reason = _converged(f_prev, f, g, tol, gtol)
+            return "failed: a sample did not solve", it - 1
+        f_prev = state.f
+        state.x, state.f, state.g, state.m, state.v, state.it = x_new, f_new, g_new, m, v, it
+        record(state.f, state.g)
+        reason = _converged(f_prev, state.f, state.g, tol, gtol)
         if reason:
-            return x, reason, it
-    return x, "max iterations", iterations
+            return reason, it
+        checkpoint(state)
+    return "max iterations", state.it
 
 
-def _lbfgs(evaluate, x, lower, upper, lr, iterations, tol, gtol, record, history=10) -> tuple[np.ndarray, str, int]:
-    """L-BFGS with Armijo backtracking; trial points are projected onto the bounds."""
-    f, g = evaluate(x)
-    if g is None:
-        raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
-    record(f, g)
-    s_hist: list[np.ndarray] = []
-    y_hist: list[np.ndarray] = []
-    for it in range(1, iterations + 1):
+def _lbfgs(evaluate, state: OptState, lower, upper, lr, iterations, tol, gtol, record, checkpoint,
+           history=10) -> tuple[str, int]:
+    """L-BFGS with Armijo backtracking from ``state`` (updated in place); trial points are projected
+    onto the bounds; ``checkpoint(state)`` after every iteration that goes on."""
+    for it in range(state.it + 1, iterations + 1):
+        x, f, g, s_hist, y_hist = state.x, state.f, state.g, state.s, state.y
         q = -g.copy()
         alphas = []
         for s, y in reversed(list(zip(s_hist, y_hist))):
@@ -330,7 +341,7 @@ def _lbfgs(evaluate, x, lower, upper, lr, iterations, tol, gtol, record, history
                 break
             step *= 0.5
         if not accepted:
-            return x, "converged: no further decrease (line search)", it - 1
+            return "converged: no further decrease (line search)", it - 1
         s, y = x_new - x, g_new - g
         if s @ y > 1e-12 * max(y @ y, 1e-300):
             s_hist.append(s)
@@ -338,20 +349,25 @@ def _lbfgs(evaluate, x, lower, upper, lr, iterations, tol, gtol, record, history
             if len(s_hist) > history:
                 s_hist.pop(0)
                 y_hist.pop(0)
-        x, f_prev, f, g = x_new, f, f_new, g_new
-        record(f, g)
-        reason = _converged(f_prev, f, g, tol, gtol)
+        state.x, state.f, state.g, state.s, state.y, state.it = x_new, f_new, g_new, s_hist, y_hist, it
+        record(state.f, state.g)
+        reason = _converged(f, state.f, state.g, tol, gtol)
         if reason:
-            return x, reason, it
-    return x, "max iterations", iterations
+            return reason, it
+        checkpoint(state)
+    return "max iterations", state.it
 
 
 # ------------------------------------------------------------------------------------ the fit
 
 
 def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations: int | None = None,
-            log: Callable[[str], None] | None = None) -> FitResult:
-    """Run the fit described by ``inv`` on ``ode``; collective over ``comm`` (default: COMM_WORLD)."""
+            log: Callable[[str], None] | None = None, checkpoint: Path | None = None,
+            resume: bool = False) -> FitResult:
+    """Run the fit described by ``inv`` on ``ode``; collective over ``comm`` (default: COMM_WORLD).
+
+    With ``checkpoint``, the optimiser state is saved there every ``inv.checkpoint_every``
+    iterations; with ``resume`` too, a fit continues from that file when it exists."""
     comm = comm if comm is not None else get_comm()
     started = time.perf_counter()
     problem = Problem(ode, inv, comm)
@@ -371,13 +387,34 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
             log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}  "
                 f"{step_s:.2f} s")
 
-    x0 = np.clip(problem.x0, problem.lower, problem.upper)
     n_iter = inv.iterations if iterations is None else iterations
-    args = (problem.evaluate, x0, problem.lower, problem.upper, inv.lr, n_iter, inv.tol, inv.gtol, record)
-    if inv.optimizer == "adam":
-        x, reason, done = _adam(*args)
+    every = inv.checkpoint_every
+
+    def save(state: OptState) -> None:
+        if checkpoint is None or not every or state.it % every or state.it >= n_iter:
+            return  # the last iteration needs none: the output follows
+        ckpt.save(checkpoint, comm, spec_text=ode.text, optimizer=inv.optimizer, state=state, history=history,
+                  n_evals=problem.n_evals)
+        ckpt.maybe_exit_after_checkpoint(state.it)
+
+    x0 = np.clip(problem.x0, problem.lower, problem.upper)
+    if resume and checkpoint is not None and checkpoint.exists():
+        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text)
+        history.update(saved)
+        started -= history["wall_time_s"][-1]  # wall times go on from the interrupted run's
+        if log is not None:
+            log(f"resuming from {checkpoint} at iteration {state.it}")
     else:
-        x, reason, done = _lbfgs(*args, history=inv.history)
+        if resume and log is not None:
+            log(f"no checkpoint at {checkpoint}; starting from the beginning")
+        state = _start(problem.evaluate, x0)
+        record(state.f, state.g)
+    args = (problem.evaluate, state, problem.lower, problem.upper, inv.lr, n_iter, inv.tol, inv.gtol, record, save)
+    if inv.optimizer == "adam":
+        reason, done = _adam(*args)
+    else:
+        reason, done = _lbfgs(*args, history=inv.history)
+    x = state.x
     t, y, data, status, stats = problem.final_solution(x)
     split = lambda v: {u.name: v[o:o + n].copy() for u, o, n in zip(inv.unknowns, problem.offsets, problem.sizes)}  # noqa: E731
     return FitResult(
@@ -435,17 +472,17 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     """CLI entry: fit, write the result on rank 0, return the exit code (same on every rank)."""
     comm = get_comm()
     ode, inv = load_ode_inverse_spec(spec_path)  # every rank reads the same file: errors are collective
-    if resume:
-        raise InputError(f"{spec_path}: --resume is not supported for kind: ode fits (they do not checkpoint)")
     if iterations is not None and iterations < 1:
         raise InputError("--iterations must be >= 1")
     output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
-    check_writable(output, force)
+    cpath = checkpoint_path(output)
+    check_writable(output, force or (resume and cpath.exists()))  # a resumed fit replaces an older output
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     try:
-        result = fit_ode(ode, inv, comm, iterations, log)
+        result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
         if comm.rank == 0:
             write_fit(output, ode, inv, result)
+            cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
         comm.barrier()
     except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
         if comm.size > 1 and not isinstance(exc, OdecliError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -12,7 +14,7 @@ from typer.testing import CliRunner
 
 from odecli.cli import app
 from odecli.errors import SpecError
-from odecli.inverse_ode import block, fit_ode, write_fit
+from odecli.inverse_ode import block, checkpoint_path, fit_ode, write_fit
 from odecli.report.inverse_stats import inverse_summary
 from odecli.spec import parse_yaml
 from odecli.spec.inverse import parse_ode_inverse_spec
@@ -147,6 +149,8 @@ def test_cli_fit_from_a_solve_output_with_noise_and_stats(tmp_path, monkeypatch)
     (("adjoint: direct", "adjoint: magic"), "inverse.adjoint"),
     (("  observed: [u]", "  observed: [u]\n  extra: 1"), "inverse.extra"),
     (("init: 0.5, bounds", "init: 5.0, bounds"), "inverse.unknowns.params.k.init"),
+    (("adjoint: direct", "adjoint: direct\n  checkpoint: {every: -1}"), "inverse.checkpoint.every"),
+    (("adjoint: direct", "adjoint: direct\n  checkpoint: {each: 2}"), "inverse.checkpoint.each"),
 ])
 def test_inverse_section_errors_name_the_field(edit, field):
     text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 5, "adjoint": "direct"}
@@ -212,3 +216,92 @@ def test_two_ranks_equal_one_rank(tmp_path):
         outs[n] = np.load(out)
     for key in outs[1].files:
         np.testing.assert_allclose(outs[2][key], outs[1][key], rtol=1e-12, atol=1e-15, err_msg=key)
+
+
+# ------------------------------------------------------------------------- checkpoint and resume
+
+
+def _checkpointed(tmp_path: Path, optimizer: str = "lbfgs", lr: float = 1.0) -> Path:
+    """DECAY with a checkpoint every 2 of its 12 iterations (neither optimiser converges sooner)."""
+    spec = tmp_path / "fit.yaml"
+    spec.write_text(DECAY % {"data": DECAY_TRUTH, "optimizer": optimizer, "lr": lr, "iterations": 12,
+                             "adjoint": "direct"} + "  checkpoint: {every: 2}\n")
+    return spec
+
+
+def _killed_after_checkpoint_4(monkeypatch, spec: Path, out: Path, ranks: int) -> None:
+    """A fit in a fresh process that dies right after its checkpoint of iteration 4, leaving only that."""
+    monkeypatch.setenv("ODECLI_ODE_EXIT_AFTER_CHECKPOINT", "4")
+    args = ["train-inverse", str(spec), "-o", str(out)]
+    if ranks == 1:
+        proc = subprocess.run([sys.executable, "-m", "odecli", *args], capture_output=True, text=True, timeout=120)
+    else:
+        proc = run_mpi(SCRIPTS / "ode_cli.py", ranks, args)
+    monkeypatch.delenv("ODECLI_ODE_EXIT_AFTER_CHECKPOINT")
+    assert proc.returncode != 0 and "iter    4" in proc.stdout and "iter    5" not in proc.stdout, proc.stderr
+    assert not out.exists()
+    with h5py.File(checkpoint_path(out)) as h5:
+        assert h5.attrs["kind"] == "ode-inverse-checkpoint" and h5.attrs["iteration"] == 4
+
+
+def _assert_same_fit(a: Path, b: Path, rtol: float = 0.0) -> None:
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        for name in ("fit/k", "fit/u", "history/loss", "history/grad_norm", "history/n_evals", "y"):
+            np.testing.assert_allclose(fb[name][...], fa[name][...], rtol=rtol, atol=0.0, err_msg=name)
+        assert len(fb["history/wall_time_s"]) == len(fa["history/loss"]) == 13
+        assert (fb.attrs["iterations"], fb.attrs["stop_reason"]) == (fa.attrs["iterations"], fa.attrs["stop_reason"])
+
+
+@pytest.mark.parametrize("optimizer,lr", [("lbfgs", 1.0), ("adam", 0.1)])
+def test_a_killed_fit_resumes_to_exactly_the_uninterrupted_one(tmp_path, monkeypatch, optimizer, lr):
+    spec = _checkpointed(tmp_path, optimizer, lr)
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    runner = CliRunner()
+    res = runner.invoke(app, ["train-inverse", str(spec), "-o", str(full), "--quiet"])
+    assert res.exit_code == 0 and not checkpoint_path(full).exists(), res.output
+    _killed_after_checkpoint_4(monkeypatch, spec, part, ranks=1)
+    res = runner.invoke(app, ["train-inverse", str(spec), "-o", str(part), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "resuming from" in res.output and "iter    4" not in res.output and "iter    5" in res.output
+    assert not checkpoint_path(part).exists()  # the output holds it all now
+    _assert_same_fit(full, part)
+
+
+def test_a_killed_fit_on_two_ranks_resumes_on_two_ranks(tmp_path, monkeypatch):
+    """Rank 0 writes the checkpoint, both read it back; 2 ranks equal 1 to round-off (test above)."""
+    spec = _checkpointed(tmp_path)
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    assert CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(full), "--quiet"]).exit_code == 0
+    _killed_after_checkpoint_4(monkeypatch, spec, part, ranks=2)
+    proc = run_mpi(SCRIPTS / "ode_cli.py", 2, ["train-inverse", str(spec), "-o", str(part), "--resume"])
+    assert proc.returncode == 0 and "resuming from" in proc.stdout, proc.stderr
+    assert "iter    5" in proc.stdout and "iter    4" not in proc.stdout
+    _assert_same_fit(full, part, rtol=1e-12)
+    with h5py.File(part) as h5:
+        assert h5.attrs["ranks"] == 2
+
+
+def test_resume_refuses_a_checkpoint_of_another_spec(tmp_path):
+    spec = _checkpointed(tmp_path)
+    out = tmp_path / "fit.h5"
+    ode, inv = _spec(spec.read_text(), tmp_path, "fit.yaml")
+    fit_ode(ode, inv, iterations=6, checkpoint=checkpoint_path(out))  # leaves the checkpoint of iteration 4
+    spec.write_text(spec.read_text().replace("weights: {u: 2.0}", "weights: {u: 3.0}"))
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "fit.ckpt.h5" in errors[0] and "different spec" in errors[0], res.output
+    assert "iter" not in res.output and not out.exists() and checkpoint_path(out).exists()
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path):
+    spec = _checkpointed(tmp_path)
+    out = tmp_path / "fit.h5"
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "no checkpoint at" in res.output and "starting from the beginning" in res.output
+    assert "iter    0" in res.output
+    with h5py.File(out) as h5:
+        assert len(h5["history/loss"]) == 13
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
+    assert res.exit_code == 2 and "output file exists" in res.output  # a finished fit is not redone over itself

@@ -20,6 +20,7 @@ inverse section against it. Every problem is a one-line :class:`SpecError` with 
       loss: {type: mse, weights: {x: 1.0}}
       optimizer: {type: lbfgs, lr: 1.0, iterations: 50, tol: 1e-10, gtol: 0, history: 10}
       adjoint: direct                 # direct | backsolve | checkpoint (default: solver.adjoint)
+      checkpoint: {every: 10}         # iterations between OUT.ckpt.h5 checkpoints (0: none)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from odecli.errors import SpecError
 from odecli.spec.loader import describe, load_yaml
 from odecli.spec.ode import OdeSpec, parse_ode_spec
 
-INVERSE_KEYS = ("unknowns", "data", "observed", "loss", "optimizer", "adjoint")
+INVERSE_KEYS = ("unknowns", "data", "observed", "loss", "optimizer", "adjoint", "checkpoint")
 UNKNOWN_KEYS = ("per_sample", "init", "bounds")
 DATA_KEYS = ("file", "truth", "noise", "relative", "seed")
 LOSS_KEYS = ("type", "weights")
@@ -41,6 +42,7 @@ OPTIMIZER_KEYS = ("type", "lr", "iterations", "tol", "gtol", "history")
 OPTIMIZERS = ("adam", "lbfgs")
 ADJOINT_MODES = ("direct", "backsolve", "checkpoint")
 OPTIMIZER_DEFAULTS = {"adam": {"lr": 0.05, "iterations": 200}, "lbfgs": {"lr": 1.0, "iterations": 50}}
+CHECKPOINT_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ class InverseSpec:
     gtol: float
     history: int
     adjoint: str
+    checkpoint_every: int  # iterations between checkpoints for --resume; 0: none
 
 
 def load_ode_inverse_spec(path: str | Path) -> tuple[OdeSpec, InverseSpec]:
@@ -107,7 +110,11 @@ def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
     adjoint = section.get("adjoint", ode.solver.adjoint)
     if adjoint not in ADJOINT_MODES:
         fail("adjoint", f"expected one of {', '.join(ADJOINT_MODES)}, got {describe(adjoint)}")
-    return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, adjoint=adjoint, **opt)
+    every = _mapping(section.get("checkpoint"), "checkpoint", ("every",), fail).get("every", CHECKPOINT_EVERY)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        fail("checkpoint.every", f"expected an integer >= 0 (0: no checkpoints), got {describe(every)}")
+    return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, adjoint=adjoint,
+                       checkpoint_every=every, **opt)
 
 
 def _mapping(value: Any, field: str, keys: tuple[str, ...], fail) -> dict[str, Any]:
