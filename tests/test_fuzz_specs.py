@@ -80,7 +80,7 @@ def check_clean(args: list[str], out: Path | None = None) -> None:
         assert not list(out.parent.glob("*.tmp"))
 
 
-FUZZ = settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 SOLVE_FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 

@@ -117,7 +117,7 @@ def test_cli_fit_from_a_solve_output_with_noise_and_stats(tmp_path, monkeypatch)
     (tmp_path / "truth.yaml").write_text(truth)
     assert runner.invoke(app, ["solve", "truth.yaml", "-o", "truth.h5"]).exit_code == 0
     data = "{file: truth.h5, noise: 0.001, seed: 3}"
-    (tmp_path / "fit.yaml").write_text(DECAY % {"data": data, "optimizer": "lbfgs", "lr": 1.0, "iterations": 30,
+    (tmp_path / "fit.yaml").write_text(DECAY % {"data": data, "optimizer": "lbfgs", "lr": 1.0, "iterations": 12,
                                                 "adjoint": "backsolve"})
     res = runner.invoke(app, ["train-inverse", "fit.yaml", "-o", "fit.h5"])
     assert res.exit_code == 0 and "adjoint: direct would run them in generated C" in res.output, res.output
