@@ -404,12 +404,11 @@ static void take_steps(Lanes *restrict L)
     }
 }
 
-/* Samples [i0, i1) of the batch; every array is row-major with the batch first. 0, or -1 when
- * out of memory. */
-int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
-                  const double *y0, const double *t0, const double *t1, const double *grid,
-                  const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
-                  int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal)
+/* The Job of solve_samples' arguments; cfg holds CONFIG_FIELDS, turned into the controller's exponents. */
+static Job make_job(int64_t n_eval, int64_t n_params, const double *y0, const double *t0, const double *t1,
+                    const double *grid, const double *params, const double *dt0, int64_t auto_dt0,
+                    const double *cfg, int64_t max_steps, double *yout, int64_t *istat, double *fstat,
+                    double *yfinal)
 {
     const double k_ctrl = ERROR_ORDER + 1.0;
     const Job job = {
@@ -421,6 +420,18 @@ int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
         .beta1 = (cfg[7] + cfg[8] + cfg[9]) / k_ctrl, .beta2 = -(cfg[7] + 2.0 * cfg[9]) / k_ctrl,
         .beta3 = cfg[9] / k_ctrl, .inv_k = 1.0 / k_ctrl,
     };
+    return job;
+}
+
+/* Samples [i0, i1) of the batch; every array is row-major with the batch first. 0, or -1 when
+ * out of memory. */
+int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                  const double *y0, const double *t0, const double *t1, const double *grid,
+                  const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
+                  int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal)
+{
+    const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
+                             istat, fstat, yfinal);
     Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
     if (L == NULL) return -1;
     int busy[W], n_busy = 0;

@@ -247,16 +247,8 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                      int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
                      const double *gy, const double *gfinal, double *gy0, double *gp)
 {
-    const double k_ctrl = ERROR_ORDER + 1.0;
-    const Job job = {
-        .y0 = y0, .t0 = t0, .t1 = t1, .grid = grid, .params = params, .dt0 = dt0,
-        .n_eval = n_eval, .n_params = n_params, .auto_dt0 = auto_dt0, .max_steps = max_steps,
-        .yout = yout, .fstat = fstat, .yfinal = yfinal, .istat = istat,
-        .rtol = cfg[0], .atol = cfg[1], .safety = cfg[2], .factor_min = cfg[3], .factor_max = cfg[4],
-        .dt_min = cfg[5], .dt_max = cfg[6],
-        .beta1 = (cfg[7] + cfg[8] + cfg[9]) / k_ctrl, .beta2 = -(cfg[7] + 2.0 * cfg[9]) / k_ctrl,
-        .beta3 = cfg[9] / k_ctrl, .inv_k = 1.0 / k_ctrl,
-    };
+    const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
+                             istat, fstat, yfinal);
     Lanes *L = calloc(1, sizeof *L);
     Tape tape = {0};
     int rc = L == NULL ? -1 : 0;
