@@ -124,7 +124,7 @@ class Problem:
     def _native_rhs(self) -> NativeRhs | None:
         """The C right-hand side when the generated solver runs this fit (its gradient, when the
         fit asks for ``direct`` ones, is generated C too); None for the PyTorch loop."""
-        if native_unsupported(self.ode, str(self.device)) or self.dtype != torch.float64:
+        if native_unsupported(self.ode, str(self.device)):  # equations, explicit RK, CPU, float64
             return None
         rhs = NativeRhs(*build_c_equations(self.ode))
         if self.inv.adjoint == "direct" and gradient_unsupported(rhs, self.ode.solver.method):
