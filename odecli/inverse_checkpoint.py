@@ -11,8 +11,6 @@ after the checkpoint of iteration ``k``: the simulated kill of the resume tests.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from odecli import __version__
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_h5
 from odecli.parallel.comm import Comm
+from odecli.pde import faults
 
 KIND = "ode-inverse-checkpoint"
 
@@ -99,8 +98,4 @@ def load(path: Path, spec_text: str) -> tuple[OptState, dict[str, list[float]], 
 
 def maybe_exit_after_checkpoint(iteration: int) -> None:
     """The simulated kill (see the module docstring); off unless the variable is set."""
-    k = os.environ.get("ODECLI_ODE_EXIT_AFTER_CHECKPOINT")
-    if k is not None and int(k) == iteration:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(75)
+    faults.maybe_exit_after_checkpoint(iteration, "ODECLI_ODE_EXIT_AFTER_CHECKPOINT")

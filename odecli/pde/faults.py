@@ -19,8 +19,9 @@ def maybe_fail(rank: int, iteration: int | None) -> None:
         raise RuntimeError(f"injected failure on rank {rank} at iteration {iteration}")
 
 
-def maybe_exit_after_checkpoint(iteration: int) -> None:
-    k = os.environ.get("ODECLI_PDE_EXIT_AFTER_CHECKPOINT")
+def maybe_exit_after_checkpoint(iteration: int, variable: str = "ODECLI_PDE_EXIT_AFTER_CHECKPOINT") -> None:
+    """The simulated kill; ``variable`` names the switch (ODE fits use their own)."""
+    k = os.environ.get(variable)
     if k is not None and int(k) == iteration:
         sys.stdout.flush()
         sys.stderr.flush()

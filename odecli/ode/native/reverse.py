@@ -207,7 +207,7 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
     for (int64_t n = tp->n - 1; n >= 0; n--) {
         const Step step = tp->steps[n];
         const double t = step.t, h = step.h, t_new = step.t_new, *y = tp->y + n * N;
-        double K[NK][N], Y[S][N], Yx[3][N], y1[N], kbar[NK][N], ybar0[N], ys[N];
+        double K[NK][N], Y[S][N], Yx[{n_extra}][N], y1[N], kbar[NK][N], ybar0[N], ys[N];
         memset(kbar, 0, sizeof kbar);
         memset(ybar0, 0, sizeof ybar0);
 {stages}
@@ -273,6 +273,7 @@ def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int
     side's vjp and the sweep; raises ``ValueError`` when the equations cannot be differentiated.
     """
     body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
+            .replace("{n_extra}", str(len(dop853.C_EXTRA) if method.interpolant == "dop853" else 1))
             .replace("{prepare}", _indent(_indent(_dense_prepare(method))))
             .replace("{finish}", _indent(_dense_finish(method)))
             .replace("{dense}", _indent(_dense_cotangent(method)))
