@@ -74,6 +74,7 @@ class Problem:
     np_rhs: Callable  # np_rhs(i) -> fun(t, y) for sample i (scipy)
     describe: str = ""
     equations: dict | None = None  # spec-style equations (state -> text): the "odecli native" row
+    native_rhs: object | None = None  # or the generated solver's right-hand side itself (the MLP)
 
     @property
     def y0_np(self) -> np.ndarray:
@@ -146,9 +147,12 @@ def make_mlp(batch: int) -> Problem:
             return W2 @ np.tanh(W1 @ y + B1) + B2
         return fun
 
+    from odecli.ode.native import NativeMLP
+
     return Problem("mlp", batch, y0, 0.0, 10.0, {}, f, f, np_rhs,
                    f"MLP neural ODE y' = W2 tanh(W1 y + b1) + b2, dim {MLP_DIM}, hidden {MLP_HIDDEN}, "
-                   "weights and biases ~ N(0, 1/fan_in) (seed 0), y0 ~ N(0, 1) (seed 1)")
+                   "weights and biases ~ N(0, 1/fan_in) (seed 0), y0 ~ N(0, 1) (seed 1)",
+                   native_rhs=NativeMLP((W1, W2), (B1, B2), ("tanh", "")))
 
 
 MAKERS = {"vdp": make_vdp, "lv": make_lv, "mlp": make_mlp}
@@ -305,7 +309,8 @@ def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = Fals
 
 
 def odecli_native_solver(prob: Problem, rtol: float, atol: float) -> Solver:
-    """The generated C solver (``solver.engine: native``), from the same equation text a spec holds.
+    """The generated C solver (``solver.engine: native``), from the same equation text a spec holds
+    (or, for the MLP, :class:`~odecli.ode.native.NativeMLP` with the same weights).
 
     Its RHS calls are the per-sample evaluation counts (max over samples), so ``overhead`` compares
     its wall time with that many bare eager torch RHS calls, as for the other rows.
@@ -313,10 +318,11 @@ def odecli_native_solver(prob: Problem, rtol: float, atol: float) -> Solver:
     from odecli.ode.native import NativeRhs, solve_native
     from odecli.spec.expr import expression_to_c
 
-    states = list(prob.equations)
+    states = list(prob.equations or {})
     params = list(prob.params)
     symbols = {"t": "t", **{s: f"y[{i}]" for i, s in enumerate(states)}, **{n: f"p[{j}]" for j, n in enumerate(params)}}
-    rhs = NativeRhs(tuple(expression_to_c(prob.equations[s], symbols, "bench", s) for s in states), tuple(params))
+    rhs = prob.native_rhs or NativeRhs(tuple(expression_to_c(prob.equations[s], symbols, "bench", s) for s in states),
+                                       tuple(params))
 
     def run():
         sol = solve_native(rhs, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
@@ -403,7 +409,7 @@ def run_config(prob: Problem, tol: float, threads: int, args, floors: dict) -> d
     torch.set_num_threads(threads)
     rtol = atol = tol
     solvers = [odecli_solver(prob, rtol, atol)]
-    if prob.equations is not None:
+    if prob.equations is not None or prob.native_rhs is not None:
         solvers.append(odecli_native_solver(prob, rtol, atol))
     if args.compile_peers:
         solvers.append(odecli_solver(prob, rtol, atol, compiled=True))

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 # -ffp-contract=off: no fused multiply-adds, so every operation rounds as written (and as in
 # the torch reference, which the PDE kernels reproduce bit for bit).
@@ -67,11 +68,13 @@ def _compiler_version(cc: str) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def load_source(name: str, source: bytes) -> tuple[ctypes.CDLL | None, str]:
+def load_source(name: str, source: bytes, extra_flags: Sequence[str] = ()) -> tuple[ctypes.CDLL | None, str]:
     """``(library, "")`` built from C ``source``, or ``(None, why it is unavailable)``.
 
     ``name`` only labels the cached file (``name-<hash>.so``); the hash decides identity.
+    ``extra_flags`` follow :data:`FLAGS` for sources that need more (and are part of the hash).
     """
+    flags = (*FLAGS, *extra_flags)
     if not enabled():
         return None, "turned off by ODECLI_NATIVE=0"
     cc = _compiler()
@@ -80,11 +83,11 @@ def load_source(name: str, source: bytes) -> tuple[ctypes.CDLL | None, str]:
     version, why = _compiler_version(cc)
     if why:
         return None, why
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), version.encode(),
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), version.encode(),
                                      _cpu_signature().encode()])).hexdigest()[:20]
     for folder in (cache_dir(), Path(tempfile.gettempdir()) / f"odecli-{os.getuid()}"):
         target = folder / f"{name}-{key}.so"
-        why = "" if target.exists() else _build(cc, name, source, target)
+        why = "" if target.exists() else _build(cc, flags, name, source, target)
         if not why:
             try:
                 return ctypes.CDLL(str(target)), ""
@@ -95,7 +98,7 @@ def load_source(name: str, source: bytes) -> tuple[ctypes.CDLL | None, str]:
     return None, why
 
 
-def _build(cc: str, name: str, source: bytes, target: Path) -> str:
+def _build(cc: str, flags: Sequence[str], name: str, source: bytes, target: Path) -> str:
     """Compile into a private temporary file, then rename: readers never see a partial library."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ def _build(cc: str, name: str, source: bytes, target: Path) -> str:
     c_file = tmp[: -len(".so")] + ".c"
     try:
         Path(c_file).write_bytes(source)
-        proc = subprocess.run([cc, *FLAGS, "-o", tmp, c_file, "-lm"], capture_output=True,
+        proc = subprocess.run([cc, *flags, "-o", tmp, c_file, "-lm"], capture_output=True,
                               text=True, timeout=120)
         if proc.returncode != 0:
             return f"{cc} failed on {name}.c: {proc.stderr.strip()[:300]}"

@@ -58,25 +58,38 @@ static inline double clamp_min(double x, double lo) {{ return x < lo ? lo : x; }
 static inline double clamp_max(double x, double hi) {{ return x > hi ? hi : x; }}
 /* pow(x, 0) is 1 for every x (NaN included), so the integral controller's zero exponents cost nothing. */
 static inline double power_or_one(double x, double e) {{ return e == 0.0 ? 1.0 : pow(x, e); }}
+"""
 
+
+def equations_c(equations: Sequence[str]) -> str:
+    """``rhs`` (one sample) and ``rhs_lanes`` (W lanes) for one C expression per state.
+
+    Every right-hand side kind provides these two functions, with ``w`` the weights all samples
+    share (unused here: expressions read per-sample parameters ``p[j]`` only).
+    """
+    body = "\n".join(f"    dy[{i}] = {text};" for i, text in enumerate(equations))
+    lane_body = "\n".join(f"        DY[{i}][l] = {text};" for i, text in enumerate(equations))
+    return f"""\
 /* One sample's right-hand side (start of a sample, initial step, dense-output stages). */
-static inline void rhs(double t, const double *restrict y, const double *restrict p, double *restrict dy)
+static inline void rhs(double t, const double *restrict y, const double *restrict p, const double *restrict w,
+                       double *restrict dy)
 {{
-    (void)t; (void)y; (void)p;
-{equations}
+    (void)t; (void)y; (void)p; (void)w;
+{body}
 }}
 
 /* The right-hand side of all W lanes at once: the loop over lanes is what the compiler vectorises. */
 static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W], double P[restrict NP][W],
-                             double DY[restrict N][W])
+                             const double *restrict w, double DY[restrict N][W])
 {{
+    (void)w;
     for (int l = 0; l < W; l++) {{
         double y[N], p[NP];
         const double t = tl[l];
         for (int k = 0; k < N; k++) y[k] = Y[k][l];
         for (int j = 0; j < NP; j++) p[j] = P[j][l];
         (void)t; (void)y; (void)p;
-{lane_equations}
+{lane_body}
     }}
 }}
 """
@@ -97,20 +110,20 @@ def _rk_step(method: ExplicitRK) -> str:
     """rk_step on every lane: stages, y1, K[S] = f(t + h, y1) and the error norm (0 for fixed steps)."""
     lines = ["__attribute__((noinline))  /* inlined into the lane loop, GCC 12 stops vectorising it */",
              "static void rk_step(const double *restrict t, double y[restrict N][W], const double *restrict h,",
-             "                    double P[restrict NP][W], double K[restrict NK][N][W], double y1[restrict N][W],",
-             "                    double *restrict err, double rtol, double atol)",
+             "                    double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W],",
+             "                    double y1[restrict N][W], double *restrict err, double rtol, double atol)",
              "{", "    double tmp[N][W], ts[W];", "    (void)rtol; (void)atol; (void)tmp;"]
     for i in range(1, method.n_stages):
         total = weighted(method.a[i], range(i))
         combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
         lines.append("    " + _lanes(f"ts[l] = t[l] + {c_double(method.c[i])} * h[l];"))
         lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"tmp[k][l] = {combo};"))
-        lines.append(f"    rhs_lanes(ts, tmp, P, K[{i}]);")
+        lines.append(f"    rhs_lanes(ts, tmp, P, w, K[{i}]);")
     total = weighted(method.b, range(method.n_stages))
     combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
     lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"y1[k][l] = {combo};"))
     lines.append("    " + _lanes("ts[l] = t[l] + h[l];"))
-    lines.append("    rhs_lanes(ts, y1, P, K[S]);")
+    lines.append("    rhs_lanes(ts, y1, P, w, K[S]);")
     k_rows = range(method.n_stages + 1)
     if not method.adaptive:
         lines.append("    " + _lanes("err[l] = 0.0;"))
@@ -153,8 +166,8 @@ def _dense(method: ExplicitRK) -> str:
     """dense_prepare (extra stages of lane l; returns their RHS evaluations) and dense_eval at one theta."""
     s = method.n_stages
     prepare = ["static int dense_prepare(int l, double t, double y[restrict N][W], double y1[restrict N][W], double h,",
-               "                         double P[restrict NP][W], double K[restrict NK][N][W])",
-               "{", "    (void)l; (void)t; (void)y; (void)y1; (void)h; (void)P; (void)K;"]
+               "                         double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W])",
+               "{", "    (void)l; (void)t; (void)y; (void)y1; (void)h; (void)P; (void)w; (void)K;"]
     evaluate = ["static void dense_eval(int l, double th, double y[restrict N][W], double y1[restrict N][W], double h,",
                 "                       double K[restrict NK][N][W], double *restrict out)",
                 "{", "    (void)y1;"]
@@ -178,7 +191,7 @@ def _dense(method: ExplicitRK) -> str:
         for a_row, c in zip(dop853.A_EXTRA, dop853.C_EXTRA):
             total = weighted(a_row[:n_k], range(n_k))
             rows.append(f"    for (int k = 0; k < N; k++) tmp[k] = y[k][l] + h * ({total});")
-            rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, dy);")
+            rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, w, dy);")
             rows.append(f"    for (int k = 0; k < N; k++) K[{n_k}][k][l] = dy[k];")
             n_k += 1
         prepare = prepare[:4] + rows + [f"    return {len(dop853.C_EXTRA)};"]
@@ -208,7 +221,7 @@ def _dense(method: ExplicitRK) -> str:
 _SOLVER = """\
 /* Hairer-Norsett-Wanner initial step (odecli.ode.initial_step), for one sample. */
 static double initial_step(double t0, const double *restrict y0, const double *restrict f0, double dir,
-                           const double *restrict p, double rtol, double atol)
+                           const double *restrict p, const double *restrict w, double rtol, double atol)
 {
     double y1[N], f1[N], s0 = 0.0, s1 = 0.0, s2 = 0.0;
     for (int k = 0; k < N; k++) {
@@ -220,7 +233,7 @@ static double initial_step(double t0, const double *restrict y0, const double *r
     int small = d0 < 1e-5 || d1 < 1e-5;
     double h0 = small ? 1e-6 : 0.01 * d0 / d1;
     for (int k = 0; k < N; k++) y1[k] = y0[k] + (dir * h0) * f0[k];
-    rhs(t0 + dir * h0, y1, p, f1);
+    rhs(t0 + dir * h0, y1, p, w, f1);
     for (int k = 0; k < N; k++) {
         double scale = atol + rtol * fabs(y0[k]);
         s2 += odecli_sq((f1[k] - f0[k]) / scale);
@@ -234,7 +247,7 @@ static double initial_step(double t0, const double *restrict y0, const double *r
 
 /* The batch's inputs and outputs (row-major, batch first) and the controller's constants. */
 typedef struct {
-    const double *y0, *t0, *t1, *grid, *params, *dt0;
+    const double *y0, *t0, *t1, *grid, *params, *dt0, *shared;
     int64_t n_eval, n_params, auto_dt0, max_steps;
     double *yout, *fstat, *yfinal;
     int64_t *istat;
@@ -276,8 +289,9 @@ static int start(Lanes *restrict L, int l, const Job *restrict job, int64_t i)
     const double *y0 = job->y0 + i * N, *p = job->params + i * job->n_params, *grid = job->grid + i * job->n_eval;
     const double t0 = job->t0[i], t1 = job->t1[i], dir = t1 >= t0 ? 1.0 : -1.0;
     double f0[N];
-    rhs(t0, y0, p, f0);
-    double h_abs = job->auto_dt0 ? initial_step(t0, y0, f0, dir, p, job->rtol, job->atol) : fabs(job->dt0[i]);
+    rhs(t0, y0, p, job->shared, f0);
+    double h_abs = job->auto_dt0 ? initial_step(t0, y0, f0, dir, p, job->shared, job->rtol, job->atol)
+                                 : fabs(job->dt0[i]);
     h_abs = clamp_max(odecli_fmin(h_abs, fabs(t1 - t0)), job->dt_max);
     job->fstat[i * 3] = h_abs;
     for (int k = 0; k < N; k++) { L->y[k][l] = y0[k]; L->K[0][k][l] = f0[k]; }
@@ -380,7 +394,7 @@ static void dense_output(Lanes *restrict L, int l, const Job *restrict job)
             for (int k = 0; k < N; k++) out[k] = L->y1[k][l];
         } else {
             if (!prepared) {
-                L->n_f_evals[l] += dense_prepare(l, t, L->y, L->y1, hs, L->P, L->K);
+                L->n_f_evals[l] += dense_prepare(l, t, L->y, L->y1, hs, L->P, job->shared, L->K);
                 prepared = 1;
             }
             dense_eval(l, (t_at - t) / (hs == 0 ? 1.0 : hs), L->y, L->y1, hs, L->K, out);
@@ -408,11 +422,11 @@ static void take_steps(Lanes *restrict L)
 static Job make_job(int64_t n_eval, int64_t n_params, const double *y0, const double *t0, const double *t1,
                     const double *grid, const double *params, const double *dt0, int64_t auto_dt0,
                     const double *cfg, int64_t max_steps, double *yout, int64_t *istat, double *fstat,
-                    double *yfinal)
+                    double *yfinal, const double *shared)
 {
     const double k_ctrl = ERROR_ORDER + 1.0;
     const Job job = {
-        .y0 = y0, .t0 = t0, .t1 = t1, .grid = grid, .params = params, .dt0 = dt0,
+        .y0 = y0, .t0 = t0, .t1 = t1, .grid = grid, .params = params, .dt0 = dt0, .shared = shared,
         .n_eval = n_eval, .n_params = n_params, .auto_dt0 = auto_dt0, .max_steps = max_steps,
         .yout = yout, .fstat = fstat, .yfinal = yfinal, .istat = istat,
         .rtol = cfg[0], .atol = cfg[1], .safety = cfg[2], .factor_min = cfg[3], .factor_max = cfg[4],
@@ -423,15 +437,16 @@ static Job make_job(int64_t n_eval, int64_t n_params, const double *y0, const do
     return job;
 }
 
-/* Samples [i0, i1) of the batch; every array is row-major with the batch first. 0, or -1 when
- * out of memory. */
+/* Samples [i0, i1) of the batch; every array is row-major with the batch first, and shared holds
+ * the weights every sample's right-hand side reads. 0, or -1 when out of memory. */
 int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                   const double *y0, const double *t0, const double *t1, const double *grid,
                   const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
-                  int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal)
+                  int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
+                  const double *shared)
 {
     const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
-                             istat, fstat, yfinal);
+                             istat, fstat, yfinal, shared);
     Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
     if (L == NULL) return -1;
     int busy[W], n_busy = 0;
@@ -443,7 +458,7 @@ int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
     }
     while (n_busy > 0) {
         clip_steps(L);
-        rk_step(L->t, L->y, L->hs, L->P, L->K, L->y1, L->err, job.rtol, job.atol);
+        rk_step(L->t, L->y, L->hs, L->P, job.shared, L->K, L->y1, L->err, job.rtol, job.atol);
         control(L, &job);
         for (int l = 0; l < W; l++)
             if (busy[l] && L->accept[l] && L->ptr[l] < L->n_interior[l]) dense_output(L, l, &job);
@@ -462,16 +477,15 @@ int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
 """
 
 
-def generate(method: ExplicitRK, equations: Sequence[str], n_params: int, lanes: int = LANES) -> str:
-    """The complete C file for ``method`` and the C right-hand side ``equations`` (one per state).
+def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes: int = LANES) -> str:
+    """The complete C file for ``method`` and a right-hand side's C functions ``rhs_c``.
 
-    Each equation is a C expression over ``t``, ``y[i]`` and ``p[j]`` with ``j < n_params``
-    (:func:`odecli.spec.expr.expression_to_c` produces them from spec text). ``lanes`` samples
-    are stepped together; any number gives the same results bit for bit.
+    ``rhs_c`` defines ``rhs`` and ``rhs_lanes`` as :func:`equations_c` does (with ``n_states``
+    states and ``n_params`` per-sample parameters; the MLP kind is
+    :func:`odecli.ode.native.mlp.mlp_c`). ``lanes`` samples are stepped together; any number
+    gives the same results bit for bit.
     """
     n_k = method.n_stages + 1 + (len(dop853.C_EXTRA) if method.interpolant == "dop853" else 0)
-    body = "\n".join(f"    dy[{i}] = {text};" for i, text in enumerate(equations))
-    lane_body = "\n".join(f"        DY[{i}][l] = {text};" for i, text in enumerate(equations))
     error_order = method.error_order or method.order
     defines = "\n".join([
         f"#define ADAPTIVE {int(method.adaptive)}",
@@ -484,7 +498,7 @@ def generate(method: ExplicitRK, equations: Sequence[str], n_params: int, lanes:
     return "\n\n".join([
         f"/* odecli: {method.name} fused with a generated right-hand side. */",
         defines,
-        _HEADER.format(n_states=len(equations), n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
-                       lanes=lanes, equations=body, lane_equations=lane_body),
-        _rk_step(method), _dense(method), _SOLVER,
+        _HEADER.format(n_states=n_states, n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
+                       lanes=lanes),
+        rhs_c, _rk_step(method), _dense(method), _SOLVER,
     ])

@@ -1,8 +1,9 @@
 """Solve a batch with a generated C solver: each sample on its own steps, samples spread over threads.
 
-For right-hand sides written as expressions (every ``equations:`` spec) there is no Python or
-PyTorch work per step at all: the method, the controller and the equations are compiled into
-one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
+For right-hand sides written as expressions (every ``equations:`` spec, :class:`NativeRhs`) and
+for MLPs with shared weights (:class:`~odecli.ode.native.mlp.NativeMLP`, a neural ODE) there is
+no Python or PyTorch work per step at all: the method, the controller and the right-hand side
+are compiled into one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
 at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
 (ctypes releases the GIL), and a block boundary is where progress is reported.
 
@@ -32,12 +33,13 @@ import numpy as np
 from odecli import native
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
-from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, generate
+from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, equations_c, generate
 from odecli.ode.status import STAT_NAMES, Progress, Status
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from odecli.ode.native.mlp import NativeMLP
     from odecli.ode.solver import Solution
 
 BLOCKS_PER_THREAD = 8  # enough blocks that threads stay busy when samples differ in cost
@@ -59,6 +61,21 @@ class NativeRhs:
 
     equations: tuple[str, ...]
     params: tuple[str, ...] = ()
+
+    c_flags = ()
+    """Compiler flags this right-hand side's C needs beyond :data:`odecli.native.FLAGS`."""
+
+    @property
+    def n_states(self) -> int:
+        return len(self.equations)
+
+    def c_source(self) -> str:
+        """``rhs`` and ``rhs_lanes`` in C (:func:`~odecli.ode.native.codegen.equations_c`)."""
+        return equations_c(self.equations)
+
+    def shared_weights(self) -> np.ndarray:
+        """Values every sample reads (none for expressions; one element keeps a valid pointer)."""
+        return np.zeros(1)
 
 
 @dataclass
@@ -157,7 +174,7 @@ def _physical_cores() -> int:
 
 
 def solve_native_arrays(
-    rhs: NativeRhs,
+    rhs: NativeRhs | NativeMLP,
     y0: np.ndarray,
     t_start: np.ndarray | float,
     t_end: np.ndarray | float,
@@ -185,7 +202,7 @@ def solve_native_arrays(
     return solve_job(rhs, method, job, threads, progress, started)
 
 
-def solve_job(rhs: NativeRhs, method: str, job: "Job", threads: int | None = None,
+def solve_job(rhs: NativeRhs | NativeMLP, method: str, job: "Job", threads: int | None = None,
               progress: Callable[[Progress], None] | None = None, started: float | None = None) -> ArraySolution:
     """Run the generated solver on a prepared :class:`Job` (its output arrays become the result's)."""
     started = time.perf_counter() if started is None else started
@@ -224,6 +241,7 @@ class Job:
     istat: np.ndarray  # (B, len(INT_STATS)) int64
     fstat: np.ndarray  # (B, len(FLOAT_STATS))
     y_final: np.ndarray  # (B, n_states)
+    shared: np.ndarray  # weights every sample reads (NativeMLP), at least one element
 
     def args(self) -> list:
         """solve_samples' arguments after the sample range."""
@@ -231,7 +249,7 @@ class Job:
             ctypes.c_void_p(x.ctypes.data) for x in (self.y0, self.t0, self.t1, self.grid, self.p, self.dt)
         ] + [ctypes.c_int64(int(self.auto_dt0)), ctypes.c_void_p(self.cfg.ctypes.data),
              ctypes.c_int64(self.max_steps)] + [
-            ctypes.c_void_p(x.ctypes.data) for x in (self.y_out, self.istat, self.fstat, self.y_final)
+            ctypes.c_void_p(x.ctypes.data) for x in (self.y_out, self.istat, self.fstat, self.y_final, self.shared)
         ]
 
     def fresh_outputs(self) -> "Job":
@@ -241,7 +259,7 @@ class Job:
 
 
 def prepare_job(
-    rhs: NativeRhs,
+    rhs: NativeRhs | NativeMLP,
     y0: np.ndarray,
     t_start: np.ndarray | float,
     t_end: np.ndarray | float,
@@ -262,8 +280,8 @@ def prepare_job(
     tableau = METHODS[method]
     ctrl = make_controller(controller) if isinstance(controller, str) else controller
     y0 = np.ascontiguousarray(y0, dtype=np.float64)
-    if y0.ndim != 2 or y0.shape[1] != len(rhs.equations):
-        raise ValueError(f"y0 must have shape (batch, {len(rhs.equations)}), got {tuple(y0.shape)}")
+    if y0.ndim != 2 or y0.shape[1] != rhs.n_states:
+        raise ValueError(f"y0 must have shape (batch, {rhs.n_states}), got {tuple(y0.shape)}")
     if not tableau.adaptive and dt0 is None:
         raise ValueError(f"method {method!r} has a fixed step: pass dt0")
     if max_steps < 1:
@@ -278,7 +296,7 @@ def prepare_job(
         cfg=np.array([float(rtol), float(atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])]),
         max_steps=int(max_steps), y_out=np.full((batch, grid.shape[1], n_states), math.nan),
         istat=np.zeros((batch, len(INT_STATS)), dtype=np.int64), fstat=np.zeros((batch, len(FLOAT_STATS))),
-        y_final=np.empty((batch, n_states)),
+        y_final=np.empty((batch, n_states)), shared=np.ascontiguousarray(rhs.shared_weights(), dtype=np.float64),
     )
 
 
@@ -312,7 +330,7 @@ def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
 
 
 def solve_native(
-    rhs: NativeRhs,
+    rhs: NativeRhs | NativeMLP,
     y0: Tensor,
     t_start: Tensor | float,
     t_end: Tensor | float,
@@ -368,13 +386,13 @@ def _numpy(value: Any) -> Any:
 
 
 _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] \
-    + [ctypes.c_void_p] * 4
+    + [ctypes.c_void_p] * 5
 
 
-def _load(tableau: ExplicitRK, rhs: NativeRhs):
+def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP):
     """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
-    source = generate(tableau, rhs.equations, len(rhs.params), LANES).encode()
-    lib, why = native.load_source(f"ode-{tableau.name}", source)
+    source = generate(tableau, rhs.c_source(), rhs.n_states, len(rhs.params), LANES).encode()
+    lib, why = native.load_source(f"ode-{tableau.name}", source, rhs.c_flags)
     if lib is None:
         raise NativeUnavailable(why)
     return _entry(lib), _entry(_holding_gil(lib._name))

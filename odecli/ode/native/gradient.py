@@ -33,6 +33,8 @@ def gradient_unsupported(rhs: NativeRhs, method: str) -> str:
     """Why the generated gradient cannot take this solve ("" when it can, compiler permitting)."""
     if method not in METHODS:
         return f"method {method!r} is not an explicit Runge-Kutta method"
+    if not isinstance(rhs, NativeRhs):
+        return "gradients through an MLP right-hand side are not generated in C (the PyTorch loop computes them)"
     try:
         _source(METHODS[method], rhs)
     except ValueError as exc:

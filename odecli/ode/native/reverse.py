@@ -21,19 +21,19 @@ from typing import Sequence
 
 from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
-from odecli.ode.native.codegen import generate
+from odecli.ode.native.codegen import equations_c, generate
 from odecli.ode.native.vjp import rhs_vjp_source
 from odecli.spec.expr import c_double
 
 
 def _stages(method: ExplicitRK) -> str:
     """Recompute K[0..S-1] (and the stage states Y) of the step from (t, h, y), as rk_step does."""
-    lines = ["    rhs(t, y, p, K[0]);", "    memcpy(Y[0], y, sizeof Y[0]);"]
+    lines = ["    rhs(t, y, p, w, K[0]);", "    memcpy(Y[0], y, sizeof Y[0]);"]
     for i in range(1, method.n_stages):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.a[i]) if w != 0.0]
         combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
         lines.append(f"    for (int k = 0; k < N; k++) Y[{i}][k] = {combo};")
-        lines.append(f"    rhs(t + {c_double(method.c[i])} * h, Y[{i}], p, K[{i}]);")
+        lines.append(f"    rhs(t + {c_double(method.c[i])} * h, Y[{i}], p, w, K[{i}]);")
     terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.b) if w != 0.0]
     combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
     lines.append(f"    for (int k = 0; k < N; k++) y1[k] = {combo};")
@@ -44,12 +44,12 @@ def _dense_prepare(method: ExplicitRK) -> str:
     """Before a step's first interpolated output: K[S] and DOP853's extra stages (Yx, K[S+1..])."""
     if method.interpolant != "dop853":
         return ""
-    lines = ["        rhs(t + h, y1, p, K[S]);"]
+    lines = ["        rhs(t + h, y1, p, w, K[S]);"]
     n_k = method.n_stages + 1
     for e, (a_row, c) in enumerate(zip(dop853.A_EXTRA, dop853.C_EXTRA)):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(a_row[:n_k]) if w != 0.0]
         lines.append(f"        for (int k = 0; k < N; k++) Yx[{e}][k] = y[k] + h * ({' + '.join(terms)});")
-        lines.append(f"        rhs(t + {c_double(c)} * h, Yx[{e}], p, K[{n_k}]);")
+        lines.append(f"        rhs(t + {c_double(c)} * h, Yx[{e}], p, w, K[{n_k}]);")
         n_k += 1
     return "\n".join(lines)
 
@@ -174,7 +174,7 @@ static int64_t replay(Lanes *restrict L, const Job *restrict job, int64_t i, Tap
     const int64_t written_at_start = L->ptr[0];
     for (;;) {
         clip_steps(L);
-        rk_step(L->t, L->y, L->hs, L->P, L->K, L->y1, L->err, job->rtol, job->atol);
+        rk_step(L->t, L->y, L->hs, L->P, job->shared, L->K, L->y1, L->err, job->rtol, job->atol);
         control(L, job);
         if (L->accept[0]) {
             double y[N];
@@ -197,7 +197,7 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
                   int64_t status, const double *restrict gy, const double *restrict gfinal,
                   double *restrict gy0, double *restrict gp)
 {
-    const double *grid = job->grid + i * job->n_eval, *p = job->params + i * job->n_params;
+    const double *grid = job->grid + i * job->n_eval, *p = job->params + i * job->n_params, *w = job->shared;
     const double t1 = job->t1[i], dir = t1 >= job->t0[i] ? 1.0 : -1.0;
     double lam[N], pbar[NP] = {0};
     for (int k = 0; k < N; k++) lam[k] = gfinal[k];
@@ -245,10 +245,10 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                      const double *y0, const double *t0, const double *t1, const double *grid,
                      const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
                      int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
-                     const double *gy, const double *gfinal, double *gy0, double *gp)
+                     const double *shared, const double *gy, const double *gfinal, double *gy0, double *gp)
 {
     const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
-                             istat, fstat, yfinal);
+                             istat, fstat, yfinal, shared);
     Lanes *L = calloc(1, sizeof *L);
     Tape tape = {0};
     int rc = L == NULL ? -1 : 0;
@@ -279,7 +279,7 @@ def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
     return "\n\n".join([
-        generate(method, equations, n_params, lanes=1),
+        generate(method, equations_c(equations), len(equations), n_params, lanes=1),
         rhs_vjp_source(equations),
         body,
     ])
