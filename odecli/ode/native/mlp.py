@@ -48,16 +48,30 @@ static inline double odecli_exp(double x)
     return (1.0 + 2.0 * px / (qx - px)) * scale;
 }
 
-/* Cephes' tanh: a rational form below |x| = 0.625, 1 - 2 / (e^2|x| + 1) above (saturated at 20). */
+/* Cephes' tanh: x + x z P(z) / Q(z) (z = x^2) below |x| = 0.625, 1 - 2 / (e^2|x| + 1) above
+ * (saturated at |x| = 20), with e^2|x| = (q + p) / (q - p) 2^n from odecli_exp's Pade form, so
+ * that either branch costs one division. */
 static inline double act_tanh(double x)
 {
-    const double a = fabs(x), z = x * x;
-    const double small = x + x * z * (((-9.64399179425052238628E-1 * z - 9.92877231001918586564E1) * z
-                                       - 1.61468768441708447952E3)
-                                      / (((z + 1.12811678491632931402E2) * z + 2.23548839060100448583E3) * z
-                                         + 4.84406305325125486048E3));
-    const double big = 1.0 - 2.0 / (odecli_exp(2.0 * (a < 20.0 ? a : 20.0)) + 1.0);
-    return a > 0.625 ? (x < 0.0 ? -big : big) : small;
+    const double a = fabs(x), z = x * x, c = a < 20.0 ? 2.0 * a : 40.0;
+    const double n = floor(c * 1.4426950408889634073599 + 0.5);
+    const double r = (c - n * 6.93145751953125E-1) - n * 1.42860682030941723212E-6;
+    const double rr = r * r;
+    const double px = r * ((1.26177193074810590878E-4 * rr + 3.02994407707441961300E-2) * rr
+                           + 9.99999999999999999910E-1);
+    const double qx = ((3.00198505138664455042E-6 * rr + 2.52448340349684104192E-3) * rr
+                       + 2.27265548208155028766E-1) * rr + 2.00000000000000000009E0;
+    const double biased = n + (1023.0 + 6755399441055744.0);
+    uint64_t bits;
+    memcpy(&bits, &biased, sizeof bits);
+    bits <<= 52;
+    double scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const double P = (-9.64399179425052238628E-1 * z - 9.92877231001918586564E1) * z - 1.61468768441708447952E3;
+    const double Q = ((z + 1.12811678491632931402E2) * z + 2.23548839060100448583E3) * z + 4.84406305325125486048E3;
+    const int big = a > 0.625;
+    const double q = (big ? 2.0 * (qx - px) : x * z * P) / (big ? (qx + px) * scale + (qx - px) : Q);
+    return big ? (x < 0.0 ? q - 1.0 : 1.0 - q) : x + q;
 }
 
 static inline double act_sigmoid(double x)
