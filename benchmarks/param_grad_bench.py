@@ -1,17 +1,21 @@
 #!/usr/bin/env python
-"""Forward + backward time of parameter gradients for equation right-hand sides: odecli vs torchode, torchdiffeq.
+"""Forward + backward time of parameter gradients through the generated C solver: odecli vs torchode, torchdiffeq.
 
 The problems are issue 6's (float64, dopri5, rtol = atol = 1e-6, t in [0, 10], 11 output times):
 
 * ``vdp``: van der Pol, mu = linspace(0.5, 25, B) (mu = 25 alone at B = 1), y0 = (2, 0);
 * ``lv``: Lotka-Volterra x' = a x - b x y, y' = c x y - d y with (a, b, c, d) = (1.5, 1, 1, 3) per sample and
-  (x0, y0) uniform in [1, 3]^2 (seed 0).
+  (x0, y0) uniform in [1, 3]^2 (seed 0);
+* ``mlp``: the neural ODE of ode_bench.py, y' = W2 tanh(W1 y + b1) + b2 (32 states, 64 hidden,
+  ``nn.Linear`` defaults, seed 0), y0 ~ N(0, 1) (seed 1).
 
-Loss = mean of y^2 over every output; gradients for y0 and every per-sample parameter. Rows, all in
-one process, round-robin over ``--repeats`` timed runs after one untimed call each (median):
+Loss = mean of y^2 over every output; gradients for y0 and every per-sample parameter (the MLP: its
+shared weights and biases). Rows, all in one process, round-robin over ``--repeats`` timed runs
+after one untimed call each (median):
 
 * odecli native: the generated C solver and its generated reverse sweep (``solver.engine: auto``,
-  what ``odecli train-inverse`` runs for an ``equations:`` spec with ``adjoint: direct``);
+  what ``odecli train-inverse`` runs for an ``equations:`` spec with ``adjoint: direct``; the MLP as
+  ``NativeMLP.from_module``);
 * odecli torch direct / backsolve: the batched PyTorch loop, backprop through it / continuous adjoint;
 * torchode AutoDiffAdjoint (backprop), per-sample steps like odecli (its BacksolveAdjoint vmaps f over
   single samples with the Module's parameters shared, so it cannot take per-sample parameters);
@@ -23,6 +27,7 @@ one process, round-robin over ``--repeats`` timed runs after one untimed call ea
 Usage::
 
     python benchmarks/param_grad_bench.py                          # vdp and lv at B = 1, 64, 1024
+    python benchmarks/param_grad_bench.py --problems mlp --batches 1,256,1024
     python benchmarks/param_grad_bench.py --problems vdp --batches 1,1024 --repeats 5
 """
 
@@ -39,7 +44,7 @@ from typing import Callable
 import torch
 
 from odecli.ode.adjoint import odeint
-from odecli.ode.native import NativeRhs, solve_native
+from odecli.ode.native import NativeMLP, NativeRhs, solve_native
 
 F64 = torch.float64
 RTOL = ATOL = 1e-6
@@ -52,8 +57,29 @@ PROBLEMS = {
 }
 
 
+def _mlp() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32)).double()
+
+
+NET = _mlp()
+
+
+class _NetRhs(torch.nn.Module):
+    """NET as f(t, y, p): a Module, so that odecli's backsolve finds its weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = NET
+
+    def forward(self, t, y, p):
+        return self.net(y)
+
+
 def torch_rhs(problem: str) -> Callable:
     """f(t, y, p) of the same equations in PyTorch (odecli's signature)."""
+    if problem == "mlp":
+        return _NetRhs()
     if problem == "vdp":
         return lambda t, y, p: torch.stack([y[:, 1], p["mu"] * (1 - y[:, 0] ** 2) * y[:, 1] - y[:, 0]], dim=-1)
     return lambda t, y, p: torch.stack([p["a"] * y[:, 0] - p["b"] * y[:, 0] * y[:, 1],
@@ -61,6 +87,8 @@ def torch_rhs(problem: str) -> Callable:
 
 
 def inputs(problem: str, batch: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    if problem == "mlp":
+        return torch.randn(batch, 32, generator=torch.Generator().manual_seed(1), dtype=F64), {}
     if problem == "vdp":
         mu = torch.tensor([25.0], dtype=F64) if batch == 1 else torch.linspace(0.5, 25.0, batch, dtype=F64)
         return torch.tensor([[2.0, 0.0]], dtype=F64).expand(batch, 2).clone(), {"mu": mu}
@@ -74,8 +102,9 @@ def _leaves(y0, params):
 
 
 def odecli_row(problem: str, engine: str, y0, params, t_eval) -> Callable[[], tuple[dict, list]]:
-    rhs = NativeRhs(**PROBLEMS[problem])
+    rhs = NativeMLP.from_module(NET) if problem == "mlp" else NativeRhs(**PROBLEMS[problem])
     f = torch_rhs(problem)
+    weights = list(NET.parameters()) if problem == "mlp" else []
 
     def run():
         y, p = _leaves(y0, params)
@@ -83,7 +112,7 @@ def odecli_row(problem: str, engine: str, y0, params, t_eval) -> Callable[[], tu
             sol = solve_native(rhs, y, 0.0, T_END, t_eval, params=p, rtol=RTOL, atol=ATOL)
         else:
             sol = odeint(f, y, 0.0, T_END, t_eval, params=p, adjoint=engine, rtol=RTOL, atol=ATOL)
-        grads = torch.autograd.grad((sol.y**2).mean(), [y, *p.values()])
+        grads = torch.autograd.grad((sol.y**2).mean(), [y, *p.values(), *weights])
         return {"steps": float(sol.stats["n_steps"].double().mean())}, grads
 
     return run
@@ -97,11 +126,16 @@ class Field(torch.nn.Module):
         super().__init__()
         self.f = torch_rhs(problem)
         self.p = torch.nn.ParameterDict({k: torch.nn.Parameter(v.clone()) for k, v in params.items()})
+        self.net = NET if problem == "mlp" else None  # a submodule: the adjoints see its weights
         self.evals = 0
 
     def forward(self, t, y):
         self.evals += 1
         return self.f(t, y, dict(self.p))
+
+    def gradient_inputs(self) -> list[torch.Tensor]:
+        """What odecli differentiates, in its order: the parameters, then the MLP's weights."""
+        return [*self.p.values(), *(self.net.parameters() if self.net is not None else [])]
 
 
 def torchode_row(problem: str, y0, params, t_eval) -> Callable[[], tuple[dict, list]]:
@@ -117,7 +151,7 @@ def torchode_row(problem: str, y0, params, t_eval) -> Callable[[], tuple[dict, l
         controller = to.IntegralController(atol=ATOL, rtol=RTOL, term=term)
         solver = to.AutoDiffAdjoint(step, controller)
         sol = solver.solve(to.InitialValueProblem(y0=y, t_eval=grid))
-        grads = torch.autograd.grad((sol.ys**2).mean(), [y, *field.p.values()], allow_unused=True)
+        grads = torch.autograd.grad((sol.ys**2).mean(), [y, *field.gradient_inputs()], allow_unused=True)
         return {"steps": float(sol.stats["n_steps"].double().mean())}, grads
 
     return run
@@ -132,7 +166,7 @@ def torchdiffeq_row(problem: str, adjoint: bool, y0, params, t_eval) -> Callable
         solver = torchdiffeq.odeint_adjoint if adjoint else torchdiffeq.odeint
         ys = solver(field, y, t_eval, rtol=RTOL, atol=ATOL, method="dopri5")
         steps = field.evals / 6.0
-        grads = torch.autograd.grad((ys**2).mean(), [y, *field.p.values()])
+        grads = torch.autograd.grad((ys**2).mean(), [y, *field.gradient_inputs()])
         return {"steps": steps}, grads
 
     return run

@@ -34,6 +34,7 @@ from odecli import native
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, equations_c, generate
+from odecli.ode.native.vjp import equations_pullback_c
 from odecli.ode.status import STAT_NAMES, Progress, Status
 
 if TYPE_CHECKING:
@@ -76,6 +77,14 @@ class NativeRhs:
     def shared_weights(self) -> np.ndarray:
         """Values every sample reads (none for expressions; one element keeps a valid pointer)."""
         return np.zeros(1)
+
+    def tensors(self) -> list:
+        """Shared tensors that take gradients: none (parameters come through ``params``)."""
+        return []
+
+    def pullback_c(self) -> str:
+        """``rhs_pullback`` for the gradient sweep; ``ValueError`` for text the vjp cannot differentiate."""
+        return equations_pullback_c(self.equations)
 
 
 @dataclass
@@ -300,22 +309,36 @@ def prepare_job(
     )
 
 
-def run_blocks(entry: Callable, args: list, job: Job, threads: int,
-               progress: Callable[[Progress], None] | None = None) -> None:
-    """``entry(i0, i1, *args)`` over contiguous blocks of samples, on ``threads`` threads."""
-    batch = job.y0.shape[0]
-
-    def run(block: tuple[int, int]) -> tuple[int, int]:
-        if entry(ctypes.c_int64(block[0]), ctypes.c_int64(block[1]), *args) != 0:
-            raise MemoryError("the generated ODE solver could not allocate its working memory")
-        return block
-
+def block_ranges(batch: int, threads: int, progress: Callable[[Progress], None] | None = None) -> list[tuple[int, int]]:
+    """The sample ranges :func:`run_blocks` hands out, in order: one for a single thread without progress."""
     workers = max(1, min(threads, batch))
     if workers == 1 and progress is None:
-        run((0, batch))
+        return [(0, batch)]
+    return _blocks(batch, workers)
+
+
+def run_blocks(entry: Callable, args: list, job: Job, threads: int,
+               progress: Callable[[Progress], None] | None = None,
+               block_args: Callable[[int], list] | None = None) -> None:
+    """``entry(i0, i1, *args, *block_args(index))`` over :func:`block_ranges`, on ``threads`` threads.
+
+    ``block_args`` gives each block arguments of its own (the gradient's per-block weight sums).
+    """
+    batch = job.y0.shape[0]
+    ranges = block_ranges(batch, threads, progress)
+
+    def run(index: int) -> tuple[int, int]:
+        lo, hi = ranges[index]
+        extra = block_args(index) if block_args is not None else []
+        if entry(ctypes.c_int64(lo), ctypes.c_int64(hi), *args, *extra) != 0:
+            raise MemoryError("the generated ODE solver could not allocate its working memory")
+        return lo, hi
+
+    if len(ranges) == 1 and progress is None:
+        run(0)
         return
     finished = steps = 0
-    for lo, hi in _pool(workers).map(run, _blocks(batch, workers)):
+    for lo, hi in _pool(max(1, min(threads, batch))).map(run, range(len(ranges))):
         finished += hi - lo
         steps += int(job.istat[lo:hi, 1].sum())
         if progress is not None:
@@ -349,13 +372,13 @@ def solve_native(
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
 
     Same arguments and result as :func:`odecli.ode.solver.solve`. When autograd records and
-    ``y0`` or a tensor in ``params`` requires grad, ``y`` and ``y_final`` are differentiable
+    ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are differentiable
     (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in generated C).
     """
     why = unsupported_reason(method, y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)
-    if _records_gradient(y0, params):
+    if _records_gradient(rhs, y0, params):
         from odecli.ode.native.gradient import solve_native_with_grad
 
         return solve_native_with_grad(rhs, y0, t_start, t_end, t_eval, params=params, method=method, rtol=rtol,
@@ -371,10 +394,11 @@ def solve_native(
     return result.to_tensors()
 
 
-def _records_gradient(y0: Tensor, params: Mapping[str, Any] | None) -> bool:
+def _records_gradient(rhs: NativeRhs | NativeMLP, y0: Tensor, params: Mapping[str, Any] | None) -> bool:
     import torch
 
-    tensors = [y0, *(v for v in (params or {}).values() if isinstance(v, torch.Tensor))]
+    tensors = [y0, *(v for v in (params or {}).values() if isinstance(v, torch.Tensor)),
+               *(tensor for _, tensor in rhs.tensors())]
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 

@@ -4,7 +4,8 @@ The forward pass is the ordinary lane solver; the backward pass is generated C t
 (:mod:`odecli.ode.native.reverse`): each sample is replayed on one lane with a tape of its
 accepted steps and swept backwards. The gradient is the one ``adjoint="direct"`` gives in the
 PyTorch loop (backpropagation through the steps taken, step sizes held fixed), for ``y0`` and
-every parameter, at C speed and with memory of one tape per thread instead of an autograd graph.
+every parameter and an MLP's weights, at C speed and with memory of one tape per thread instead of an
+autograd graph.
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ from odecli import native
 from odecli.ode.controllers import PIDController
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.engine import (
-    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _numpy, default_threads, prepare_job, run_blocks, solve_job,
+    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _numpy, block_ranges, default_threads, prepare_job, run_blocks,
+    solve_job,
 )
+from odecli.ode.native.mlp import NativeMLP
 from odecli.ode.native.reverse import generate_reverse
 from odecli.ode.solver import Solution
 from odecli.ode.status import Progress
 
 
-def gradient_unsupported(rhs: NativeRhs, method: str) -> str:
+def gradient_unsupported(rhs: NativeRhs | NativeMLP, method: str) -> str:
     """Why the generated gradient cannot take this solve ("" when it can, compiler permitting)."""
     if method not in METHODS:
         return f"method {method!r} is not an explicit Runge-Kutta method"
-    if not isinstance(rhs, NativeRhs):
-        return "gradients through an MLP right-hand side are not generated in C (the PyTorch loop computes them)"
     try:
         _source(METHODS[method], rhs)
     except ValueError as exc:
@@ -43,7 +44,7 @@ def gradient_unsupported(rhs: NativeRhs, method: str) -> str:
 
 
 def solve_native_with_grad(
-    rhs: NativeRhs,
+    rhs: NativeRhs | NativeMLP,
     y0: Tensor,
     t_start: Tensor | float,
     t_end: Tensor | float,
@@ -73,8 +74,11 @@ def solve_native_with_grad(
                       atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps)
     result = solve_job(rhs, method, job, threads, progress, started)
     names = [name for name in rhs.params if isinstance(params.get(name), Tensor)]
-    backward = _Backward(entry, job, threads or default_threads(), [rhs.params.index(n) for n in names])
-    y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names))
+    weights = rhs.tensors()
+    backward = _Backward(entry, job, threads or default_threads(), [rhs.params.index(n) for n in names],
+                         [offset for offset, _ in weights])
+    y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names),
+                                    *(tensor for _, tensor in weights))
     solution = result.to_tensors()
     solution.y, solution.y_final = y, y_final
     solution.wall_time_s = time.perf_counter() - started
@@ -82,28 +86,32 @@ def solve_native_with_grad(
 
 
 class _Backward:
-    """What the backward pass needs: the generated sweep, the solve's inputs, and which parameter
-    columns are tensors."""
+    """What the backward pass needs: the generated sweep, the solve's inputs, which parameter
+    columns are tensors, and where the shared weights that are tensors start."""
 
-    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int]):
-        self.entry, self.job, self.threads, self.columns = entry, job, threads, columns
+    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int], offsets: list[int]):
+        self.entry, self.job, self.threads, self.columns, self.offsets = entry, job, threads, columns, offsets
 
-    def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Cotangents of y0 (B, n_states) and of the parameter matrix (B, n_params)."""
+    def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Cotangents of y0 (B, n_states), of the parameter matrix (B, n_params) and of the shared weights."""
         job = self.job.fresh_outputs()
         grad_y0, grad_p = np.zeros_like(job.y0), np.zeros_like(job.p)
+        # one weight-cotangent row per block, summed in block order: the same result on every run
+        grad_w = np.zeros((len(block_ranges(job.y0.shape[0], self.threads)), job.shared.size))
         extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)]
-        run_blocks(self.entry, job.args() + extra, job, self.threads)
-        return grad_y0, grad_p
+        run_blocks(self.entry, job.args() + extra, job, self.threads,
+                   block_args=lambda index: [ctypes.c_void_p(grad_w[index].ctypes.data)])
+        return grad_y0, grad_p, grad_w.sum(axis=0)
 
 
 class _NativeSolve(torch.autograd.Function):
     """Connects the C solve's outputs to ``y0`` and the parameter tensors in autograd's graph."""
 
     @staticmethod
-    def forward(ctx: Any, backward: _Backward, y0: Tensor, *param_values: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(ctx: Any, backward: _Backward, y0: Tensor, *values: Tensor) -> tuple[Tensor, Tensor]:
+        """``values``: the parameter tensors (backward.columns), then the weight tensors (backward.offsets)."""
         ctx.backward_pass = backward
-        ctx.shapes = [(value.shape, value.dtype) for value in param_values]
+        ctx.shapes = [(value.shape, value.dtype) for value in values]
         ctx.like = (y0.dtype, y0.device)
         dtype, device = ctx.like
         job = backward.job
@@ -115,13 +123,17 @@ class _NativeSolve(torch.autograd.Function):
         job = ctx.backward_pass.job
         gy = np.zeros_like(job.y_out) if grad_y is None else _contiguous(grad_y)
         gf = np.zeros_like(job.y_final) if grad_final is None else _contiguous(grad_final)
-        grad_y0, grad_p = ctx.backward_pass(gy, gf)
+        grad_y0, grad_p, grad_w = ctx.backward_pass(gy, gf)
         dtype, device = ctx.like
         grads = [torch.from_numpy(grad_y0).to(dtype=dtype, device=device)]
-        for column, (shape, value_dtype) in zip(ctx.backward_pass.columns, ctx.shapes):
+        columns, offsets = ctx.backward_pass.columns, ctx.backward_pass.offsets
+        for column, (shape, value_dtype) in zip(columns, ctx.shapes):
             per_sample = torch.from_numpy(grad_p[:, column].copy()).to(dtype=value_dtype, device=device)
             grads.append(per_sample.reshape(shape) if per_sample.numel() == shape.numel()
                          else per_sample.sum().expand(shape))
+        for offset, (shape, value_dtype) in zip(offsets, ctx.shapes[len(columns):]):
+            weight = grad_w[offset:offset + shape.numel()].reshape(shape)
+            grads.append(torch.from_numpy(weight.copy()).to(dtype=value_dtype, device=device))
         return (None, *grads)
 
 
@@ -129,16 +141,23 @@ def _contiguous(tensor: Tensor) -> np.ndarray:
     return np.ascontiguousarray(tensor.detach().cpu().double().numpy())
 
 
+def _source(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> bytes:
+    if isinstance(rhs, NativeRhs):
+        return _equations_source(tableau, rhs)
+    return generate_reverse(tableau, rhs).encode()  # string work only; no cache holding modules alive
+
+
 @functools.lru_cache(maxsize=32)
-def _source(tableau: ExplicitRK, rhs: NativeRhs) -> bytes:
-    return generate_reverse(tableau, rhs.equations, len(rhs.params)).encode()
+def _equations_source(tableau: ExplicitRK, rhs: NativeRhs) -> bytes:
+    """Cached: a fit differentiates the same equations hundreds of times."""
+    return generate_reverse(tableau, rhs).encode()
 
 
-def _load(tableau: ExplicitRK, rhs: NativeRhs) -> Callable:
-    lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs))
+def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> Callable:
+    lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs), rhs.c_flags)
     if lib is None:
         raise NativeUnavailable(why)
     entry = lib.gradient_samples
     entry.restype = ctypes.c_int
-    entry.argtypes = _ARGTYPES + [ctypes.c_void_p] * 4
+    entry.argtypes = _ARGTYPES + [ctypes.c_void_p] * 5
     return entry

@@ -14,6 +14,11 @@ Each layer sums ``b + w0 x0 + w1 x1 + ...`` left to right with fused multiply-ad
 the one-sample and the lane functions, so samples take the same steps however they share lanes
 (bit for bit); against PyTorch (whose matrix products sum in another order) results agree to
 round-off.
+
+Gradients: the reverse sweep (:mod:`odecli.ode.native.reverse`) replays one sample at a time, so
+the one-sample layer reads a transposed copy of the weights and vectorises over rows instead of
+lanes; :func:`mlp_pullback_c` runs the layers backwards (torch autograd's derivative formulas)
+and sums the weights' cotangents over the samples of a block.
 """
 
 from __future__ import annotations
@@ -83,15 +88,25 @@ static inline double act_sigmoid(double x)
 static inline double act_relu(double x) { return x < 0.0 ? 0.0 : x; }  /* NaN stays NaN, as in torch */
 static inline double act_silu(double x) { return x * act_sigmoid(x); }
 
-/* out = w x + b for one sample (w: n_out x n_in, row-major). */
-static inline void dense_one(const int n_out, const int n_in, const double *restrict w, const double *restrict b,
+/* g * act'(z), from the pre-activation z and the output a, as torch autograd computes it. */
+static inline double grad_tanh(double g, double z, double a) { (void)z; return g * (1.0 - a * a); }
+static inline double grad_sigmoid(double g, double z, double a) { (void)z; return (g * (1.0 - a)) * a; }
+static inline double grad_relu(double g, double z, double a) { (void)z; return a <= 0.0 ? 0.0 : g; }
+static inline double grad_silu(double g, double z, double a)
+{
+    (void)a;
+    const double s = act_sigmoid(z);
+    return g * (s * (1.0 + z * (1.0 - s)));
+}
+
+/* out = w x + b for one sample, from the transposed weights wt (n_in x n_out): the loop over
+ * rows is the vector loop, and each row sums b + w0 x0 + w1 x1 + ... in the order dense_lanes does. */
+static inline void dense_one(const int n_out, const int n_in, const double *restrict wt, const double *restrict b,
                              const double *restrict x, double *restrict out)
 {
-    for (int j = 0; j < n_out; j++) {
-        double acc = b[j];
-        for (int k = 0; k < n_in; k++) acc = fma(w[j * n_in + k], x[k], acc);
-        out[j] = acc;
-    }
+    for (int j = 0; j < n_out; j++) out[j] = b[j];
+    for (int k = 0; k < n_in; k++)
+        for (int j = 0; j < n_out; j++) out[j] = fma(wt[k * n_out + j], x[k], out[j]);
 }
 
 /* The same for W lanes, four rows at a time: each loaded x[k] feeds four rows' accumulators. */
@@ -129,14 +144,16 @@ static inline void dense_lanes(const int n_out, const int n_in, const double *re
 class NativeMLP:
     """``dy/dt = MLP(y)``: dense layers, each followed by an activation or none, weights shared by all samples.
 
-    ``weights[i]`` is layer i's (out, in) matrix, ``biases[i]`` its (out,) vector and
-    ``activations[i]`` a key of :data:`ACTIVATIONS` or "" for none. The first layer's inputs and
-    the last layer's outputs are the states. There are no per-sample parameters (``params`` is
-    empty); per-sample variation comes from ``y0`` and the time spans.
+    ``weights[i]`` is layer i's (out, in) matrix, ``biases[i]`` its (out,) vector (numpy arrays
+    or torch tensors) and ``activations[i]`` a key of :data:`ACTIVATIONS` or "" for none. The
+    first layer's inputs and the last layer's outputs are the states. Tensors are read at every
+    solve (so an optimiser's in-place updates are seen), and those that require grad receive
+    gradients through :func:`~odecli.ode.native.solve_native`. There are no per-sample
+    parameters (``params`` is empty); per-sample variation comes from ``y0`` and the time spans.
     """
 
-    weights: tuple[np.ndarray, ...]
-    biases: tuple[np.ndarray, ...]
+    weights: tuple[Any, ...]
+    biases: tuple[Any, ...]
     activations: tuple[str, ...]
     params: tuple[str, ...] = ()
 
@@ -144,8 +161,9 @@ class NativeMLP:
         if not self.weights or not (len(self.weights) == len(self.biases) == len(self.activations)):
             raise ValueError("an MLP needs at least one layer, with one weight matrix, bias and activation each")
         for i, (w, b, act) in enumerate(zip(self.weights, self.biases, self.activations)):
-            if w.ndim != 2 or b.shape != (w.shape[0],):
-                raise ValueError(f"layer {i}: weight must be (out, in) and bias (out,), got {w.shape} and {b.shape}")
+            if w.ndim != 2 or tuple(b.shape) != (w.shape[0],):
+                raise ValueError(f"layer {i}: weight must be (out, in) and bias (out,), got {tuple(w.shape)} and "
+                                 f"{tuple(b.shape)}")
             if i and w.shape[1] != self.weights[i - 1].shape[0]:
                 raise ValueError(f"layer {i} takes {w.shape[1]} inputs but layer {i - 1} gives "
                                  f"{self.weights[i - 1].shape[0]}")
@@ -159,22 +177,21 @@ class NativeMLP:
     def from_module(cls, module: Any) -> "NativeMLP":
         """The MLP of a ``torch.nn.Sequential`` of ``Linear`` layers and ``Tanh``/``ReLU``/``Sigmoid``/``SiLU``.
 
-        The weights are copied (as float64) when this is called: build it again after training steps.
-        ``Identity`` modules are skipped; anything else raises ``ValueError`` naming it.
+        It holds the module's own parameter tensors (no copy), so one ``NativeMLP`` follows the
+        module through training. ``Identity`` modules are skipped; anything else raises
+        ``ValueError`` naming it.
         """
         import torch
 
         modules = list(module) if isinstance(module, torch.nn.Sequential) else [module]
-        weights: list[np.ndarray] = []
-        biases: list[np.ndarray] = []
+        weights: list[Any] = []
+        biases: list[Any] = []
         activations: list[str] = []
         for index, layer in enumerate(modules):
             kind = type(layer).__name__
             if isinstance(layer, torch.nn.Linear):
-                weight = layer.weight.detach().cpu().double().numpy()
-                weights.append(np.ascontiguousarray(weight))
-                biases.append(np.zeros(weight.shape[0]) if layer.bias is None
-                              else layer.bias.detach().cpu().double().numpy().copy())
+                weights.append(layer.weight)
+                biases.append(np.zeros(layer.out_features) if layer.bias is None else layer.bias)
                 activations.append("")
             elif kind in _MODULES and weights and not activations[-1]:
                 activations[-1] = _MODULES[kind]
@@ -195,29 +212,68 @@ class NativeMLP:
     """Lets GCC if-convert (and so vectorise) the activations' two branches."""
 
     def shared_weights(self) -> np.ndarray:
-        """Every layer's weights then bias, flattened in layer order: what the C code reads."""
-        return np.concatenate([part for w, b in zip(self.weights, self.biases) for part in (w.ravel(), b)])
+        """What the C code reads, layer by layer: the weights (out, in), the bias, the weights transposed."""
+        parts = []
+        for w, b in zip(self.weights, self.biases):
+            w, b = _float64(w), _float64(b)
+            parts += [w.ravel(), b, w.T.ravel()]
+        return np.concatenate(parts)
+
+    def tensors(self) -> list[tuple[int, Any]]:
+        """``(offset in shared_weights, tensor)`` for every weight and bias that is a tensor requiring grad."""
+        found, offset = [], 0
+        for w, b in zip(self.weights, self.biases):
+            n_out, n_in = w.shape
+            for value, at in ((w, offset), (b, offset + n_out * n_in)):
+                if getattr(value, "requires_grad", False):
+                    found.append((at, value))
+            offset += 2 * n_out * n_in + n_out
+        return found
 
     def c_source(self) -> str:
         """``rhs`` and ``rhs_lanes`` (see :func:`odecli.ode.native.codegen.equations_c`) for this shape."""
-        return mlp_c([(w.shape[0], w.shape[1]) for w in self.weights], self.activations)
+        return mlp_c(self._shapes(), self.activations)
+
+    def pullback_c(self) -> str:
+        """``rhs_pullback`` for the gradient sweep (:mod:`odecli.ode.native.reverse`)."""
+        return mlp_pullback_c(self._shapes(), self.activations)
+
+    def _shapes(self) -> list[tuple[int, int]]:
+        return [(int(w.shape[0]), int(w.shape[1])) for w in self.weights]
+
+
+def _float64(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().double().numpy()
+    return np.ascontiguousarray(value, dtype=np.float64)
+
+
+def _offsets(shapes: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Per layer, where its weights, bias and transposed weights start in the shared array."""
+    found, offset = [], 0
+    for n_out, n_in in shapes:
+        found.append((offset, offset + n_out * n_in, offset + n_out * n_in + n_out))
+        offset += 2 * n_out * n_in + n_out
+    return found
 
 
 def mlp_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
     """C for an MLP with layer ``shapes`` (out, in): depends on the shapes only, not on weight values."""
-    one, lanes, offset = [], [], 0
-    for i, ((n_out, n_in), act) in enumerate(zip(shapes, activations)):
-        w, b = offset, offset + n_out * n_in
-        offset = b + n_out
+    one, lanes = [], []
+    for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, _offsets(shapes))):
         last = i == len(shapes) - 1
         src_one, src_lanes = ("y", "Y") if i == 0 else (f"h{i - 1}", f"H{i - 1}")
         dst_one, dst_lanes = ("dy", "DY") if last else (f"h{i}", f"H{i}")
         if not last:
             one.append(f"    double h{i}[{n_out}];")
             lanes.append(f"    double H{i}[{n_out}][W];")
-        one.append(f"    dense_one({n_out}, {n_in}, w + {w}, w + {b}, {src_one}, {dst_one});")
-        lanes.append(f"    dense_lanes({n_out}, {n_in}, w + {w}, w + {b}, (const double (*)[W]){src_lanes}, "
-                     f"{dst_lanes});")
+        one.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src_one}, {dst_one});")
+        lanes += ["#if W == 1  /* one lane (the gradient's replay): the one-sample layer, vectorised over rows */",
+                  f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, &{src_lanes}[0][0], &{dst_lanes}[0][0]);",
+                  "#else",
+                  f"    dense_lanes({n_out}, {n_in}, w + {w}, w + {b}, (const double (*)[W]){src_lanes}, "
+                  f"{dst_lanes});",
+                  "#endif"]
         if act:
             one.append(f"    for (int j = 0; j < {n_out}; j++) {dst_one}[j] = {ACTIVATIONS[act]}({dst_one}[j]);")
             lanes.append(f"    for (int j = 0; j < {n_out} * W; j++) (&{dst_lanes}[0][0])[j] = "
@@ -238,5 +294,52 @@ static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W],
 {{
     (void)tl; (void)P;
 {body_lanes}
+}}
+"""
+
+
+def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
+    """``rhs_pullback``: ``ybar += v^T df/dy`` and the weights' ``wbar += v^T df/dw`` at one sample's y.
+
+    The layers run forward again, keeping each one's pre-activation z and output a, then
+    backward: g * act'(z), the outer product into the weights' gradient, the bias gradient, and
+    w^T g for the layer below. ``wbar`` is laid out as the shared weights (its transposed parts
+    stay zero).
+    """
+    forward, backward = [], []
+    n_layers = len(shapes)
+    for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, _offsets(shapes))):
+        src = "y" if i == 0 else f"a{i - 1}"
+        forward.append(f"    double z{i}[{n_out}], a{i}[{n_out}];")
+        forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
+        value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
+        forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
+    backward.append(f"    double g{n_layers - 1}[{shapes[-1][0]}];")
+    backward.append(f"    memcpy(g{n_layers - 1}, v, sizeof g{n_layers - 1});")
+    for i in reversed(range(n_layers)):
+        (n_out, n_in), act, (w, b, _) = shapes[i], activations[i], _offsets(shapes)[i]
+        src = "y" if i == 0 else f"a{i - 1}"
+        if act:
+            backward.append(f"    for (int j = 0; j < {n_out}; j++) g{i}[j] = grad_{act}(g{i}[j], z{i}[j], a{i}[j]);")
+        backward += [f"    for (int j = 0; j < {n_out}; j++) {{",
+                     f"        wbar[{b} + j] += g{i}[j];",
+                     f"        for (int k = 0; k < {n_in}; k++) wbar[{w} + j * {n_in} + k] += g{i}[j] * {src}[k];",
+                     "    }"]
+        below = "ybar" if i == 0 else f"g{i - 1}"
+        if i:
+            backward.append(f"    double g{i - 1}[{n_in}];")
+            backward.append(f"    memset(g{i - 1}, 0, sizeof g{i - 1});")
+        backward += [f"    for (int j = 0; j < {n_out}; j++)",
+                     f"        for (int k = 0; k < {n_in}; k++) {below}[k] = fma(w[{w} + j * {n_in} + k], g{i}[j], "
+                     f"{below}[k]);"]
+    body = "\n".join(forward + backward)
+    return f"""
+/* ybar += v^T df/dy and wbar += v^T df/dw for one sample (no per-sample parameters: pbar stays). */
+static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
+                                const double *restrict w, const double *restrict v, double *restrict ybar,
+                                double *restrict pbar, double *restrict wbar)
+{{
+    (void)t; (void)p; (void)pbar;
+{body}
 }}
 """

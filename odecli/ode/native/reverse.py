@@ -8,8 +8,10 @@ solve, since lanes never mix) and keeps a tape of its accepted steps (t, h, y an
 times each step wrote). The sweep then walks the tape backwards; each step recomputes its stages
 from the stored y and pulls the cotangent of y1 and of the step's dense outputs back through
 ``y1 = y + h * sum_i b_i K_i`` and ``K_i = f(t + c_i h, y + h * sum_j a_ij K_j)`` with the right-hand
-side's vector-Jacobian product (:mod:`odecli.ode.native.vjp`). Memory is the tape: one state
-and a few numbers per accepted step of the samples a thread has in hand, never a graph.
+side's vector-Jacobian product, ``rhs_pullback`` (generated from the equations by
+:mod:`odecli.ode.native.vjp`, or an MLP's layers run backwards by :mod:`odecli.ode.native.mlp`,
+whose weight cotangents add up over the samples into one array per block). Memory is the tape:
+one state and a few numbers per accepted step of the samples a thread has in hand, never a graph.
 
 DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
 recomputes them for steps with dense outputs and pulls their cotangents back the same way.
@@ -17,13 +19,16 @@ recomputes them for steps with dense outputs and pulls their cotangents back the
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
-from odecli.ode.native.codegen import equations_c, generate
-from odecli.ode.native.vjp import rhs_vjp_source
+from odecli.ode.native.codegen import generate
 from odecli.spec.expr import c_double
+
+if TYPE_CHECKING:
+    from odecli.ode.native.engine import NativeRhs
+    from odecli.ode.native.mlp import NativeMLP
 
 
 def _stages(method: ExplicitRK) -> str:
@@ -61,14 +66,14 @@ def _dense_finish(method: ExplicitRK) -> str:
         first = method.n_stages + 1
         for e in reversed(range(len(dop853.C_EXTRA))):
             lines.append("        memset(ys, 0, sizeof ys);")
-            lines.append(f"        rhs_vjp(t + {c_double(dop853.C_EXTRA[e])} * h, Yx[{e}], p, kbar[{first + e}], ys, pbar);")
+            lines.append(f"        rhs_pullback(t + {c_double(dop853.C_EXTRA[e])} * h, Yx[{e}], p, w, kbar[{first + e}], ys, pbar, wbar);")
             lines.append("        for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
             for j, w in enumerate(dop853.A_EXTRA[e][:first + e]):
                 if w != 0.0:
                     lines.append(f"        for (int k = 0; k < N; k++) kbar[{j}][k] += (h * {c_double(w)}) * ys[k];")
     if _uses_last_stage(method):  # K[S] = f(t + h, y1) feeds the interpolant: its cotangent goes to y1
         lines += ["        memset(ys, 0, sizeof ys);",
-                  "        rhs_vjp(t + h, y1, p, kbar[S], ys, pbar);",
+                  "        rhs_pullback(t + h, y1, p, w, kbar[S], ys, pbar, wbar);",
                   "        for (int k = 0; k < N; k++) lam[k] += ys[k];"]
     return "\n".join(lines)
 
@@ -132,7 +137,7 @@ def _step_reverse(method: ExplicitRK) -> str:
     lines.append("    for (int k = 0; k < N; k++) ybar0[k] += lam[k];")
     for i in reversed(range(method.n_stages)):
         lines.append("    memset(ys, 0, sizeof ys);")
-        lines.append(f"    rhs_vjp(t + {c_double(method.c[i])} * h, Y[{i}], p, kbar[{i}], ys, pbar);")
+        lines.append(f"    rhs_pullback(t + {c_double(method.c[i])} * h, Y[{i}], p, w, kbar[{i}], ys, pbar, wbar);")
         lines.append("    for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
         for j, w in enumerate(method.a[i]):
             if w != 0.0:
@@ -195,7 +200,7 @@ static int64_t replay(Lanes *restrict L, const Job *restrict job, int64_t i, Tap
  * final state (gfinal), by the reverse sweep over the tape. */
 static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, int64_t written_at_start,
                   int64_t status, const double *restrict gy, const double *restrict gfinal,
-                  double *restrict gy0, double *restrict gp)
+                  double *restrict gy0, double *restrict gp, double *restrict wbar)
 {
     const double *grid = job->grid + i * job->n_eval, *p = job->params + i * job->n_params, *w = job->shared;
     const double t1 = job->t1[i], dir = t1 >= job->t0[i] ? 1.0 : -1.0;
@@ -239,13 +244,15 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
 }
 
 /* Cotangents of y0 (B x N) and params (B x n_params) for samples [i0, i1), given those of the
- * outputs yout (B x n_eval x N) and y_final (B x N). The forward arguments are solve_samples'
- * (its output arrays are overwritten with the same values). 0, or -1 when out of memory. */
+ * outputs yout (B x n_eval x N) and y_final (B x N); the cotangent of the shared weights, summed
+ * over these samples, is added into gw. The forward arguments are solve_samples' (its output
+ * arrays are overwritten with the same values). 0, or -1 when out of memory. */
 int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                      const double *y0, const double *t0, const double *t1, const double *grid,
                      const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
                      int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
-                     const double *shared, const double *gy, const double *gfinal, double *gy0, double *gp)
+                     const double *shared, const double *gy, const double *gfinal, double *gy0, double *gp,
+                     double *gw)
 {
     const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
                              istat, fstat, yfinal, shared);
@@ -256,7 +263,7 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
         const int64_t written = replay(L, &job, i, &tape);
         if (written < 0) { rc = -1; break; }
         sweep(&job, i, &tape, written, istat[i * 5], gy + i * n_eval * N, gfinal + i * N, gy0 + i * N,
-              gp + i * n_params);
+              gp + i * n_params, gw);
     }
     free(tape.steps);
     free(tape.y);
@@ -266,11 +273,12 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
 """
 
 
-def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int) -> str:
-    """The complete C file with ``gradient_samples`` for ``method`` and ``equations`` (see module doc).
+def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
+    """The complete C file with ``gradient_samples`` for ``method`` and ``rhs`` (see module doc).
 
-    It holds the one-lane solver (:func:`~odecli.ode.native.codegen.generate`), the right-hand
-    side's vjp and the sweep; raises ``ValueError`` when the equations cannot be differentiated.
+    The file holds the one-lane solver (:func:`~odecli.ode.native.codegen.generate`), the right-hand
+    side's ``rhs_pullback`` and the sweep. Raises ``ValueError`` when the right-hand side cannot
+    be differentiated.
     """
     body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
             .replace("{n_extra}", str(len(dop853.C_EXTRA) if method.interpolant == "dop853" else 1))
@@ -279,8 +287,8 @@ def generate_reverse(method: ExplicitRK, equations: Sequence[str], n_params: int
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
     return "\n\n".join([
-        generate(method, equations_c(equations), len(equations), n_params, lanes=1),
-        rhs_vjp_source(equations),
+        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), lanes=1),
+        rhs.pullback_c(),
         body,
     ])
 

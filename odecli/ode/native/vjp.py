@@ -61,6 +61,23 @@ def rhs_vjp_source(equations: Sequence[str]) -> str:
     return _PROLOGUE + body + "}\n"
 
 
+_PULLBACK = """
+/* The sweep's interface to rhs_vjp (expressions read no shared weights). */
+static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
+                                const double *restrict w, const double *restrict v, double *restrict ybar,
+                                double *restrict pbar, double *restrict wbar)
+{
+    (void)w; (void)wbar;
+    rhs_vjp(t, y, p, v, ybar, pbar);
+}
+"""
+
+
+def equations_pullback_c(equations: Sequence[str]) -> str:
+    """:func:`rhs_vjp_source` plus the ``rhs_pullback`` the gradient sweep calls (see reverse)."""
+    return rhs_vjp_source(equations) + _PULLBACK
+
+
 class _Writer:
     """Emits the forward sweep (one temporary per operation) and the reverse sweep."""
 
