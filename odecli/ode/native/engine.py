@@ -82,6 +82,10 @@ class NativeRhs:
         """Shared tensors that take gradients: none (parameters come through ``params``)."""
         return []
 
+    def gradient_size(self) -> int:
+        """Doubles of the shared weights' cotangent array per block of the gradient sweep (unused)."""
+        return 1
+
     def pullback_c(self) -> str:
         """``rhs_pullback`` for the gradient sweep; ``ValueError`` for text the vjp cannot differentiate."""
         return equations_pullback_c(self.equations)

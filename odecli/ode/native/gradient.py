@@ -76,7 +76,7 @@ def solve_native_with_grad(
     names = [name for name in rhs.params if isinstance(params.get(name), Tensor)]
     weights = rhs.tensors()
     backward = _Backward(entry, job, threads or default_threads(), [rhs.params.index(n) for n in names],
-                         [offset for offset, _ in weights])
+                         [offset for offset, _ in weights], rhs.gradient_size())
     y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names),
                                     *(tensor for _, tensor in weights))
     solution = result.to_tensors()
@@ -89,15 +89,17 @@ class _Backward:
     """What the backward pass needs: the generated sweep, the solve's inputs, which parameter
     columns are tensors, and where the shared weights that are tensors start."""
 
-    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int], offsets: list[int]):
+    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int], offsets: list[int],
+                 gradient_size: int):
         self.entry, self.job, self.threads, self.columns, self.offsets = entry, job, threads, columns, offsets
+        self.gradient_size = gradient_size
 
     def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Cotangents of y0 (B, n_states), of the parameter matrix (B, n_params) and of the shared weights."""
         job = self.job.fresh_outputs()
         grad_y0, grad_p = np.zeros_like(job.y0), np.zeros_like(job.p)
         # one weight-cotangent row per block, summed in block order: the same result on every run
-        grad_w = np.zeros((len(block_ranges(job.y0.shape[0], self.threads)), job.shared.size))
+        grad_w = np.zeros((len(block_ranges(job.y0.shape[0], self.threads)), self.gradient_size))
         extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)]
         run_blocks(self.entry, job.args() + extra, job, self.threads,
                    block_args=lambda index: [ctypes.c_void_p(grad_w[index].ctypes.data)])

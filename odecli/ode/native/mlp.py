@@ -235,8 +235,12 @@ class NativeMLP:
         return mlp_c(self._shapes(), self.activations)
 
     def pullback_c(self) -> str:
-        """``rhs_pullback`` for the gradient sweep (:mod:`odecli.ode.native.reverse`)."""
+        """``rhs_pullback`` and ``rhs_pullback_flush`` for the gradient sweep (:mod:`odecli.ode.native.reverse`)."""
         return mlp_pullback_c(self._shapes(), self.activations)
+
+    def gradient_size(self) -> int:
+        """Doubles of the weights' cotangent array each block of the sweep fills (:func:`gradient_size`)."""
+        return gradient_size(self._shapes())
 
     def _shapes(self) -> list[tuple[int, int]]:
         return [(int(w.shape[0]), int(w.shape[1])) for w in self.weights]
@@ -298,33 +302,94 @@ static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W],
 """
 
 
+RANK = 32
+"""Pullbacks whose weight updates are gathered before they are added in (see :func:`mlp_pullback_c`)."""
+
+_RANK_UPDATE_C = """
+/* Four doubles: GCC's vector extension, so that the blocked update below is vector code (the
+ * auto-vectoriser leaves its register blocks scalar). Unaligned: rows start anywhere. */
+typedef double v4d __attribute__((vector_size(32), aligned(8)));
+
+/* wbar (n_out x n_in) += sum over u < count of g[u] (n_out) times a[u] (n_in), outer products:
+ * blocks of 4 rows x 8 columns stay in registers over all u, so each wbar element is loaded and
+ * stored once per RANK pullbacks instead of once per pullback. */
+static void rank_update(const int n_out, const int n_in, const int count, const double *restrict g,
+                        const double *restrict a, double *restrict wbar)
+{
+    int j = 0;
+    for (; j + 4 <= n_out; j += 4) {
+        int k = 0;
+        for (; k + 8 <= n_in; k += 8) {
+            v4d *r0 = (v4d *)(wbar + j * n_in + k), *r1 = (v4d *)(wbar + (j + 1) * n_in + k);
+            v4d *r2 = (v4d *)(wbar + (j + 2) * n_in + k), *r3 = (v4d *)(wbar + (j + 3) * n_in + k);
+            v4d s00 = r0[0], s01 = r0[1], s10 = r1[0], s11 = r1[1];
+            v4d s20 = r2[0], s21 = r2[1], s30 = r3[0], s31 = r3[1];
+            for (int u = 0; u < count; u++) {
+                const double *gu = g + u * n_out + j;
+                const v4d *au = (const v4d *)(a + u * n_in + k);
+                const v4d a0 = au[0], a1 = au[1];
+                s00 += gu[0] * a0; s01 += gu[0] * a1; s10 += gu[1] * a0; s11 += gu[1] * a1;
+                s20 += gu[2] * a0; s21 += gu[2] * a1; s30 += gu[3] * a0; s31 += gu[3] * a1;
+            }
+            r0[0] = s00; r0[1] = s01; r1[0] = s10; r1[1] = s11;
+            r2[0] = s20; r2[1] = s21; r3[0] = s30; r3[1] = s31;
+        }
+        for (; k < n_in; k++)
+            for (int r = 0; r < 4; r++)
+                for (int u = 0; u < count; u++)
+                    wbar[(j + r) * n_in + k] += g[u * n_out + j + r] * a[u * n_in + k];
+    }
+    for (; j < n_out; j++)
+        for (int u = 0; u < count; u++)
+            for (int k = 0; k < n_in; k++)
+                wbar[j * n_in + k] += g[u * n_out + j] * a[u * n_in + k];
+}
+"""
+
+
+def gradient_size(shapes: list[tuple[int, int]]) -> int:
+    """Doubles of one block's ``wbar``: the shared layout, then per layer RANK gathered (g, a) pairs, then a count."""
+    return sum(2 * n_out * n_in + n_out for n_out, n_in in shapes) + sum(
+        RANK * (n_out + n_in) for n_out, n_in in shapes) + 1
+
+
 def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
     """``rhs_pullback``: ``ybar += v^T df/dy`` and the weights' ``wbar += v^T df/dw`` at one sample's y.
 
     The layers run forward again, keeping each one's pre-activation z and output a, then
-    backward: g * act'(z), the outer product into the weights' gradient, the bias gradient, and
-    w^T g for the layer below. ``wbar`` is laid out as the shared weights (its transposed parts
-    stay zero).
+    backward: g * act'(z), the bias gradient, and w^T g for the layer below. The weights'
+    gradient, the outer product of g and the layer's input, is gathered: each pullback stores
+    its (g, input) pairs, and every RANK pullbacks (and at the end of a block,
+    ``rhs_pullback_flush``) one blocked rank-RANK update adds them in. ``wbar`` is laid out as
+    the shared weights (its transposed parts stay zero), followed by the gathered pairs and their
+    count (:func:`gradient_size`).
     """
-    forward, backward = [], []
+    offsets = _offsets(shapes)
+    staging, at = [], sum(2 * n_out * n_in + n_out for n_out, n_in in shapes)
+    for n_out, n_in in shapes:
+        staging.append((at, at + RANK * n_out))  # where this layer's g rows, then its input rows, go
+        at += RANK * (n_out + n_in)
+    count = at
+    forward, backward, flush = [], [], []
     n_layers = len(shapes)
-    for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, _offsets(shapes))):
+    for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, offsets)):
         src = "y" if i == 0 else f"a{i - 1}"
         forward.append(f"    double z{i}[{n_out}], a{i}[{n_out}];")
         forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
         value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
         forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
+        flush.append(f"    rank_update({n_out}, {n_in}, n, wbar + {staging[i][0]}, wbar + {staging[i][1]}, wbar + {w});")
+    backward.append("    const int n = (int)wbar[%d];" % count)
     backward.append(f"    double g{n_layers - 1}[{shapes[-1][0]}];")
     backward.append(f"    memcpy(g{n_layers - 1}, v, sizeof g{n_layers - 1});")
     for i in reversed(range(n_layers)):
-        (n_out, n_in), act, (w, b, _) = shapes[i], activations[i], _offsets(shapes)[i]
+        (n_out, n_in), act, (w, b, _) = shapes[i], activations[i], offsets[i]
         src = "y" if i == 0 else f"a{i - 1}"
         if act:
             backward.append(f"    for (int j = 0; j < {n_out}; j++) g{i}[j] = grad_{act}(g{i}[j], z{i}[j], a{i}[j]);")
-        backward += [f"    for (int j = 0; j < {n_out}; j++) {{",
-                     f"        wbar[{b} + j] += g{i}[j];",
-                     f"        for (int k = 0; k < {n_in}; k++) wbar[{w} + j * {n_in} + k] += g{i}[j] * {src}[k];",
-                     "    }"]
+        backward += [f"    for (int j = 0; j < {n_out}; j++) wbar[{b} + j] += g{i}[j];",
+                     f"    memcpy(wbar + {staging[i][0]} + n * {n_out}, g{i}, sizeof g{i});",
+                     f"    memcpy(wbar + {staging[i][1]} + n * {n_in}, {src}, {n_in} * sizeof(double));"]
         below = "ybar" if i == 0 else f"g{i - 1}"
         if i:
             backward.append(f"    double g{i - 1}[{n_in}];")
@@ -332,8 +397,17 @@ def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) 
         backward += [f"    for (int j = 0; j < {n_out}; j++)",
                      f"        for (int k = 0; k < {n_in}; k++) {below}[k] = fma(w[{w} + j * {n_in} + k], g{i}[j], "
                      f"{below}[k]);"]
-    body = "\n".join(forward + backward)
-    return f"""
+    backward += [f"    wbar[{count}] = n + 1;", f"    if (n + 1 == {RANK}) rhs_pullback_flush(wbar);"]
+    body, flush_body = "\n".join(forward + backward), "\n".join(flush)
+    return _RANK_UPDATE_C + f"""
+/* Add the gathered outer products into the weights' gradient. */
+static void rhs_pullback_flush(double *restrict wbar)
+{{
+    const int n = (int)wbar[{count}];
+{flush_body}
+    wbar[{count}] = 0;
+}}
+
 /* ybar += v^T df/dy and wbar += v^T df/dw for one sample (no per-sample parameters: pbar stays). */
 static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
                                 const double *restrict w, const double *restrict v, double *restrict ybar,

@@ -265,6 +265,7 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
         sweep(&job, i, &tape, written, istat[i * 5], gy + i * n_eval * N, gfinal + i * N, gy0 + i * N,
               gp + i * n_params, gw);
     }
+    rhs_pullback_flush(gw);
     free(tape.steps);
     free(tape.y);
     free(L);

@@ -62,7 +62,7 @@ def rhs_vjp_source(equations: Sequence[str]) -> str:
 
 
 _PULLBACK = """
-/* The sweep's interface to rhs_vjp (expressions read no shared weights). */
+/* The sweep's interface to rhs_vjp (expressions read no shared weights, and defer nothing). */
 static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
                                 const double *restrict w, const double *restrict v, double *restrict ybar,
                                 double *restrict pbar, double *restrict wbar)
@@ -70,6 +70,8 @@ static inline void rhs_pullback(double t, const double *restrict y, const double
     (void)w; (void)wbar;
     rhs_vjp(t, y, p, v, ybar, pbar);
 }
+
+static void rhs_pullback_flush(double *restrict wbar) { (void)wbar; }
 """
 
 
