@@ -4,14 +4,15 @@
 operations with the step sizes held fixed (the controller's decisions are detached), so they
 are the exact gradient of the discrete solution. This is the same gradient written out: for one
 sample, the solver runs again with one lane (the same steps, bit for bit, as in the forward
-solve, since lanes never mix) and keeps a tape of its accepted steps (t, h, y and which output
-times each step wrote). The sweep then walks the tape backwards; each step recomputes its stages
-from the stored y and pulls the cotangent of y1 and of the step's dense outputs back through
+solve, since lanes never mix) and keeps a tape of its accepted steps (t, h, y, the stage
+derivatives K and which output times each step wrote). The sweep then walks the tape backwards;
+each step rebuilds its stage states from the stored y and K (no right-hand side calls) and pulls
+the cotangent of y1 and of the step's dense outputs back through
 ``y1 = y + h * sum_i b_i K_i`` and ``K_i = f(t + c_i h, y + h * sum_j a_ij K_j)`` with the right-hand
 side's vector-Jacobian product, ``rhs_pullback`` (generated from the equations by
 :mod:`odecli.ode.native.vjp`, or an MLP's layers run backwards by :mod:`odecli.ode.native.mlp`,
 whose weight cotangents add up over the samples into one array per block). Memory is the tape:
-one state and a few numbers per accepted step of the samples a thread has in hand, never a graph.
+S + 2 states and a few numbers per accepted step of the sample a thread has in hand, never a graph.
 
 DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
 recomputes them for steps with dense outputs and pulls their cotangents back the same way.
@@ -32,13 +33,13 @@ if TYPE_CHECKING:
 
 
 def _stages(method: ExplicitRK) -> str:
-    """Recompute K[0..S-1] (and the stage states Y) of the step from (t, h, y), as rk_step does."""
-    lines = ["    rhs(t, y, p, w, K[0]);", "    memcpy(Y[0], y, sizeof Y[0]);"]
+    """The step's stage states Y and y1 from (y, h) and the taped K[0..S], as rk_step formed them."""
+    lines = ["    memcpy(K, tp->k + n * (S + 1) * N, (S + 1) * N * sizeof(double));",
+             "    memcpy(Y[0], y, sizeof Y[0]);"]
     for i in range(1, method.n_stages):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.a[i]) if w != 0.0]
         combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
         lines.append(f"    for (int k = 0; k < N; k++) Y[{i}][k] = {combo};")
-        lines.append(f"    rhs(t + {c_double(method.c[i])} * h, Y[{i}], p, w, K[{i}]);")
     terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.b) if w != 0.0]
     combo = f"y[k] + h * ({' + '.join(terms)})" if terms else "y[k]"
     lines.append(f"    for (int k = 0; k < N; k++) y1[k] = {combo};")
@@ -46,10 +47,10 @@ def _stages(method: ExplicitRK) -> str:
 
 
 def _dense_prepare(method: ExplicitRK) -> str:
-    """Before a step's first interpolated output: K[S] and DOP853's extra stages (Yx, K[S+1..])."""
+    """Before a step's first interpolated output: DOP853's extra stages (Yx, K[S+1..])."""
     if method.interpolant != "dop853":
         return ""
-    lines = ["        rhs(t + h, y1, p, w, K[S]);"]
+    lines = []
     n_k = method.n_stages + 1
     for e, (a_row, c) in enumerate(zip(dop853.A_EXTRA, dop853.C_EXTRA)):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(a_row[:n_k]) if w != 0.0]
@@ -149,10 +150,12 @@ _REVERSE = """\
 /* One accepted step, as the replay records it: output times [p0, p1) came from its dense output. */
 typedef struct { double t, h, t_new; int64_t p0, p1; } Step;
 
-/* One sample's accepted steps, and the state at the start of each (y: n x N). */
-typedef struct { int64_t n, cap; Step *steps; double *y; } Tape;
+/* One sample's accepted steps: the state at the start of each (y: n x N) and its stage
+ * derivatives K[0..S] (k: n x (S + 1) x N), so that the sweep needs no right-hand side to
+ * rebuild the stages. */
+typedef struct { int64_t n, cap; Step *steps; double *y, *k; } Tape;
 
-static int tape_push(Tape *tp, Step step, const double *y)
+static int tape_push(Tape *tp, Step step, const double *y, const double *k)
 {
     if (tp->n == tp->cap) {
         const int64_t cap = tp->cap ? 2 * tp->cap : 256;
@@ -162,10 +165,14 @@ static int tape_push(Tape *tp, Step step, const double *y)
         double *ys = realloc(tp->y, cap * N * sizeof(double));
         if (ys == NULL) return -1;
         tp->y = ys;
+        double *ks = realloc(tp->k, cap * (S + 1) * N * sizeof(double));
+        if (ks == NULL) return -1;
+        tp->k = ks;
         tp->cap = cap;
     }
     tp->steps[tp->n] = step;
     memcpy(tp->y + tp->n * N, y, N * sizeof(double));
+    memcpy(tp->k + tp->n * (S + 1) * N, k, (S + 1) * N * sizeof(double));
     tp->n++;
     return 0;
 }
@@ -187,7 +194,7 @@ static int64_t replay(Lanes *restrict L, const Job *restrict job, int64_t i, Tap
             for (int k = 0; k < N; k++) y[k] = L->y[k][0];
             if (L->ptr[0] < L->n_interior[0]) dense_output(L, 0, job);
             const Step step = {.t = L->t[0], .h = L->hs[0], .t_new = L->t_new[0], .p0 = p0, .p1 = L->ptr[0]};
-            if (tape_push(tp, step, y) != 0) return -1;
+            if (tape_push(tp, step, y, &L->K[0][0][0]) != 0) return -1;  /* W = 1: K[0..S] are contiguous */
         }
         take_steps(L);
         if (!L->running[0]) break;
@@ -268,6 +275,7 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
     rhs_pullback_flush(gw);
     free(tape.steps);
     free(tape.y);
+    free(tape.k);
     free(L);
     return rc;
 }
