@@ -166,7 +166,8 @@ def _dense(method: ExplicitRK) -> str:
     """dense_prepare (extra stages of lane l; returns their RHS evaluations) and dense_eval at one theta."""
     s = method.n_stages
     prepare = ["static int dense_prepare(int l, double t, double y[restrict N][W], double y1[restrict N][W], double h,",
-               "                         double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W])",
+               "                         double P[restrict NP][W], const double *restrict w,",
+               "                         double K[restrict NK][N][W])",
                "{", "    (void)l; (void)t; (void)y; (void)y1; (void)h; (void)P; (void)w; (void)K;"]
     evaluate = ["static void dense_eval(int l, double th, double y[restrict N][W], double y1[restrict N][W], double h,",
                 "                       double K[restrict NK][N][W], double *restrict out)",
@@ -194,7 +195,7 @@ def _dense(method: ExplicitRK) -> str:
             rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, w, dy);")
             rows.append(f"    for (int k = 0; k < N; k++) K[{n_k}][k][l] = dy[k];")
             n_k += 1
-        prepare = prepare[:4] + rows + [f"    return {len(dop853.C_EXTRA)};"]
+        prepare = prepare + rows + [f"    return {len(dop853.C_EXTRA)};"]
         f1 = dop853.N_STAGES
         evaluate.append("    for (int k = 0; k < N; k++) {")
         evaluate.append("        double delta = y1[k][l] - y[k][l];")

@@ -221,13 +221,9 @@ class NativeMLP:
 
     def tensors(self) -> list[tuple[int, Any]]:
         """``(offset in shared_weights, tensor)`` for every weight and bias that is a tensor requiring grad."""
-        found, offset = [], 0
-        for w, b in zip(self.weights, self.biases):
-            n_out, n_in = w.shape
-            for value, at in ((w, offset), (b, offset + n_out * n_in)):
-                if getattr(value, "requires_grad", False):
-                    found.append((at, value))
-            offset += 2 * n_out * n_in + n_out
+        found = []
+        for w, b, (w_at, b_at, _) in zip(self.weights, self.biases, _offsets(self._shapes())):
+            found += [(at, value) for value, at in ((w, w_at), (b, b_at)) if getattr(value, "requires_grad", False)]
         return found
 
     def c_source(self) -> str:
@@ -378,7 +374,8 @@ def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) 
         forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
         value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
         forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
-        flush.append(f"    rank_update({n_out}, {n_in}, n, wbar + {staging[i][0]}, wbar + {staging[i][1]}, wbar + {w});")
+        g_rows, input_rows = staging[i]
+        flush.append(f"    rank_update({n_out}, {n_in}, n, wbar + {g_rows}, wbar + {input_rows}, wbar + {w});")
     backward.append("    const int n = (int)wbar[%d];" % count)
     backward.append(f"    double g{n_layers - 1}[{shapes[-1][0]}];")
     backward.append(f"    memcpy(g{n_layers - 1}, v, sizeof g{n_layers - 1});")

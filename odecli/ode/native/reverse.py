@@ -67,7 +67,8 @@ def _dense_finish(method: ExplicitRK) -> str:
         first = method.n_stages + 1
         for e in reversed(range(len(dop853.C_EXTRA))):
             lines.append("        memset(ys, 0, sizeof ys);")
-            lines.append(f"        rhs_pullback(t + {c_double(dop853.C_EXTRA[e])} * h, Yx[{e}], p, w, kbar[{first + e}], ys, pbar, wbar);")
+            c = c_double(dop853.C_EXTRA[e])
+            lines.append(f"        rhs_pullback(t + {c} * h, Yx[{e}], p, w, kbar[{first + e}], ys, pbar, wbar);")
             lines.append("        for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
             for j, w in enumerate(dop853.A_EXTRA[e][:first + e]):
                 if w != 0.0:
