@@ -3,8 +3,8 @@
 For right-hand sides written as expressions (every ``equations:`` spec, :class:`NativeRhs`) and
 for MLPs with shared weights (:class:`~odecli.ode.native.mlp.NativeMLP`, a neural ODE) there is
 no Python or PyTorch work per step at all: the method, the controller and the right-hand side
-are compiled into one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few
-at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
+are compiled into one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start
+to end, a few at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
 (ctypes releases the GIL), and a block boundary is where progress is reported.
 
 The solver reads and writes numpy arrays and this module imports torch only for the tensor
@@ -376,8 +376,9 @@ def solve_native(
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
 
     Same arguments and result as :func:`odecli.ode.solver.solve`. When autograd records and
-    ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are differentiable
-    (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in generated C).
+    ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are
+    differentiable (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in
+    generated C).
     """
     why = unsupported_reason(method, y0.dtype, y0.device)
     if why:

@@ -3,8 +3,8 @@
 The forward pass is the ordinary lane solver; the backward pass is generated C too
 (:mod:`odecli.ode.native.reverse`): each sample is replayed on one lane with a tape of its
 accepted steps and swept backwards. The gradient is the one ``adjoint="direct"`` gives in the
-PyTorch loop (backpropagation through the steps taken, step sizes held fixed), for ``y0`` and
-every parameter and an MLP's weights, at C speed and with memory of one tape per thread instead of an
+PyTorch loop (backpropagation through the steps taken, step sizes held fixed), for ``y0``, every
+parameter and an MLP's weights, at C speed and with memory of one tape per thread instead of an
 autograd graph.
 """
 
