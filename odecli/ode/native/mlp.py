@@ -33,50 +33,44 @@ ACTIVATIONS = {"tanh": "act_tanh", "relu": "act_relu", "sigmoid": "act_sigmoid",
 _MODULES = {"Tanh": "tanh", "ReLU": "relu", "Sigmoid": "sigmoid", "SiLU": "silu"}
 
 _ACTIVATION_C = """\
-/* e^x for |x| <= 708 (Cephes' exp): x = n ln2 + r, e^r by a Pade form, 2^n from the bits of
- * n + 1023, so that a loop of it vectorises (no calls, no int64 conversions). */
-static inline double odecli_exp(double x)
+/* e^x = (q + p) / (q - p) * 2^n for |x| <= 708 (Cephes' exp): x = n ln2 + r, e^r by a Pade form
+ * in r (p, q), 2^n from the bits of n + 1023, so that a loop of it vectorises (no calls, no int64
+ * conversions). Returned as its parts: tanh folds the fraction into its own division. */
+static inline void exp_parts(double x, double *restrict p, double *restrict q, double *restrict scale)
 {
     const double n = floor(x * 1.4426950408889634073599 + 0.5);
     const double r = (x - n * 6.93145751953125E-1) - n * 1.42860682030941723212E-6;
     const double rr = r * r;
-    const double px = r * ((1.26177193074810590878E-4 * rr + 3.02994407707441961300E-2) * rr
-                           + 9.99999999999999999910E-1);
-    const double qx = ((3.00198505138664455042E-6 * rr + 2.52448340349684104192E-3) * rr
-                       + 2.27265548208155028766E-1) * rr + 2.00000000000000000009E0;
+    *p = r * ((1.26177193074810590878E-4 * rr + 3.02994407707441961300E-2) * rr + 9.99999999999999999910E-1);
+    *q = ((3.00198505138664455042E-6 * rr + 2.52448340349684104192E-3) * rr + 2.27265548208155028766E-1) * rr
+         + 2.00000000000000000009E0;
     const double biased = n + (1023.0 + 6755399441055744.0);  /* 1.5 * 2^52: n + 1023 in the low bits */
     uint64_t bits;
     memcpy(&bits, &biased, sizeof bits);
     bits <<= 52;
-    double scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return (1.0 + 2.0 * px / (qx - px)) * scale;
+    memcpy(scale, &bits, sizeof *scale);
+}
+
+static inline double odecli_exp(double x)
+{
+    double p, q, scale;
+    exp_parts(x, &p, &q, &scale);
+    return (1.0 + 2.0 * p / (q - p)) * scale;
 }
 
 /* Cephes' tanh: x + x z P(z) / Q(z) (z = x^2) below |x| = 0.625, 1 - 2 / (e^2|x| + 1) above
- * (saturated at |x| = 20), with e^2|x| = (q + p) / (q - p) 2^n from odecli_exp's Pade form, so
- * that either branch costs one division. */
+ * (saturated at |x| = 20), with e^2|x| as exp_parts' fraction, so that either branch costs one
+ * division. */
 static inline double act_tanh(double x)
 {
-    const double a = fabs(x), z = x * x, c = a < 20.0 ? 2.0 * a : 40.0;
-    const double n = floor(c * 1.4426950408889634073599 + 0.5);
-    const double r = (c - n * 6.93145751953125E-1) - n * 1.42860682030941723212E-6;
-    const double rr = r * r;
-    const double px = r * ((1.26177193074810590878E-4 * rr + 3.02994407707441961300E-2) * rr
-                           + 9.99999999999999999910E-1);
-    const double qx = ((3.00198505138664455042E-6 * rr + 2.52448340349684104192E-3) * rr
-                       + 2.27265548208155028766E-1) * rr + 2.00000000000000000009E0;
-    const double biased = n + (1023.0 + 6755399441055744.0);
-    uint64_t bits;
-    memcpy(&bits, &biased, sizeof bits);
-    bits <<= 52;
-    double scale;
-    memcpy(&scale, &bits, sizeof scale);
+    const double a = fabs(x), z = x * x;
+    double p, q, scale;
+    exp_parts(a < 20.0 ? 2.0 * a : 40.0, &p, &q, &scale);
     const double P = (-9.64399179425052238628E-1 * z - 9.92877231001918586564E1) * z - 1.61468768441708447952E3;
     const double Q = ((z + 1.12811678491632931402E2) * z + 2.23548839060100448583E3) * z + 4.84406305325125486048E3;
     const int big = a > 0.625;
-    const double q = (big ? 2.0 * (qx - px) : x * z * P) / (big ? (qx + px) * scale + (qx - px) : Q);
-    return big ? (x < 0.0 ? q - 1.0 : 1.0 - q) : x + q;
+    const double frac = (big ? 2.0 * (q - p) : x * z * P) / (big ? (q + p) * scale + (q - p) : Q);
+    return big ? (x < 0.0 ? frac - 1.0 : 1.0 - frac) : x + frac;
 }
 
 static inline double act_sigmoid(double x)
