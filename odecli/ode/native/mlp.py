@@ -337,10 +337,19 @@ static void rank_update(const int n_out, const int n_in, const int count, const 
 """
 
 
+def _staging(shapes: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], int]:
+    """Where ``wbar`` gathers each layer's RANK g rows and input rows (after the shared layout), and
+    where their count goes."""
+    found, at = [], _offsets(shapes + [(0, 0)])[-1][0]  # the end of the shared layout
+    for n_out, n_in in shapes:
+        found.append((at, at + RANK * n_out))
+        at += RANK * (n_out + n_in)
+    return found, at
+
+
 def gradient_size(shapes: list[tuple[int, int]]) -> int:
     """Doubles of one block's ``wbar``: the shared layout, then per layer RANK gathered (g, a) pairs, then a count."""
-    return sum(2 * n_out * n_in + n_out for n_out, n_in in shapes) + sum(
-        RANK * (n_out + n_in) for n_out, n_in in shapes) + 1
+    return _staging(shapes)[1] + 1
 
 
 def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
@@ -355,11 +364,7 @@ def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) 
     count (:func:`gradient_size`).
     """
     offsets = _offsets(shapes)
-    staging, at = [], sum(2 * n_out * n_in + n_out for n_out, n_in in shapes)
-    for n_out, n_in in shapes:
-        staging.append((at, at + RANK * n_out))  # where this layer's g rows, then its input rows, go
-        at += RANK * (n_out + n_in)
-    count = at
+    staging, count = _staging(shapes)
     forward, backward, flush = [], [], []
     n_layers = len(shapes)
     for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, offsets)):
