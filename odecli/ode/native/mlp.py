@@ -296,12 +296,18 @@ RANK = 32
 """Pullbacks whose weight updates are gathered before they are added in (see :func:`mlp_pullback_c`)."""
 
 _RANK_UPDATE_C = """
-/* Four doubles: GCC's vector extension, so that the blocked update below is vector code (the
- * auto-vectoriser leaves its register blocks scalar). Unaligned: rows start anywhere. */
-typedef double v4d __attribute__((vector_size(32), aligned(8)));
+/* One vector register of doubles (eight with AVX-512, else four): GCC's vector extension, so
+ * that the blocked update below is vector code (the auto-vectoriser leaves its register blocks
+ * scalar). Unaligned: rows start anywhere. */
+#ifdef __AVX512F__
+#define VD 8
+#else
+#define VD 4
+#endif
+typedef double vd __attribute__((vector_size(VD * sizeof(double)), aligned(8)));
 
 /* wbar (n_out x n_in) += sum over u < count of g[u] (n_out) times a[u] (n_in), outer products:
- * blocks of 4 rows x 8 columns stay in registers over all u, so each wbar element is loaded and
+ * blocks of 4 rows x 2 VD columns stay in registers over all u, so each wbar element is loaded and
  * stored once per RANK pullbacks instead of once per pullback. */
 static void rank_update(const int n_out, const int n_in, const int count, const double *restrict g,
                         const double *restrict a, double *restrict wbar)
@@ -309,15 +315,15 @@ static void rank_update(const int n_out, const int n_in, const int count, const 
     int j = 0;
     for (; j + 4 <= n_out; j += 4) {
         int k = 0;
-        for (; k + 8 <= n_in; k += 8) {
-            v4d *r0 = (v4d *)(wbar + j * n_in + k), *r1 = (v4d *)(wbar + (j + 1) * n_in + k);
-            v4d *r2 = (v4d *)(wbar + (j + 2) * n_in + k), *r3 = (v4d *)(wbar + (j + 3) * n_in + k);
-            v4d s00 = r0[0], s01 = r0[1], s10 = r1[0], s11 = r1[1];
-            v4d s20 = r2[0], s21 = r2[1], s30 = r3[0], s31 = r3[1];
+        for (; k + 2 * VD <= n_in; k += 2 * VD) {
+            vd *r0 = (vd *)(wbar + j * n_in + k), *r1 = (vd *)(wbar + (j + 1) * n_in + k);
+            vd *r2 = (vd *)(wbar + (j + 2) * n_in + k), *r3 = (vd *)(wbar + (j + 3) * n_in + k);
+            vd s00 = r0[0], s01 = r0[1], s10 = r1[0], s11 = r1[1];
+            vd s20 = r2[0], s21 = r2[1], s30 = r3[0], s31 = r3[1];
             for (int u = 0; u < count; u++) {
                 const double *gu = g + u * n_out + j;
-                const v4d *au = (const v4d *)(a + u * n_in + k);
-                const v4d a0 = au[0], a1 = au[1];
+                const vd *au = (const vd *)(a + u * n_in + k);
+                const vd a0 = au[0], a1 = au[1];
                 s00 += gu[0] * a0; s01 += gu[0] * a1; s10 += gu[1] * a0; s11 += gu[1] * a1;
                 s20 += gu[2] * a0; s21 += gu[2] * a1; s30 += gu[3] * a0; s31 += gu[3] * a1;
             }
@@ -355,11 +361,12 @@ def gradient_size(shapes: list[tuple[int, int]]) -> int:
 def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
     """``rhs_pullback``: ``ybar += v^T df/dy`` and the weights' ``wbar += v^T df/dw`` at one sample's y.
 
-    The layers run forward again, keeping each one's pre-activation z and output a, then
-    backward: g * act'(z), the bias gradient, and w^T g for the layer below. The weights'
-    gradient, the outer product of g and the layer's input, is gathered: each pullback stores
-    its (g, input) pairs, and every RANK pullbacks (and at the end of a block,
-    ``rhs_pullback_flush``) one blocked rank-RANK update adds them in. ``wbar`` is laid out as
+    The layers run forward again, keeping each one's pre-activation z and output a (all but a
+    last layer without activation, whose z and a the backward never reads), then backward:
+    g * act'(z), the bias gradient, and w^T g for the layer below. The weights' gradient, the
+    outer product of g and the layer's input, is gathered: each pullback stores its (g, input)
+    pairs, and every RANK pullbacks (and at the end of a block, ``rhs_pullback_flush``) one
+    blocked rank-RANK update adds them in. ``wbar`` is laid out as
     the shared weights (its transposed parts stay zero), followed by the gathered pairs and their
     count (:func:`gradient_size`).
     """
@@ -369,10 +376,11 @@ def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) 
     n_layers = len(shapes)
     for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, offsets)):
         src = "y" if i == 0 else f"a{i - 1}"
-        forward.append(f"    double z{i}[{n_out}], a{i}[{n_out}];")
-        forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
-        value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
-        forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
+        if act or i < n_layers - 1:  # a last layer without activation: the backward reads neither z nor a
+            forward.append(f"    double z{i}[{n_out}], a{i}[{n_out}];")
+            forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
+            value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
+            forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
         g_rows, input_rows = staging[i]
         flush.append(f"    rank_update({n_out}, {n_in}, n, wbar + {g_rows}, wbar + {input_rows}, wbar + {w});")
     backward.append("    const int n = (int)wbar[%d];" % count)
