@@ -95,11 +95,51 @@ def test_fixed_step_methods_match(method):
 
 
 def test_tapes_longer_than_their_first_allocation():
-    """500 accepted steps per sample: the tape grows (it starts at 256) without losing a step."""
+    """500 accepted steps per sample: the tape grows (it starts at 64) without losing a step."""
     mu, y0 = vdp_inputs(3)
     sol, _ = _compare(VDP, {"mu": mu}, y0, 0.0, 2.0, torch.linspace(0.0, 2.0, 4, dtype=F64), method="rk4",
                       dt0=0.004)
     assert int(sol.stats["n_accepted"].min()) == 500
+
+
+TAPE_STATE = 4  # field of the C Tape struct (odecli.ode.native.reverse): 1 kept whole, -1 dropped
+
+
+@pytest.mark.parametrize("budget, kept", [(0, 0), (40_000, 2), (None, 20)])
+def test_samples_without_a_tape_are_solved_again_to_the_same_gradient_bit_for_bit(monkeypatch, budget, kept):
+    """The forward pass keeps tapes within TAPE_BUDGET_BYTES; the backward pass solves the rest
+    again. None taped, some (40 kB: three 64-step tapes fit, the third sample needs more and is
+    dropped midway, the rest at their first step) or all: the same gradient, bit for bit, and a
+    second backward pass (the tapes freed by the first) gives it again."""
+    from odecli.ode.native import gradient
+
+    c_rhs, torch_rhs = system(VDP, ("mu",))
+    mu = torch.linspace(0.5, 6.0, 20, dtype=F64)  # 47-128 accepted steps
+    y0 = torch.stack([torch.linspace(1.0, 2.0, 20, dtype=F64), torch.zeros(20, dtype=F64)], dim=1)
+    t_eval = torch.linspace(0.0, 10.0, 9, dtype=F64)
+    weights = torch.randn(20, 9, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+
+    def gradients(tape_budget):
+        monkeypatch.setattr(gradient, "TAPE_BUDGET_BYTES", tape_budget)
+        y, m = y0.clone().requires_grad_(True), mu.clone().requires_grad_(True)
+        sol = solve_native(c_rhs, y, 0.0, 10.0, t_eval, params={"mu": m}, threads=1)
+        tapes = sol.y.grad_fn.backward_pass.tapes.buffer.view(np.int64).reshape(20, -1)
+        states = tapes[:, TAPE_STATE].copy()
+        loss = (sol.y * weights).sum() + sol.y_final.sum()
+        first = torch.autograd.grad(loss, [y, m], retain_graph=True)
+        second = torch.autograd.grad(loss, [y, m])
+        return states, first, second
+
+    default = gradient.TAPE_BUDGET_BYTES
+    _, none_taped, _ = gradients(0)
+    states, first, second = gradients(default if budget is None else budget)
+    assert int((states == 1).sum()) == kept and int((states == -1).sum()) == 20 - kept
+    y, m = y0.clone().requires_grad_(True), mu.clone().requires_grad_(True)
+    sol = solve(torch_rhs, y, 0.0, 10.0, t_eval, params={"mu": m})
+    backprop = torch.autograd.grad((sol.y * weights).sum() + sol.y_final.sum(), [y, m])
+    for want, solved_again, got, again in zip(backprop, none_taped, first, second):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
+        assert torch.equal(solved_again, got) and torch.equal(solved_again, again)
 
 
 def test_every_function_per_sample_spans_backwards_time_and_a_shared_parameter():

@@ -438,6 +438,56 @@ static Job make_job(int64_t n_eval, int64_t n_params, const double *y0, const do
     return job;
 }
 
+{recorder}
+
+/* Samples i0, i0 + 1, ... (or order[0..n) when order is given; n in all) through the W lanes,
+ * with their accepted steps handed to the recorder. 0, or -1 when out of memory. */
+static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int64_t *restrict order,
+                       Recorder *restrict rec)
+{
+    Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
+    if (L == NULL) return -1;
+    int busy[W], n_busy = 0;
+    int64_t next = 0;
+    for (int l = 0; l < W; l++) {
+        busy[l] = 0;
+        while (!busy[l] && next < n) {
+            const int64_t i = order ? order[next] : i0 + next;
+            next++;
+            busy[l] = start(L, l, job, i);
+            record_start(rec, L, l, busy[l]);
+        }
+        n_busy += busy[l];
+    }
+    while (n_busy > 0) {
+        clip_steps(L);
+        rk_step(L->t, L->y, L->hs, L->P, job->shared, L->K, L->y1, L->err, job->rtol, job->atol);
+        control(L, job);
+        for (int l = 0; l < W; l++) {
+            if (!busy[l] || !L->accept[l]) continue;
+            const int64_t first_output = L->ptr[l];
+            if (L->ptr[l] < L->n_interior[l]) dense_output(L, l, job);
+            record_step(rec, L, l, first_output);
+        }
+        take_steps(L);
+        for (int l = 0; l < W; l++) {
+            if (!busy[l] || L->running[l]) continue;
+            finish(L, l, job);
+            record_finish(rec, L, l);
+            busy[l] = 0;
+            while (!busy[l] && next < n) {
+                const int64_t i = order ? order[next] : i0 + next;
+                next++;
+                busy[l] = start(L, l, job, i);
+                record_start(rec, L, l, busy[l]);
+            }
+            n_busy -= !busy[l];
+        }
+    }
+    free(L);
+    return 0;
+}
+
 /* Samples [i0, i1) of the batch; every array is row-major with the batch first, and shared holds
  * the weights every sample's right-hand side reads. 0, or -1 when out of memory. */
 int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
@@ -448,43 +498,37 @@ int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
 {
     const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
                              istat, fstat, yfinal, shared);
-    Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
-    if (L == NULL) return -1;
-    int busy[W], n_busy = 0;
-    int64_t next = i0;
-    for (int l = 0; l < W; l++) {
-        busy[l] = 0;
-        while (!busy[l] && next < i1) busy[l] = start(L, l, &job, next++);
-        n_busy += busy[l];
-    }
-    while (n_busy > 0) {
-        clip_steps(L);
-        rk_step(L->t, L->y, L->hs, L->P, job.shared, L->K, L->y1, L->err, job.rtol, job.atol);
-        control(L, &job);
-        for (int l = 0; l < W; l++)
-            if (busy[l] && L->accept[l] && L->ptr[l] < L->n_interior[l]) dense_output(L, l, &job);
-        take_steps(L);
-        for (int l = 0; l < W; l++) {
-            if (!busy[l] || L->running[l]) continue;
-            finish(L, l, &job);
-            busy[l] = 0;
-            while (!busy[l] && next < i1) busy[l] = start(L, l, &job, next++);
-            n_busy -= !busy[l];
-        }
-    }
-    free(L);
-    return 0;
+    return solve_range(&job, i0, i1 - i0, NULL, NULL);
 }
 """
 
 
-def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes: int = LANES) -> str:
+_NO_RECORDER = """\
+/* What solve_range tells a recorder of accepted steps: nothing, in the solver alone (the
+ * gradient's tapes are one, odecli.ode.native.reverse). */
+typedef struct Recorder Recorder;
+static inline void record_start(Recorder *rec, const Lanes *L, int l, int busy)
+{
+    (void)rec; (void)L; (void)l; (void)busy;
+}
+static inline void record_step(Recorder *rec, const Lanes *L, int l, int64_t first_output)
+{
+    (void)rec; (void)L; (void)l; (void)first_output;
+}
+static inline void record_finish(Recorder *rec, const Lanes *L, int l) { (void)rec; (void)L; (void)l; }
+"""
+
+
+def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes: int = LANES,
+             recorder: str = _NO_RECORDER) -> str:
     """The complete C file for ``method`` and a right-hand side's C functions ``rhs_c``.
 
     ``rhs_c`` defines ``rhs`` and ``rhs_lanes`` as :func:`equations_c` does (with ``n_states``
     states and ``n_params`` per-sample parameters; the MLP kind is
     :func:`odecli.ode.native.mlp.mlp_c`). ``lanes`` samples are stepped together; any number
-    gives the same results bit for bit.
+    gives the same results bit for bit. ``recorder`` defines the ``Recorder`` type and the
+    ``record_start``/``record_step``/``record_finish`` calls the solver makes for each lane
+    (start of a sample, an accepted step after its dense output, end of a sample).
     """
     n_k = method.n_stages + 1 + (len(dop853.C_EXTRA) if method.interpolant == "dop853" else 0)
     error_order = method.error_order or method.order
@@ -501,5 +545,5 @@ def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes
         defines,
         _HEADER.format(n_states=n_states, n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
                        lanes=lanes),
-        rhs_c, _rk_step(method), _dense(method), _SOLVER,
+        rhs_c, _rk_step(method), _dense(method), _SOLVER.replace("{recorder}", recorder),
     ])

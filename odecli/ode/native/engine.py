@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -216,17 +216,23 @@ def solve_native_arrays(
 
 
 def solve_job(rhs: NativeRhs | NativeMLP, method: str, job: "Job", threads: int | None = None,
-              progress: Callable[[Progress], None] | None = None, started: float | None = None) -> ArraySolution:
-    """Run the generated solver on a prepared :class:`Job` (its output arrays become the result's)."""
+              progress: Callable[[Progress], None] | None = None, started: float | None = None,
+              solvers: tuple[Callable, Callable] | None = None, extra_args: Sequence[Any] = ()) -> ArraySolution:
+    """Run the generated solver on a prepared :class:`Job` (its output arrays become the result's).
+
+    ``solvers`` replaces ``solve_samples`` (releasing Python's lock, holding it) with another
+    entry point taking ``extra_args`` after the Job's (the gradient's taping forward pass).
+    """
     started = time.perf_counter() if started is None else started
-    solver, solver_holding_gil = _load(METHODS[method], rhs)
+    solver, solver_holding_gil = _load(METHODS[method], rhs) if solvers is None else solvers
+    args = job.args() + list(extra_args)
     batch = job.y0.shape[0]
     if batch < HOLD_GIL_BELOW and progress is None:
         # Releasing the lock for a sub-millisecond call costs more when another Python thread
         # runs (e.g. torch.compile's workers): taking it back waits for the 5 ms switch interval.
-        run_blocks(solver_holding_gil, job.args(), job, 1)
+        run_blocks(solver_holding_gil, args, job, 1)
     else:
-        run_blocks(solver, job.args(), job, threads or default_threads(), progress)
+        run_blocks(solver, args, job, threads or default_threads(), progress)
     stats = {name: job.istat[:, i].copy() for i, name in enumerate(INT_STATS) if name in STAT_NAMES}
     stats["dt0"], stats["dt_final"] = job.fstat[:, 0].copy(), job.fstat[:, 1].copy()
     return ArraySolution(
@@ -239,7 +245,7 @@ def solve_job(rhs: NativeRhs | NativeMLP, method: str, job: "Job", threads: int 
 @dataclass
 class Job:
     """What ``solve_samples`` reads (the batch as float64 arrays, the controller's constants) and
-    the output arrays it fills; the gradient's replay reads the same."""
+    the output arrays it fills; the gradient's forward and backward passes read the same."""
 
     y0: np.ndarray  # (B, n_states)
     t0: np.ndarray  # (B,)
@@ -266,7 +272,7 @@ class Job:
         ]
 
     def fresh_outputs(self) -> "Job":
-        """The same inputs with new output arrays (a replay must not overwrite a returned result)."""
+        """The same inputs with new output arrays (solving samples again must not overwrite a returned result)."""
         return dataclasses.replace(self, y_out=np.full_like(self.y_out, math.nan), istat=np.zeros_like(self.istat),
                                    fstat=np.zeros_like(self.fstat), y_final=np.empty_like(self.y_final))
 

@@ -1,11 +1,11 @@
 """Gradients through the generated C solver: :func:`solve_native` when its inputs require grad.
 
-The forward pass is the ordinary lane solver; the backward pass is generated C too
-(:mod:`odecli.ode.native.reverse`): each sample is replayed on one lane with a tape of its
-accepted steps and swept backwards. The gradient is the one ``adjoint="direct"`` gives in the
-PyTorch loop (backpropagation through the steps taken, step sizes held fixed), for ``y0``, every
-parameter and an MLP's weights, at C speed and with memory of one tape per thread instead of an
-autograd graph.
+The forward pass is the lane solver keeping a tape of each sample's accepted steps (within
+:data:`TAPE_BUDGET_BYTES`); the backward pass is generated C too (:mod:`odecli.ode.native.reverse`):
+each tape is swept backwards, and samples whose tape did not fit are solved again first. The
+gradient is the one ``adjoint="direct"`` gives in the PyTorch loop (backpropagation through the
+steps taken, step sizes held fixed), for ``y0``, every parameter and an MLP's weights, at C
+speed and in bounded memory instead of an autograd graph.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -23,13 +24,19 @@ from odecli import native
 from odecli.ode.controllers import PIDController
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.engine import (
-    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _numpy, block_ranges, default_threads, prepare_job, run_blocks,
-    solve_job,
+    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _holding_gil, _numpy, block_ranges, default_threads, prepare_job,
+    run_blocks, solve_job,
 )
 from odecli.ode.native.mlp import NativeMLP
 from odecli.ode.native.reverse import generate_reverse
 from odecli.ode.solver import Solution
 from odecli.ode.status import Progress
+
+
+TAPE_BUDGET_BYTES = 256 * 2**20
+"""Memory the forward pass may keep in tapes of accepted steps (all threads together). Taped
+samples are swept at once in the backward pass; the others are solved again there first, so
+memory stays bounded for any batch, at the cost of one more solve for what does not fit."""
 
 
 def gradient_unsupported(rhs: NativeRhs | NativeMLP, method: str) -> str:
@@ -67,15 +74,20 @@ def solve_native_with_grad(
     if why:
         raise NativeUnavailable(why)
     started = time.perf_counter()
-    entry = _load(METHODS[method], rhs)  # built now: a failure falls back before any work, not in backward()
+    lib = _load(METHODS[method], rhs)  # built now: a failure falls back before any work, not in backward()
     params = dict(params or {})
     job = prepare_job(rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
                       params={name: _numpy(value) for name, value in params.items()}, method=method, rtol=rtol,
                       atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps)
-    result = solve_job(rhs, method, job, threads, progress, started)
+    threads = threads or default_threads()
+    tapes = _Tapes(lib, job.y0.shape[0])
+    budget = TAPE_BUDGET_BYTES // len(block_ranges(job.y0.shape[0], threads, progress))
+    solvers = (lib.solve_taped, _holding_gil(lib._name).solve_taped)
+    result = solve_job(rhs, method, job, threads, progress, started, solvers=solvers,
+                       extra_args=[tapes.pointer, ctypes.c_int64(budget)])
     names = [name for name in rhs.params if isinstance(params.get(name), Tensor)]
     weights = rhs.tensors()
-    backward = _Backward(entry, job, threads or default_threads(), [rhs.params.index(n) for n in names],
+    backward = _Backward(lib.gradient_samples, job, tapes, threads, [rhs.params.index(n) for n in names],
                          [offset for offset, _ in weights], rhs.gradient_size())
     y, y_final = _NativeSolve.apply(backward, y0, *(params[name] for name in names),
                                     *(tensor for _, tensor in weights))
@@ -85,14 +97,29 @@ def solve_native_with_grad(
     return solution
 
 
-class _Backward:
-    """What the backward pass needs: the generated sweep, the solve's inputs, which parameter
-    columns are tensors, and where the shared weights that are tensors start."""
+class _Tapes:
+    """One C ``Tape`` per sample: the forward pass's record of its accepted steps, which the
+    backward pass sweeps (and frees) instead of solving the sample again. Whatever is still held
+    is freed with this object."""
 
-    def __init__(self, entry: Callable, job: Job, threads: int, columns: list[int], offsets: list[int],
-                 gradient_size: int):
-        self.entry, self.job, self.threads, self.columns, self.offsets = entry, job, threads, columns, offsets
-        self.gradient_size = gradient_size
+    def __init__(self, lib: ctypes.CDLL, batch: int):
+        self.buffer = np.zeros(batch * lib.tape_bytes(), dtype=np.uint8)
+        self.pointer = ctypes.c_void_p(self.buffer.ctypes.data)
+        weakref.finalize(self, _free_tapes, lib.free_tapes, self.buffer, batch)
+
+
+def _free_tapes(free: Callable, buffer: np.ndarray, batch: int) -> None:
+    free(ctypes.c_void_p(buffer.ctypes.data), ctypes.c_int64(batch))
+
+
+class _Backward:
+    """What the backward pass needs: the generated sweep, the solve's inputs and tapes, which
+    parameter columns are tensors, and where the shared weights that are tensors start."""
+
+    def __init__(self, entry: Callable, job: Job, tapes: _Tapes, threads: int, columns: list[int],
+                 offsets: list[int], gradient_size: int):
+        self.entry, self.job, self.tapes, self.threads = entry, job, tapes, threads
+        self.columns, self.offsets, self.gradient_size = columns, offsets, gradient_size
 
     def __call__(self, grad_y: np.ndarray, grad_final: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Cotangents of y0 (B, n_states), of the parameter matrix (B, n_params) and of the shared weights."""
@@ -100,7 +127,7 @@ class _Backward:
         grad_y0, grad_p = np.zeros_like(job.y0), np.zeros_like(job.p)
         # one weight-cotangent row per block, summed in block order: the same result on every run
         grad_w = np.zeros((len(block_ranges(job.y0.shape[0], self.threads)), self.gradient_size))
-        extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)]
+        extra = [ctypes.c_void_p(x.ctypes.data) for x in (grad_y, grad_final, grad_y0, grad_p)] + [self.tapes.pointer]
         run_blocks(self.entry, job.args() + extra, job, self.threads,
                    block_args=lambda index: [ctypes.c_void_p(grad_w[index].ctypes.data)])
         return grad_y0, grad_p, grad_w.sum(axis=0)
@@ -155,11 +182,18 @@ def _equations_source(tableau: ExplicitRK, rhs: NativeRhs) -> bytes:
     return generate_reverse(tableau, rhs).encode()
 
 
-def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> Callable:
+def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> ctypes.CDLL:
+    """The gradient's library: ``solve_taped`` (the forward pass), ``gradient_samples`` and the tapes' helpers."""
     lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs), rhs.c_flags)
     if lib is None:
         raise NativeUnavailable(why)
-    entry = lib.gradient_samples
-    entry.restype = ctypes.c_int
-    entry.argtypes = _ARGTYPES + [ctypes.c_void_p] * 5
-    return entry
+    for taped in (lib.solve_taped, _holding_gil(lib._name).solve_taped):
+        taped.restype = ctypes.c_int
+        taped.argtypes = _ARGTYPES + [ctypes.c_void_p, ctypes.c_int64]
+    lib.gradient_samples.restype = ctypes.c_int
+    lib.gradient_samples.argtypes = _ARGTYPES + [ctypes.c_void_p] * 6
+    lib.tape_bytes.restype = ctypes.c_int64
+    lib.tape_bytes.argtypes = []
+    lib.free_tapes.restype = None
+    lib.free_tapes.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    return lib

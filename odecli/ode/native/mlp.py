@@ -15,10 +15,10 @@ the one-sample and the lane functions, so samples take the same steps however th
 (bit for bit); against PyTorch (whose matrix products sum in another order) results agree to
 round-off.
 
-Gradients: the reverse sweep (:mod:`odecli.ode.native.reverse`) replays one sample at a time, so
-the one-sample layer reads a transposed copy of the weights and vectorises over rows instead of
-lanes; :func:`mlp_pullback_c` runs the layers backwards (torch autograd's derivative formulas)
-and sums the weights' cotangents over the samples of a block.
+Gradients: the reverse sweep (:mod:`odecli.ode.native.reverse`) goes back over one sample at a
+time, so the one-sample layer reads a transposed copy of the weights and vectorises over rows
+instead of lanes; :func:`mlp_pullback_c` runs the layers backwards (torch autograd's derivative
+formulas) and sums the weights' cotangents over the samples of a block.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def mlp_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
             one.append(f"    double h{i}[{n_out}];")
             lanes.append(f"    double H{i}[{n_out}][W];")
         one.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src_one}, {dst_one});")
-        lanes += ["#if W == 1  /* one lane (the gradient's replay): the one-sample layer, vectorised over rows */",
+        lanes += ["#if W == 1  /* one lane: the one-sample layer, vectorised over rows */",
                   f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, &{src_lanes}[0][0], &{dst_lanes}[0][0]);",
                   "#else",
                   f"    dense_lanes({n_out}, {n_in}, w + {w}, w + {b}, (const double (*)[W]){src_lanes}, "

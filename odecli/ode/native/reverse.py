@@ -1,18 +1,21 @@
-"""C source of the generated solver's gradient: replay each sample's steps, then sweep them backwards.
+"""C source of the generated solver's gradient: tape each sample's accepted steps, then sweep them backwards.
 
 ``direct`` gradients in the PyTorch loop are backpropagation through the solver's own
 operations with the step sizes held fixed (the controller's decisions are detached), so they
-are the exact gradient of the discrete solution. This is the same gradient written out: for one
-sample, the solver runs again with one lane (the same steps, bit for bit, as in the forward
-solve, since lanes never mix) and keeps a tape of its accepted steps (t, h, y, the stage
-derivatives K and which output times each step wrote). The sweep then walks the tape backwards;
-each step rebuilds its stage states from the stored y and K (no right-hand side calls) and pulls
-the cotangent of y1 and of the step's dense outputs back through
-``y1 = y + h * sum_i b_i K_i`` and ``K_i = f(t + c_i h, y + h * sum_j a_ij K_j)`` with the right-hand
-side's vector-Jacobian product, ``rhs_pullback`` (generated from the equations by
+are the exact gradient of the discrete solution. This is the same gradient written out. The
+forward pass (``solve_taped``: the lane solver with a recorder) keeps a tape of each sample's
+accepted steps (t, h, y, the stage derivatives K and which output times each step wrote). The
+sweep then walks a tape backwards; each step rebuilds its stage states from the stored y and K
+(no right-hand side calls) and pulls the cotangent of y1 and of the step's dense outputs back
+through ``y1 = y + h * sum_i b_i K_i`` and ``K_i = f(t + c_i h, y + h * sum_j a_ij K_j)`` with the
+right-hand side's vector-Jacobian product, ``rhs_pullback`` (generated from the equations by
 :mod:`odecli.ode.native.vjp`, or an MLP's layers run backwards by :mod:`odecli.ode.native.mlp`,
-whose weight cotangents add up over the samples into one array per block). Memory is the tape:
-S + 2 states and a few numbers per accepted step of the sample a thread has in hand, never a graph.
+whose weight cotangents add up over the samples into one array per block).
+
+Memory: S + 2 states and a few numbers per accepted step, never a graph. The forward pass keeps
+tapes up to a byte budget; a sample whose tape would pass it is dropped and solved again in the
+backward pass, a few at a time through the lanes (the same steps, bit for bit, since lanes
+never mix), so the gradient is the same whatever was kept.
 
 DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
 recomputes them for steps with dense outputs and pulls their cotangents back the same way.
@@ -24,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
-from odecli.ode.native.codegen import generate
+from odecli.ode.native.codegen import LANES, generate
 from odecli.spec.expr import c_double
 
 if TYPE_CHECKING:
@@ -147,69 +150,95 @@ def _step_reverse(method: ExplicitRK) -> str:
     return "\n".join(lines)
 
 
-_REVERSE = """\
-/* One accepted step, as the replay records it: output times [p0, p1) came from its dense output. */
+_RECORDER = """\
+/* One accepted step, as the solver took it: output times [p0, p1) came from its dense output. */
 typedef struct { double t, h, t_new; int64_t p0, p1; } Step;
+
+enum { TAPE_EMPTY = 0, TAPE_COMPLETE = 1, TAPE_DROPPED = -1 };
 
 /* One sample's accepted steps: the state at the start of each (y: n x N) and its stage
  * derivatives K[0..S] (k: n x (S + 1) x N), so that the sweep needs no right-hand side to
- * rebuild the stages. */
-typedef struct { int64_t n, cap; Step *steps; double *y, *k; } Tape;
+ * rebuild the stages; plus what the sweep needs of the solve (outputs written at the start,
+ * status). */
+typedef struct { int64_t n, cap, written_at_start, status, state, bytes; Step *steps; double *y, *k; } Tape;
 
-static int tape_push(Tape *tp, Step step, const double *y, const double *k)
+/* The tapes of the whole batch (indexed by sample) and the bytes this block may hold in them. */
+typedef struct Recorder { Tape *of; int64_t budget, used; } Recorder;
+
+static void tape_free(Recorder *restrict rec, Tape *restrict tape)
 {
-    if (tp->n == tp->cap) {
-        const int64_t cap = tp->cap ? 2 * tp->cap : 256;
-        Step *steps = realloc(tp->steps, cap * sizeof(Step));
-        if (steps == NULL) return -1;
-        tp->steps = steps;
-        double *ys = realloc(tp->y, cap * N * sizeof(double));
-        if (ys == NULL) return -1;
-        tp->y = ys;
-        double *ks = realloc(tp->k, cap * (S + 1) * N * sizeof(double));
-        if (ks == NULL) return -1;
-        tp->k = ks;
-        tp->cap = cap;
-    }
-    tp->steps[tp->n] = step;
-    memcpy(tp->y + tp->n * N, y, N * sizeof(double));
-    memcpy(tp->k + tp->n * (S + 1) * N, k, (S + 1) * N * sizeof(double));
-    tp->n++;
-    return 0;
+    free(tape->steps);
+    free(tape->y);
+    free(tape->k);
+    rec->used -= tape->bytes;
+    memset(tape, 0, sizeof *tape);
 }
 
-/* Solve sample i again with one lane (solve_samples' loop), recording its accepted steps.
- * Returns the number of output times the start wrote (those at or before t0), or -1 (memory). */
-static int64_t replay(Lanes *restrict L, const Job *restrict job, int64_t i, Tape *restrict tp)
+/* Room for twice the steps, if the budget allows and memory is there: 1 on success. */
+static int tape_grow(Recorder *restrict rec, Tape *restrict tape)
 {
-    tp->n = 0;
-    if (!start(L, 0, job, i)) return L->ptr[0];
-    const int64_t written_at_start = L->ptr[0];
-    for (;;) {
-        clip_steps(L);
-        rk_step(L->t, L->y, L->hs, L->P, job->shared, L->K, L->y1, L->err, job->rtol, job->atol);
-        control(L, job);
-        if (L->accept[0]) {
-            double y[N];
-            const int64_t p0 = L->ptr[0];
-            for (int k = 0; k < N; k++) y[k] = L->y[k][0];
-            if (L->ptr[0] < L->n_interior[0]) dense_output(L, 0, job);
-            const Step step = {.t = L->t[0], .h = L->hs[0], .t_new = L->t_new[0], .p0 = p0, .p1 = L->ptr[0]};
-            if (tape_push(tp, step, y, &L->K[0][0][0]) != 0) return -1;  /* W = 1: K[0..S] are contiguous */
-        }
-        take_steps(L);
-        if (!L->running[0]) break;
-    }
-    finish(L, 0, job);
-    return written_at_start;
+    const int64_t cap = tape->cap ? 2 * tape->cap : 64;
+    const int64_t more = (cap - tape->cap) * (int64_t)(sizeof(Step) + (S + 2) * N * sizeof(double));
+    if (rec->used + more > rec->budget) return 0;
+    Step *steps = realloc(tape->steps, cap * sizeof(Step));
+    if (steps != NULL) tape->steps = steps;
+    double *ys = steps == NULL ? NULL : realloc(tape->y, cap * N * sizeof(double));
+    if (ys != NULL) tape->y = ys;
+    double *ks = ys == NULL ? NULL : realloc(tape->k, cap * (S + 1) * N * sizeof(double));
+    if (ks == NULL) return 0;
+    tape->k = ks;
+    tape->cap = cap;
+    tape->bytes += more;
+    rec->used += more;
+    return 1;
 }
 
+static void record_start(Recorder *rec, const Lanes *L, int l, int busy)
+{
+    if (rec == NULL) return;
+    Tape *tape = rec->of + L->sample[l];
+    tape_free(rec, tape);
+    tape->written_at_start = L->ptr[l];
+    tape->status = L->status[l];
+    tape->state = busy ? TAPE_EMPTY : TAPE_COMPLETE;  /* not busy: nothing to integrate */
+}
+
+/* Lane l's accepted step, before take_steps moves it on (y is the step's start). Past the
+ * budget (or out of memory) the sample's tape is dropped: the backward pass solves it again. */
+static void record_step(Recorder *rec, const Lanes *L, int l, int64_t first_output)
+{
+    if (rec == NULL) return;
+    Tape *tape = rec->of + L->sample[l];
+    if (tape->state == TAPE_DROPPED) return;
+    if (tape->n == tape->cap && !tape_grow(rec, tape)) {
+        tape_free(rec, tape);
+        tape->state = TAPE_DROPPED;
+        return;
+    }
+    const Step step = {.t = L->t[l], .h = L->hs[l], .t_new = L->t_new[l], .p0 = first_output, .p1 = L->ptr[l]};
+    double *y = tape->y + tape->n * N, *k = tape->k + tape->n * (S + 1) * N;
+    tape->steps[tape->n++] = step;
+    for (int c = 0; c < N; c++) y[c] = L->y[c][l];
+    for (int s = 0; s <= S; s++)
+        for (int c = 0; c < N; c++) k[s * N + c] = L->K[s][c][l];
+}
+
+static void record_finish(Recorder *rec, const Lanes *L, int l)
+{
+    if (rec == NULL) return;
+    Tape *tape = rec->of + L->sample[l];
+    tape->status = L->status[l];
+    if (tape->state == TAPE_EMPTY) tape->state = TAPE_COMPLETE;
+}
+"""
+
+_REVERSE = """\
 /* The cotangent of one sample's y0 and params from those of its outputs (gy: n_eval x N) and
  * final state (gfinal), by the reverse sweep over the tape. */
-static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, int64_t written_at_start,
-                  int64_t status, const double *restrict gy, const double *restrict gfinal,
-                  double *restrict gy0, double *restrict gp, double *restrict wbar)
+static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, const double *restrict gy,
+                  const double *restrict gfinal, double *restrict gy0, double *restrict gp, double *restrict wbar)
 {
+    const int64_t written_at_start = tp->written_at_start, status = tp->status;
     const double *grid = job->grid + i * job->n_eval, *p = job->params + i * job->n_params, *w = job->shared;
     const double t1 = job->t1[i], dir = t1 >= job->t0[i] ? 1.0 : -1.0;
     double lam[N], pbar[NP] = {0};
@@ -251,33 +280,60 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, i
     memcpy(gp, pbar, job->n_params * sizeof(double));
 }
 
+/* solve_samples, keeping each sample's tape in tapes[i] (B of them, zeroed at first) while
+ * this block's tapes stay within budget bytes; samples past it are left TAPE_DROPPED. */
+int solve_taped(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                const double *y0, const double *t0, const double *t1, const double *grid,
+                const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
+                int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
+                const double *shared, Tape *tapes, int64_t budget)
+{
+    const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
+                             istat, fstat, yfinal, shared);
+    Recorder rec = {.of = tapes, .budget = budget};
+    return solve_range(&job, i0, i1 - i0, NULL, &rec);
+}
+
+int64_t tape_bytes(void) { return sizeof(Tape); }
+
+/* Everything n tapes hold (a forward pass whose backward never ran, or stopped). */
+void free_tapes(Tape *tapes, int64_t n)
+{
+    Recorder rec = {.of = tapes};
+    for (int64_t i = 0; i < n; i++) tape_free(&rec, tapes + i);
+}
+
 /* Cotangents of y0 (B x N) and params (B x n_params) for samples [i0, i1), given those of the
  * outputs yout (B x n_eval x N) and y_final (B x N); the cotangent of the shared weights, summed
- * over these samples, is added into gw. The forward arguments are solve_samples' (its output
- * arrays are overwritten with the same values). 0, or -1 when out of memory. */
+ * over these samples in order, is added into gw. Samples whose tape the forward pass kept are
+ * swept at once; the others are solved again, REPLAY at a time through the lanes (with the
+ * forward's arguments, which are solve_samples'; its output arrays are overwritten with the
+ * same values). Each tape is freed once swept. 0, or -1 when out of memory. */
 int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                      const double *y0, const double *t0, const double *t1, const double *grid,
                      const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
                      int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
                      const double *shared, const double *gy, const double *gfinal, double *gy0, double *gp,
-                     double *gw)
+                     Tape *tapes, double *gw)
 {
     const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
                              istat, fstat, yfinal, shared);
-    Lanes *L = calloc(1, sizeof *L);
-    Tape tape = {0};
-    int rc = L == NULL ? -1 : 0;
+    Recorder rec = {.of = tapes, .budget = INT64_MAX};
+    int rc = 0;
     for (int64_t i = i0; i < i1 && rc == 0; i++) {
-        const int64_t written = replay(L, &job, i, &tape);
-        if (written < 0) { rc = -1; break; }
-        sweep(&job, i, &tape, written, istat[i * 5], gy + i * n_eval * N, gfinal + i * N, gy0 + i * N,
-              gp + i * n_params, gw);
+        if (tapes[i].state != TAPE_COMPLETE) {  /* this sample and the next ones without a tape */
+            int64_t order[REPLAY], n = 0;
+            for (int64_t j = i; j < i1 && n < REPLAY; j++)
+                if (tapes[j].state != TAPE_COMPLETE) order[n++] = j;
+            rc = solve_range(&job, 0, n, order, &rec);
+            for (int64_t m = 0; m < n && rc == 0; m++)
+                if (tapes[order[m]].state != TAPE_COMPLETE) rc = -1;
+            if (rc != 0) break;
+        }
+        sweep(&job, i, tapes + i, gy + i * n_eval * N, gfinal + i * N, gy0 + i * N, gp + i * n_params, gw);
+        tape_free(&rec, tapes + i);
     }
     rhs_pullback_flush(gw);
-    free(tape.steps);
-    free(tape.y);
-    free(tape.k);
-    free(L);
     return rc;
 }
 """
@@ -286,9 +342,9 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
 def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
     """The complete C file with ``gradient_samples`` for ``method`` and ``rhs`` (see module doc).
 
-    The file holds the one-lane solver (:func:`~odecli.ode.native.codegen.generate`), the right-hand
-    side's ``rhs_pullback`` and the sweep. Raises ``ValueError`` when the right-hand side cannot
-    be differentiated.
+    The file holds the lane solver with the tapes' recorder (:func:`~odecli.ode.native.codegen.generate`;
+    ``solve_taped`` is the forward pass), the right-hand side's ``rhs_pullback`` and the sweep.
+    Raises ``ValueError`` when the right-hand side cannot be differentiated.
     """
     body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
             .replace("{n_extra}", str(len(dop853.C_EXTRA) if method.interpolant == "dop853" else 1))
@@ -297,7 +353,8 @@ def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
     return "\n\n".join([
-        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), lanes=1),
+        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), recorder=_RECORDER),
+        f"#define REPLAY {2 * LANES}  /* samples solved again together: lanes stay busy while some finish */",
         rhs.pullback_c(),
         body,
     ])
