@@ -177,7 +177,7 @@ static void tape_free(Recorder *restrict rec, Tape *restrict tape)
 /* Room for twice the steps, if the budget allows and memory is there: 1 on success. */
 static int tape_grow(Recorder *restrict rec, Tape *restrict tape)
 {
-    const int64_t cap = tape->cap ? 2 * tape->cap : 64;
+    const int64_t cap = tape->cap ? 2 * tape->cap : 8;
     const int64_t more = (cap - tape->cap) * (int64_t)(sizeof(Step) + (S + 2) * N * sizeof(double));
     if (rec->used + more > rec->budget) return 0;
     Step *steps = realloc(tape->steps, cap * sizeof(Step));
