@@ -440,8 +440,23 @@ static Job make_job(int64_t n_eval, int64_t n_params, const double *y0, const do
 
 {recorder}
 
-/* Samples i0, i0 + 1, ... (or order[0..n) when order is given; n in all) through the W lanes,
- * with their accepted steps handed to the recorder. 0, or -1 when out of memory. */
+/* Start the next samples of the range in lane l until one has something to integrate; 0 when
+ * the range has none left. The range is i0, i0 + 1, ... or order[0..n) when order is given. */
+static int take_next(Lanes *restrict L, int l, const Job *restrict job, int64_t i0, int64_t n,
+                     const int64_t *restrict order, int64_t *restrict next, Recorder *restrict rec)
+{
+    while (*next < n) {
+        const int64_t i = order ? order[*next] : i0 + *next;
+        ++*next;
+        const int busy = start(L, l, job, i);
+        record_start(rec, L, l, busy);
+        if (busy) return 1;
+    }
+    return 0;
+}
+
+/* The range's n samples (see take_next) through the W lanes, with their accepted steps handed
+ * to the recorder. 0, or -1 when out of memory. */
 static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int64_t *restrict order,
                        Recorder *restrict rec)
 {
@@ -450,13 +465,7 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
     int busy[W], n_busy = 0;
     int64_t next = 0;
     for (int l = 0; l < W; l++) {
-        busy[l] = 0;
-        while (!busy[l] && next < n) {
-            const int64_t i = order ? order[next] : i0 + next;
-            next++;
-            busy[l] = start(L, l, job, i);
-            record_start(rec, L, l, busy[l]);
-        }
+        busy[l] = take_next(L, l, job, i0, n, order, &next, rec);
         n_busy += busy[l];
     }
     while (n_busy > 0) {
@@ -474,13 +483,7 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
             if (!busy[l] || L->running[l]) continue;
             finish(L, l, job);
             record_finish(rec, L, l);
-            busy[l] = 0;
-            while (!busy[l] && next < n) {
-                const int64_t i = order ? order[next] : i0 + next;
-                next++;
-                busy[l] = start(L, l, job, i);
-                record_start(rec, L, l, busy[l]);
-            }
+            busy[l] = take_next(L, l, job, i0, n, order, &next, rec);
             n_busy -= !busy[l];
         }
     }
