@@ -48,6 +48,8 @@ _HEADER = """\
 #define NK {n_k}
 #define NP {n_params}
 #define W {lanes}
+#define NH {n_keep}
+#define KEPT_ROWS {kept_rows}
 
 static inline double odecli_sq(double a) {{ return a * a; }}
 /* torch.minimum / torch.maximum: a NaN in either argument gives NaN. */
@@ -65,24 +67,26 @@ def equations_c(equations: Sequence[str]) -> str:
     """``rhs`` (one sample) and ``rhs_lanes`` (W lanes) for one C expression per state.
 
     Every right-hand side kind provides these two functions, with ``w`` the weights all samples
-    share (unused here: expressions read per-sample parameters ``p[j]`` only).
+    share and ``keep`` (NH values per evaluation) what its pullback reads back instead of
+    computing it again (both unused here: expressions read per-sample parameters ``p[j]`` only,
+    and their pullback needs nothing kept).
     """
     body = "\n".join(f"    dy[{i}] = {text};" for i, text in enumerate(equations))
     lane_body = "\n".join(f"        DY[{i}][l] = {text};" for i, text in enumerate(equations))
     return f"""\
 /* One sample's right-hand side (start of a sample, initial step, dense-output stages). */
 static inline void rhs(double t, const double *restrict y, const double *restrict p, const double *restrict w,
-                       double *restrict dy)
+                       double *restrict dy, double *restrict keep)
 {{
-    (void)t; (void)y; (void)p; (void)w;
+    (void)t; (void)y; (void)p; (void)w; (void)keep;
 {body}
 }}
 
 /* The right-hand side of all W lanes at once: the loop over lanes is what the compiler vectorises. */
 static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W], double P[restrict NP][W],
-                             const double *restrict w, double DY[restrict N][W])
+                             const double *restrict w, double DY[restrict N][W], double KEEP[restrict NH][W])
 {{
-    (void)w;
+    (void)w; (void)KEEP;
     for (int l = 0; l < W; l++) {{
         double y[N], p[NP];
         const double t = tl[l];
@@ -106,24 +110,28 @@ def _lanes(body: str) -> str:
     return f"for (int l = 0; l < W; l++) {body}"
 
 
-def _rk_step(method: ExplicitRK) -> str:
-    """rk_step on every lane: stages, y1, K[S] = f(t + h, y1) and the error norm (0 for fixed steps)."""
+def _rk_step(method: ExplicitRK, keep_stages: bool) -> str:
+    """rk_step on every lane: stages, y1, K[S] = f(t + h, y1) and the error norm (0 for fixed steps).
+
+    With ``keep_stages`` each evaluation's kept values go to the row of its stage, else all
+    share row 0 (nothing reads them after the stage)."""
     lines = ["__attribute__((noinline))  /* inlined into the lane loop, GCC 12 stops vectorising it */",
              "static void rk_step(const double *restrict t, double y[restrict N][W], const double *restrict h,",
              "                    double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W],",
-             "                    double y1[restrict N][W], double *restrict err, double rtol, double atol)",
+             "                    double keep[restrict KEPT_ROWS][NH][W], double y1[restrict N][W], double *restrict err,",
+             "                    double rtol, double atol)",
              "{", "    double tmp[N][W], ts[W];", "    (void)rtol; (void)atol; (void)tmp;"]
     for i in range(1, method.n_stages):
         total = weighted(method.a[i], range(i))
         combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
         lines.append("    " + _lanes(f"ts[l] = t[l] + {c_double(method.c[i])} * h[l];"))
         lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"tmp[k][l] = {combo};"))
-        lines.append(f"    rhs_lanes(ts, tmp, P, w, K[{i}]);")
+        lines.append(f"    rhs_lanes(ts, tmp, P, w, K[{i}], keep[{i if keep_stages else 0}]);")
     total = weighted(method.b, range(method.n_stages))
     combo = f"y[k][l] + h[l] * ({total})" if total else "y[k][l]"
     lines.append("    for (int k = 0; k < N; k++) " + _lanes(f"y1[k][l] = {combo};"))
     lines.append("    " + _lanes("ts[l] = t[l] + h[l];"))
-    lines.append("    rhs_lanes(ts, y1, P, w, K[S]);")
+    lines.append(f"    rhs_lanes(ts, y1, P, w, K[S], keep[{'S' if keep_stages else 0}]);")
     k_rows = range(method.n_stages + 1)
     if not method.adaptive:
         lines.append("    " + _lanes("err[l] = 0.0;"))
@@ -188,11 +196,11 @@ def _dense(method: ExplicitRK) -> str:
         evaluate.append("    }")
     elif method.interpolant == "dop853":
         n_k = s + 1
-        rows = ["    double tmp[N], dy[N], p[NP];", "    for (int j = 0; j < NP; j++) p[j] = P[j][l];"]
+        rows = ["    double tmp[N], dy[N], p[NP], unused[NH];", "    for (int j = 0; j < NP; j++) p[j] = P[j][l];"]
         for a_row, c in zip(dop853.A_EXTRA, dop853.C_EXTRA):
             total = weighted(a_row[:n_k], range(n_k))
             rows.append(f"    for (int k = 0; k < N; k++) tmp[k] = y[k][l] + h * ({total});")
-            rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, w, dy);")
+            rows.append(f"    rhs(t + {c_double(c)} * h, tmp, p, w, dy, unused);")
             rows.append(f"    for (int k = 0; k < N; k++) K[{n_k}][k][l] = dy[k];")
             n_k += 1
         prepare = prepare + rows + [f"    return {len(dop853.C_EXTRA)};"]
@@ -224,7 +232,7 @@ _SOLVER = """\
 static double initial_step(double t0, const double *restrict y0, const double *restrict f0, double dir,
                            const double *restrict p, const double *restrict w, double rtol, double atol)
 {
-    double y1[N], f1[N], s0 = 0.0, s1 = 0.0, s2 = 0.0;
+    double y1[N], f1[N], unused[NH], s0 = 0.0, s1 = 0.0, s2 = 0.0;
     for (int k = 0; k < N; k++) {
         double scale = atol + rtol * fabs(y0[k]);
         s0 += odecli_sq(y0[k] / scale);
@@ -234,7 +242,7 @@ static double initial_step(double t0, const double *restrict y0, const double *r
     int small = d0 < 1e-5 || d1 < 1e-5;
     double h0 = small ? 1e-6 : 0.01 * d0 / d1;
     for (int k = 0; k < N; k++) y1[k] = y0[k] + (dir * h0) * f0[k];
-    rhs(t0 + dir * h0, y1, p, w, f1);
+    rhs(t0 + dir * h0, y1, p, w, f1, unused);
     for (int k = 0; k < N; k++) {
         double scale = atol + rtol * fabs(y0[k]);
         s2 += odecli_sq((f1[k] - f0[k]) / scale);
@@ -260,7 +268,7 @@ typedef struct {
  * sample ends takes the next sample of the block, so lanes never wait for each other and every
  * sample takes exactly the steps it takes alone. Lanes without a sample compute unread values. */
 typedef struct {
-    double y[N][W], y1[N][W], K[NK][N][W], P[NP][W];
+    double y[N][W], y1[N][W], K[NK][N][W], keep[KEPT_ROWS][NH][W], P[NP][W];
     double t[W], h[W], hs[W], err[W], t1[W], dir[W], err_prev[W], err_prev2[W], t_new[W];
     int64_t last[W], accept[W], rejected_last[W], running[W], status[W];
     int64_t n_steps[W], n_accepted[W], n_rejected[W], n_f_evals[W];
@@ -289,13 +297,14 @@ static int start(Lanes *restrict L, int l, const Job *restrict job, int64_t i)
 {
     const double *y0 = job->y0 + i * N, *p = job->params + i * job->n_params, *grid = job->grid + i * job->n_eval;
     const double t0 = job->t0[i], t1 = job->t1[i], dir = t1 >= t0 ? 1.0 : -1.0;
-    double f0[N];
-    rhs(t0, y0, p, job->shared, f0);
+    double f0[N], k0[NH];
+    rhs(t0, y0, p, job->shared, f0, k0);
     double h_abs = job->auto_dt0 ? initial_step(t0, y0, f0, dir, p, job->shared, job->rtol, job->atol)
                                  : fabs(job->dt0[i]);
     h_abs = clamp_max(odecli_fmin(h_abs, fabs(t1 - t0)), job->dt_max);
     job->fstat[i * 3] = h_abs;
     for (int k = 0; k < N; k++) { L->y[k][l] = y0[k]; L->K[0][k][l] = f0[k]; }
+    for (int j = 0; j < NH; j++) L->keep[0][j][l] = k0[j];
     for (int j = 0; j < NP; j++) L->P[j][l] = p[j];
     L->sample[l] = i; L->t[l] = t0; L->t1[l] = t1; L->dir[l] = dir; L->h[l] = dir * h_abs;
     L->n_f_evals[l] = job->auto_dt0 ? 2 : 1;
@@ -404,7 +413,8 @@ static void dense_output(Lanes *restrict L, int l, const Job *restrict job)
     }
 }
 
-/* Accepted lanes move to t_new: y1 becomes y and f(t_new, y1) the next step's first stage. */
+/* Accepted lanes move to t_new: y1 becomes y and f(t_new, y1) (with what it keeps) the next
+ * step's first stage. */
 static void take_steps(Lanes *restrict L)
 {
     for (int k = 0; k < N; k++)
@@ -412,6 +422,10 @@ static void take_steps(Lanes *restrict L)
             L->y[k][l] = L->accept[l] ? L->y1[k][l] : L->y[k][l];
             L->K[0][k][l] = L->accept[l] ? L->K[S][k][l] : L->K[0][k][l];
         }
+#if KEPT_ROWS > 1
+    for (int j = 0; j < NH; j++)
+        for (int l = 0; l < W; l++) L->keep[0][j][l] = L->accept[l] ? L->keep[S][j][l] : L->keep[0][j][l];
+#endif
     for (int l = 0; l < W; l++) {
         L->t[l] = L->accept[l] ? L->t_new[l] : L->t[l];
         L->n_accepted[l] += L->accept[l];
@@ -470,7 +484,7 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
     }
     while (n_busy > 0) {
         clip_steps(L);
-        rk_step(L->t, L->y, L->hs, L->P, job->shared, L->K, L->y1, L->err, job->rtol, job->atol);
+        rk_step(L->t, L->y, L->hs, L->P, job->shared, L->K, L->keep, L->y1, L->err, job->rtol, job->atol);
         control(L, job);
         for (int l = 0; l < W; l++) {
             if (!busy[l] || !L->accept[l]) continue;
@@ -523,15 +537,17 @@ static inline void record_finish(Recorder *rec, const Lanes *L, int l) { (void)r
 
 
 def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes: int = LANES,
-             recorder: str = _NO_RECORDER) -> str:
+             recorder: str = _NO_RECORDER, n_keep: int = 0, keep_stages: bool = False) -> str:
     """The complete C file for ``method`` and a right-hand side's C functions ``rhs_c``.
 
     ``rhs_c`` defines ``rhs`` and ``rhs_lanes`` as :func:`equations_c` does (with ``n_states``
-    states and ``n_params`` per-sample parameters; the MLP kind is
-    :func:`odecli.ode.native.mlp.mlp_c`). ``lanes`` samples are stepped together; any number
-    gives the same results bit for bit. ``recorder`` defines the ``Recorder`` type and the
-    ``record_start``/``record_step``/``record_finish`` calls the solver makes for each lane
-    (start of a sample, an accepted step after its dense output, end of a sample).
+    states, ``n_params`` per-sample parameters and ``n_keep`` values kept per evaluation for the
+    pullback; the MLP kind is :func:`odecli.ode.native.mlp.mlp_c`). ``lanes`` samples are
+    stepped together; any number gives the same results bit for bit. ``recorder`` defines the
+    ``Recorder`` type and the ``record_start``/``record_step``/``record_finish`` calls the
+    solver makes for each lane (start of a sample, an accepted step after its dense output, end
+    of a sample). ``keep_stages``: the lanes hold every stage's kept values until the step is
+    recorded (``keep[0..S]``, the stage-0 row carried over from the last step's K[S]).
     """
     n_k = method.n_stages + 1 + (len(dop853.C_EXTRA) if method.interpolant == "dop853" else 0)
     error_order = method.error_order or method.order
@@ -547,6 +563,6 @@ def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes
         f"/* odecli: {method.name} fused with a generated right-hand side. */",
         defines,
         _HEADER.format(n_states=n_states, n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
-                       lanes=lanes),
-        rhs_c, _rk_step(method), _dense(method), _SOLVER.replace("{recorder}", recorder),
+                       lanes=lanes, n_keep=max(1, n_keep), kept_rows=n_k if keep_stages else 1),
+        rhs_c, _rk_step(method, keep_stages), _dense(method), _SOLVER.replace("{recorder}", recorder),
     ])

@@ -86,6 +86,10 @@ class NativeRhs:
         """Doubles of the shared weights' cotangent array per block of the gradient sweep (unused)."""
         return 1
 
+    def keep_size(self) -> int:
+        """Values an evaluation keeps for its pullback: none (the vjp recomputes what it needs)."""
+        return 0
+
     def pullback_c(self) -> str:
         """``rhs_pullback`` for the gradient sweep; ``ValueError`` for text the vjp cannot differentiate."""
         return equations_pullback_c(self.equations)
@@ -426,7 +430,8 @@ _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctyp
 
 def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP):
     """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
-    source = generate(tableau, rhs.c_source(), rhs.n_states, len(rhs.params), LANES).encode()
+    source = generate(tableau, rhs.c_source(), rhs.n_states, len(rhs.params), LANES,
+                      n_keep=rhs.keep_size()).encode()
     lib, why = native.load_source(f"ode-{tableau.name}", source, rhs.c_flags)
     if lib is None:
         raise NativeUnavailable(why)

@@ -232,6 +232,10 @@ class NativeMLP:
         """Doubles of the weights' cotangent array each block of the sweep fills (:func:`gradient_size`)."""
         return gradient_size(self._shapes())
 
+    def keep_size(self) -> int:
+        """Values an evaluation keeps for its pullback (:func:`kept_values`)."""
+        return kept_values(self._shapes(), self.activations)[1]
+
     def _shapes(self) -> list[tuple[int, int]]:
         return [(int(w.shape[0]), int(w.shape[1])) for w in self.weights]
 
@@ -251,32 +255,59 @@ def _offsets(shapes: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return found
 
 
+def kept_values(shapes: list[tuple[int, int]],
+                activations: tuple[str, ...]) -> tuple[list[tuple[int | None, int | None]], int]:
+    """Where each layer's pre-activation z and output a sit among the values an evaluation keeps
+    for its pullback (None: not kept), and how many values that is.
+
+    Kept: every hidden layer's a (the next layer's input, whose outer product with g is that
+    layer's weight gradient), a last layer's a when it has an activation, and z for SiLU, whose
+    derivative reads z where the others read a. The pullback then runs no layer forward again.
+    """
+    found, at = [], 0
+    for i, ((n_out, _), act) in enumerate(zip(shapes, activations)):
+        z_at = a_at = None
+        if act == "silu":
+            z_at, at = at, at + n_out
+        if act or i < len(shapes) - 1:
+            a_at, at = at, at + n_out
+        found.append((z_at, a_at))
+    return found, at
+
+
 def mlp_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
-    """C for an MLP with layer ``shapes`` (out, in): depends on the shapes only, not on weight values."""
+    """C for an MLP with layer ``shapes`` (out, in): depends on the shapes only, not on weight values.
+
+    The layers' z and a are written where :func:`kept_values` places them in ``keep``, so the
+    gradient's tapes hold them at no extra cost.
+    """
+    kept, _ = kept_values(shapes, activations)
     one, lanes = [], []
     for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, _offsets(shapes))):
-        last = i == len(shapes) - 1
-        src_one, src_lanes = ("y", "Y") if i == 0 else (f"h{i - 1}", f"H{i - 1}")
-        dst_one, dst_lanes = ("dy", "DY") if last else (f"h{i}", f"H{i}")
-        if not last:
-            one.append(f"    double h{i}[{n_out}];")
-            lanes.append(f"    double H{i}[{n_out}][W];")
-        one.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src_one}, {dst_one});")
+        z_at, a_at = kept[i]
+        src_one, src_lanes = ("y", "Y") if i == 0 else (f"keep + {kept[i - 1][1]}", f"KEEP + {kept[i - 1][1]}")
+        z_spot = z_at if z_at is not None else a_at  # without SiLU the activation runs in place
+        z_one, z_lanes = ("dy", "DY") if z_spot is None else (f"keep + {z_spot}", f"KEEP + {z_spot}")
+        one.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src_one}, {z_one});")
         lanes += ["#if W == 1  /* one lane: the one-sample layer, vectorised over rows */",
-                  f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, &{src_lanes}[0][0], &{dst_lanes}[0][0]);",
+                  f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, &({src_lanes})[0][0], &({z_lanes})[0][0]);",
                   "#else",
-                  f"    dense_lanes({n_out}, {n_in}, w + {w}, w + {b}, (const double (*)[W]){src_lanes}, "
-                  f"{dst_lanes});",
+                  f"    dense_lanes({n_out}, {n_in}, w + {w}, w + {b}, (const double (*)[W])({src_lanes}), "
+                  f"{z_lanes});",
                   "#endif"]
         if act:
-            one.append(f"    for (int j = 0; j < {n_out}; j++) {dst_one}[j] = {ACTIVATIONS[act]}({dst_one}[j]);")
-            lanes.append(f"    for (int j = 0; j < {n_out} * W; j++) (&{dst_lanes}[0][0])[j] = "
-                         f"{ACTIVATIONS[act]}((&{dst_lanes}[0][0])[j]);")
+            f = ACTIVATIONS[act]
+            one.append(f"    for (int j = 0; j < {n_out}; j++) keep[{a_at} + j] = {f}(keep[{z_spot} + j]);")
+            lanes.append(f"    for (int j = 0; j < {n_out} * W; j++) (&KEEP[{a_at}][0])[j] = "
+                         f"{f}((&KEEP[{z_spot}][0])[j]);")
+        if i == len(shapes) - 1 and a_at is not None:
+            one.append(f"    memcpy(dy, keep + {a_at}, {n_out} * sizeof(double));")
+            lanes.append(f"    memcpy(DY, KEEP + {a_at}, {n_out} * W * sizeof(double));")
     body_one, body_lanes = "\n".join(one), "\n".join(lanes)
     return _ACTIVATION_C + f"""
 /* One sample's right-hand side (start of a sample, initial step, dense-output stages). */
 static inline void rhs(double t, const double *restrict y, const double *restrict p, const double *restrict w,
-                       double *restrict dy)
+                       double *restrict dy, double *restrict keep)
 {{
     (void)t; (void)p;
 {body_one}
@@ -284,7 +315,7 @@ static inline void rhs(double t, const double *restrict y, const double *restric
 
 /* All W lanes at once: each weight is loaded once for the eight samples in flight. */
 static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W], double P[restrict NP][W],
-                             const double *restrict w, double DY[restrict N][W])
+                             const double *restrict w, double DY[restrict N][W], double KEEP[restrict NH][W])
 {{
     (void)tl; (void)P;
 {body_lanes}
@@ -361,36 +392,31 @@ def gradient_size(shapes: list[tuple[int, int]]) -> int:
 def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) -> str:
     """``rhs_pullback``: ``ybar += v^T df/dy`` and the weights' ``wbar += v^T df/dw`` at one sample's y.
 
-    The layers run forward again, keeping each one's pre-activation z and output a (all but a
-    last layer without activation, whose z and a the backward never reads), then backward:
-    g * act'(z), the bias gradient, and w^T g for the layer below. The weights' gradient, the
-    outer product of g and the layer's input, is gathered: each pullback stores its (g, input)
-    pairs, and every RANK pullbacks (and at the end of a block, ``rhs_pullback_flush``) one
-    blocked rank-RANK update adds them in. ``wbar`` is laid out as
-    the shared weights (its transposed parts stay zero), followed by the gathered pairs and their
-    count (:func:`gradient_size`).
+    The layers' z and a come from ``keep`` (what the evaluation at y kept, :func:`kept_values`),
+    so the pullback only runs backward: g * act'(z), the bias gradient, and w^T g for the layer
+    below. The weights' gradient, the outer product of g and the layer's input, is gathered:
+    each pullback stores its (g, input) pairs, and every RANK pullbacks (and at the end of a
+    block, ``rhs_pullback_flush``) one blocked rank-RANK update adds them in. ``wbar`` is laid
+    out as the shared weights (its transposed parts stay zero), followed by the gathered pairs
+    and their count (:func:`gradient_size`).
     """
     offsets = _offsets(shapes)
     staging, count = _staging(shapes)
-    forward, backward, flush = [], [], []
+    kept, _ = kept_values(shapes, activations)
     n_layers = len(shapes)
-    for i, ((n_out, n_in), act, (w, b, wt)) in enumerate(zip(shapes, activations, offsets)):
-        src = "y" if i == 0 else f"a{i - 1}"
-        if act or i < n_layers - 1:  # a last layer without activation: the backward reads neither z nor a
-            forward.append(f"    double z{i}[{n_out}], a{i}[{n_out}];")
-            forward.append(f"    dense_one({n_out}, {n_in}, w + {wt}, w + {b}, {src}, z{i});")
-            value = f"{ACTIVATIONS[act]}(z{i}[j])" if act else f"z{i}[j]"
-            forward.append(f"    for (int j = 0; j < {n_out}; j++) a{i}[j] = {value};")
-        g_rows, input_rows = staging[i]
-        flush.append(f"    rank_update({n_out}, {n_in}, n, wbar + {g_rows}, wbar + {input_rows}, wbar + {w});")
-    backward.append("    const int n = (int)wbar[%d];" % count)
-    backward.append(f"    double g{n_layers - 1}[{shapes[-1][0]}];")
-    backward.append(f"    memcpy(g{n_layers - 1}, v, sizeof g{n_layers - 1});")
+    flush = [f"    rank_update({n_out}, {n_in}, n, wbar + {staging[i][0]}, wbar + {staging[i][1]}, wbar + {w});"
+             for i, ((n_out, n_in), (w, _, _)) in enumerate(zip(shapes, offsets))]
+    backward = ["    const int n = (int)wbar[%d];" % count,
+                f"    double g{n_layers - 1}[{shapes[-1][0]}];",
+                f"    memcpy(g{n_layers - 1}, v, sizeof g{n_layers - 1});"]
     for i in reversed(range(n_layers)):
         (n_out, n_in), act, (w, b, _) = shapes[i], activations[i], offsets[i]
-        src = "y" if i == 0 else f"a{i - 1}"
+        src = "y" if i == 0 else f"keep + {kept[i - 1][1]}"
         if act:
-            backward.append(f"    for (int j = 0; j < {n_out}; j++) g{i}[j] = grad_{act}(g{i}[j], z{i}[j], a{i}[j]);")
+            z_at, a_at = kept[i]
+            z = f"keep[{z_at} + j]" if z_at is not None else f"keep[{a_at} + j]"  # read for SiLU only
+            backward.append(f"    for (int j = 0; j < {n_out}; j++) g{i}[j] = grad_{act}(g{i}[j], {z}, "
+                            f"keep[{a_at} + j]);")
         backward += [f"    for (int j = 0; j < {n_out}; j++) wbar[{b} + j] += g{i}[j];",
                      f"    memcpy(wbar + {staging[i][0]} + n * {n_out}, g{i}, sizeof g{i});",
                      f"    memcpy(wbar + {staging[i][1]} + n * {n_in}, {src}, {n_in} * sizeof(double));"]
@@ -402,7 +428,7 @@ def mlp_pullback_c(shapes: list[tuple[int, int]], activations: tuple[str, ...]) 
                      f"        for (int k = 0; k < {n_in}; k++) {below}[k] = fma(w[{w} + j * {n_in} + k], g{i}[j], "
                      f"{below}[k]);"]
     backward += [f"    wbar[{count}] = n + 1;", f"    if (n + 1 == {RANK}) rhs_pullback_flush(wbar);"]
-    body, flush_body = "\n".join(forward + backward), "\n".join(flush)
+    body, flush_body = "\n".join(backward), "\n".join(flush)
     return _RANK_UPDATE_C + f"""
 /* Add the gathered outer products into the weights' gradient. */
 static void rhs_pullback_flush(double *restrict wbar)
@@ -412,10 +438,11 @@ static void rhs_pullback_flush(double *restrict wbar)
     wbar[{count}] = 0;
 }}
 
-/* ybar += v^T df/dy and wbar += v^T df/dw for one sample (no per-sample parameters: pbar stays). */
+/* ybar += v^T df/dy and wbar += v^T df/dw for one sample at y, whose evaluation kept keep (no
+ * per-sample parameters: pbar stays). */
 static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
-                                const double *restrict w, const double *restrict v, double *restrict ybar,
-                                double *restrict pbar, double *restrict wbar)
+                                const double *restrict w, const double *restrict keep, const double *restrict v,
+                                double *restrict ybar, double *restrict pbar, double *restrict wbar)
 {{
     (void)t; (void)p; (void)pbar;
 {body}

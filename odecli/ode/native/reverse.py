@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 def _stages(method: ExplicitRK) -> str:
     """The step's stage states Y and y1 from (y, h) and the taped K[0..S], as rk_step formed them."""
     lines = ["    memcpy(K, tp->k + n * (S + 1) * N, (S + 1) * N * sizeof(double));",
+             "    for (int s = 0; s <= S; s++)",
+             "        memcpy(kept[s], tp->keep + (n * (S + 1) + s) * TAPE_KEEP, TAPE_KEEP * sizeof(double));",
              "    memcpy(Y[0], y, sizeof Y[0]);"]
     for i in range(1, method.n_stages):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.a[i]) if w != 0.0]
@@ -58,7 +60,7 @@ def _dense_prepare(method: ExplicitRK) -> str:
     for e, (a_row, c) in enumerate(zip(dop853.A_EXTRA, dop853.C_EXTRA)):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(a_row[:n_k]) if w != 0.0]
         lines.append(f"        for (int k = 0; k < N; k++) Yx[{e}][k] = y[k] + h * ({' + '.join(terms)});")
-        lines.append(f"        rhs(t + {c_double(c)} * h, Yx[{e}], p, w, K[{n_k}]);")
+        lines.append(f"        rhs(t + {c_double(c)} * h, Yx[{e}], p, w, K[{n_k}], kept[{n_k}]);")
         n_k += 1
     return "\n".join(lines)
 
@@ -71,14 +73,15 @@ def _dense_finish(method: ExplicitRK) -> str:
         for e in reversed(range(len(dop853.C_EXTRA))):
             lines.append("        memset(ys, 0, sizeof ys);")
             c = c_double(dop853.C_EXTRA[e])
-            lines.append(f"        rhs_pullback(t + {c} * h, Yx[{e}], p, w, kbar[{first + e}], ys, pbar, wbar);")
+            lines.append(f"        rhs_pullback(t + {c} * h, Yx[{e}], p, w, kept[{first + e}], kbar[{first + e}], ys, pbar, "
+                         "wbar);")
             lines.append("        for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
             for j, w in enumerate(dop853.A_EXTRA[e][:first + e]):
                 if w != 0.0:
                     lines.append(f"        for (int k = 0; k < N; k++) kbar[{j}][k] += (h * {c_double(w)}) * ys[k];")
     if _uses_last_stage(method):  # K[S] = f(t + h, y1) feeds the interpolant: its cotangent goes to y1
         lines += ["        memset(ys, 0, sizeof ys);",
-                  "        rhs_pullback(t + h, y1, p, w, kbar[S], ys, pbar, wbar);",
+                  "        rhs_pullback(t + h, y1, p, w, kept[S], kbar[S], ys, pbar, wbar);",
                   "        for (int k = 0; k < N; k++) lam[k] += ys[k];"]
     return "\n".join(lines)
 
@@ -142,7 +145,8 @@ def _step_reverse(method: ExplicitRK) -> str:
     lines.append("    for (int k = 0; k < N; k++) ybar0[k] += lam[k];")
     for i in reversed(range(method.n_stages)):
         lines.append("    memset(ys, 0, sizeof ys);")
-        lines.append(f"    rhs_pullback(t + {c_double(method.c[i])} * h, Y[{i}], p, w, kbar[{i}], ys, pbar, wbar);")
+        lines.append(f"    rhs_pullback(t + {c_double(method.c[i])} * h, Y[{i}], p, w, kept[{i}], kbar[{i}], ys, pbar, "
+                     "wbar);")
         lines.append("    for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
         for j, w in enumerate(method.a[i]):
             if w != 0.0:
@@ -156,11 +160,15 @@ typedef struct { double t, h, t_new; int64_t p0, p1; } Step;
 
 enum { TAPE_EMPTY = 0, TAPE_COMPLETE = 1, TAPE_DROPPED = -1 };
 
-/* One sample's accepted steps: the state at the start of each (y: n x N) and its stage
- * derivatives K[0..S] (k: n x (S + 1) x N), so that the sweep needs no right-hand side to
- * rebuild the stages; plus what the sweep needs of the solve (outputs written at the start,
- * status). */
-typedef struct { int64_t n, cap, written_at_start, status, state, bytes; Step *steps; double *y, *k; } Tape;
+/* One sample's accepted steps: the state at the start of each (y: n x N), its stage
+ * derivatives K[0..S] (k: n x (S + 1) x N) and what their evaluations kept for the pullback
+ * (keep: n x (S + 1) x NH), so that the sweep calls no right-hand side to rebuild the stages;
+ * plus what the sweep needs of the solve (outputs written at the start, status). */
+typedef struct {
+    int64_t n, cap, written_at_start, status, state, bytes;
+    Step *steps;
+    double *y, *k, *keep;
+} Tape;
 
 /* The tapes of the whole batch (indexed by sample) and the bytes this block may hold in them. */
 typedef struct Recorder { Tape *of; int64_t budget, used; } Recorder;
@@ -170,6 +178,7 @@ static void tape_free(Recorder *restrict rec, Tape *restrict tape)
     free(tape->steps);
     free(tape->y);
     free(tape->k);
+    free(tape->keep);
     rec->used -= tape->bytes;
     memset(tape, 0, sizeof *tape);
 }
@@ -178,15 +187,19 @@ static void tape_free(Recorder *restrict rec, Tape *restrict tape)
 static int tape_grow(Recorder *restrict rec, Tape *restrict tape)
 {
     const int64_t cap = tape->cap ? 2 * tape->cap : 8;
-    const int64_t more = (cap - tape->cap) * (int64_t)(sizeof(Step) + (S + 2) * N * sizeof(double));
+    const int64_t per_step = sizeof(Step) + ((S + 2) * N + (S + 1) * TAPE_KEEP) * sizeof(double);
+    const int64_t more = (cap - tape->cap) * per_step;
     if (rec->used + more > rec->budget) return 0;
     Step *steps = realloc(tape->steps, cap * sizeof(Step));
     if (steps != NULL) tape->steps = steps;
     double *ys = steps == NULL ? NULL : realloc(tape->y, cap * N * sizeof(double));
     if (ys != NULL) tape->y = ys;
     double *ks = ys == NULL ? NULL : realloc(tape->k, cap * (S + 1) * N * sizeof(double));
-    if (ks == NULL) return 0;
-    tape->k = ks;
+    if (ks != NULL) tape->k = ks;
+    /* + 1 byte: a tape that keeps nothing would ask for 0, and realloc's NULL then is no failure */
+    double *kept = ks == NULL ? NULL : realloc(tape->keep, cap * (S + 1) * TAPE_KEEP * sizeof(double) + 1);
+    if (kept == NULL) return 0;
+    tape->keep = kept;
     tape->cap = cap;
     tape->bytes += more;
     rec->used += more;
@@ -217,10 +230,13 @@ static void record_step(Recorder *rec, const Lanes *L, int l, int64_t first_outp
     }
     const Step step = {.t = L->t[l], .h = L->hs[l], .t_new = L->t_new[l], .p0 = first_output, .p1 = L->ptr[l]};
     double *y = tape->y + tape->n * N, *k = tape->k + tape->n * (S + 1) * N;
+    double *kept = tape->keep + tape->n * (S + 1) * TAPE_KEEP;
     tape->steps[tape->n++] = step;
     for (int c = 0; c < N; c++) y[c] = L->y[c][l];
-    for (int s = 0; s <= S; s++)
+    for (int s = 0; s <= S; s++) {
         for (int c = 0; c < N; c++) k[s * N + c] = L->K[s][c][l];
+        for (int c = 0; c < TAPE_KEEP; c++) kept[s * TAPE_KEEP + c] = L->keep[s][c][l];
+    }
 }
 
 static void record_finish(Recorder *rec, const Lanes *L, int l)
@@ -249,7 +265,7 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, c
     for (int64_t n = tp->n - 1; n >= 0; n--) {
         const Step step = tp->steps[n];
         const double t = step.t, h = step.h, t_new = step.t_new, *y = tp->y + n * N;
-        double K[NK][N], Y[S][N], Yx[{n_extra}][N], y1[N], kbar[NK][N], ybar0[N], ys[N];
+        double K[NK][N], kept[NK][NH], Y[S][N], Yx[{n_extra}][N], y1[N], kbar[NK][N], ybar0[N], ys[N];
         memset(kbar, 0, sizeof kbar);
         memset(ybar0, 0, sizeof ybar0);
 {stages}
@@ -353,7 +369,9 @@ def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
     return "\n\n".join([
-        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), recorder=_RECORDER),
+        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), n_keep=rhs.keep_size(), keep_stages=True,
+                 recorder=f"#define TAPE_KEEP {rhs.keep_size()}  /* values taped per stage: NH, or none */\n"
+                 + _RECORDER),
         f"#define REPLAY {2 * LANES}  /* samples solved again together: lanes stay busy while some finish */",
         rhs.pullback_c(),
         body,

@@ -62,12 +62,12 @@ def rhs_vjp_source(equations: Sequence[str]) -> str:
 
 
 _PULLBACK = """
-/* The sweep's interface to rhs_vjp (expressions read no shared weights, and defer nothing). */
+/* The sweep's interface to rhs_vjp (expressions read no shared weights, keep nothing and defer nothing). */
 static inline void rhs_pullback(double t, const double *restrict y, const double *restrict p,
-                                const double *restrict w, const double *restrict v, double *restrict ybar,
-                                double *restrict pbar, double *restrict wbar)
+                                const double *restrict w, const double *restrict keep, const double *restrict v,
+                                double *restrict ybar, double *restrict pbar, double *restrict wbar)
 {
-    (void)w; (void)wbar;
+    (void)w; (void)keep; (void)wbar;
     rhs_vjp(t, y, p, v, ybar, pbar);
 }
 
