@@ -118,8 +118,8 @@ def _rk_step(method: ExplicitRK, keep_stages: bool) -> str:
     lines = ["__attribute__((noinline))  /* inlined into the lane loop, GCC 12 stops vectorising it */",
              "static void rk_step(const double *restrict t, double y[restrict N][W], const double *restrict h,",
              "                    double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W],",
-             "                    double keep[restrict KEPT_ROWS][NH][W], double y1[restrict N][W], double *restrict err,",
-             "                    double rtol, double atol)",
+             "                    double keep[restrict KEPT_ROWS][NH][W], double y1[restrict N][W],",
+             "                    double *restrict err, double rtol, double atol)",
              "{", "    double tmp[N][W], ts[W];", "    (void)rtol; (void)atol; (void)tmp;"]
     for i in range(1, method.n_stages):
         total = weighted(method.a[i], range(i))

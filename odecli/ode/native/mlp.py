@@ -15,10 +15,12 @@ the one-sample and the lane functions, so samples take the same steps however th
 (bit for bit); against PyTorch (whose matrix products sum in another order) results agree to
 round-off.
 
-Gradients: the reverse sweep (:mod:`odecli.ode.native.reverse`) goes back over one sample at a
-time, so the one-sample layer reads a transposed copy of the weights and vectorises over rows
-instead of lanes; :func:`mlp_pullback_c` runs the layers backwards (torch autograd's derivative
-formulas) and sums the weights' cotangents over the samples of a block.
+Gradients: every evaluation keeps its layers' activations (:func:`kept_values`), the gradient's
+tapes hold them, and the reverse sweep (:mod:`odecli.ode.native.reverse`) goes back over one
+sample at a time with :func:`mlp_pullback_c`, which runs the layers backwards from them (torch
+autograd's derivative formulas) and sums the weights' cotangents over the samples of a block.
+The one-sample layer (a sample's start, dense-output stages) reads a transposed copy of the
+weights and vectorises over rows instead of lanes.
 """
 
 from __future__ import annotations

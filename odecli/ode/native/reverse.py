@@ -1,4 +1,4 @@
-"""C source of the generated solver's gradient: tape each sample's accepted steps, then sweep them backwards.
+"""C source of the generated solver's gradient: tape each sample's accepted steps, sweep them backwards.
 
 ``direct`` gradients in the PyTorch loop are backpropagation through the solver's own
 operations with the step sizes held fixed (the controller's decisions are detached), so they
@@ -12,10 +12,11 @@ right-hand side's vector-Jacobian product, ``rhs_pullback`` (generated from the 
 :mod:`odecli.ode.native.vjp`, or an MLP's layers run backwards by :mod:`odecli.ode.native.mlp`,
 whose weight cotangents add up over the samples into one array per block).
 
-Memory: S + 2 states and a few numbers per accepted step, never a graph. The forward pass keeps
-tapes up to a byte budget; a sample whose tape would pass it is dropped and solved again in the
-backward pass, a few at a time through the lanes (the same steps, bit for bit, since lanes
-never mix), so the gradient is the same whatever was kept.
+Memory: S + 2 states, what the right-hand side kept at each stage (an MLP's hidden activations,
+so that its pullback runs no layer forward again) and a few numbers per accepted step, never a
+graph. The forward pass keeps tapes up to a byte budget; a sample whose tape would pass it is
+dropped and solved again in the backward pass, a few at a time through the lanes (the same
+steps, bit for bit, since lanes never mix), so the gradient is the same whatever was kept.
 
 DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
 recomputes them for steps with dense outputs and pulls their cotangents back the same way.
@@ -73,8 +74,8 @@ def _dense_finish(method: ExplicitRK) -> str:
         for e in reversed(range(len(dop853.C_EXTRA))):
             lines.append("        memset(ys, 0, sizeof ys);")
             c = c_double(dop853.C_EXTRA[e])
-            lines.append(f"        rhs_pullback(t + {c} * h, Yx[{e}], p, w, kept[{first + e}], kbar[{first + e}], ys, pbar, "
-                         "wbar);")
+            row = first + e
+            lines.append(f"        rhs_pullback(t + {c} * h, Yx[{e}], p, w, kept[{row}], kbar[{row}], ys, pbar, wbar);")
             lines.append("        for (int k = 0; k < N; k++) ybar0[k] += ys[k];")
             for j, w in enumerate(dop853.A_EXTRA[e][:first + e]):
                 if w != 0.0:
