@@ -48,3 +48,18 @@ def test_example_solves(spec: Path, tmp_path: Path, monkeypatch):
     assert y.ndim == 3 and y.shape[2] == n_states
     assert np.all(status == 0)
     assert np.all(np.isfinite(y))
+
+
+@pytest.mark.parametrize("engine", ["torch", "native"])
+def test_the_neural_ode_example_trains(engine: str, monkeypatch, capsys):
+    """examples/neural_ode.py lowers its loss in 25 Adam steps, in the PyTorch loop and in the C solver."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["neural_ode.py", "--engine", engine, "--iterations", "25"])
+    runpy.run_path(str(EXAMPLES / "neural_ode.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    first = float(next(line for line in lines if line.startswith("iter    0")).split("loss")[1].split()[0])
+    final = float(next(line for line in lines if line.startswith("trained")).split("final loss")[1])
+    assert final < 0.5 * first
+    assert any(line.startswith("extrapolation to t=6") for line in lines)
