@@ -177,6 +177,23 @@ def test_mlp_pullback_matches_autograd(name: str):
         assert (g - w).abs().max() <= 1e-13 * w.abs().max()
 
 
+def test_mlp_gradients_are_the_same_with_and_without_tapes_from_the_forward_pass(monkeypatch):
+    # With no tape budget every sample is solved again in the backward pass, activations kept
+    # by those solves: the gradient must be the one of the tapes the forward pass kept, bit for bit.
+    from odecli.ode.native import gradient
+
+    net = ARCHITECTURES["sigmoid+tanh, 3 layers"]()
+    y0, t_end, t_eval = _problem(4, batch=12)
+    grads = []
+    for budget in (gradient.TAPE_BUDGET_BYTES, 0):
+        monkeypatch.setattr(gradient, "TAPE_BUDGET_BYTES", budget)
+        y = y0.clone().requires_grad_()
+        solution = solve_native(NativeMLP.from_module(net), y, 0.0, t_end, t_eval)
+        grads.append(torch.autograd.grad(_loss(solution), [y, *net.parameters()]))
+    for kept, solved_again in zip(*grads):
+        assert torch.equal(kept, solved_again)
+
+
 def test_mlp_weight_gradients_do_not_depend_on_threads():
     # Each block of samples sums its weight cotangents into a row of its own; the rows add up
     # in block order, so any thread count gives the same gradient to round-off.
