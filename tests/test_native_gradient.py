@@ -1,9 +1,10 @@
 """Gradients through the generated C solver against backpropagation through the PyTorch loop.
 
-The C gradient replays each sample's steps and sweeps them backwards by hand; the reference is
-autograd through :func:`odecli.ode.solver.solve` (``adjoint="direct"``), which takes the same
-steps, so the two must agree to round-off for ``y0`` and every parameter, per sample. Finite
-differences check the reference's sense on a smooth problem.
+The C gradient tapes each sample's steps in the forward pass (or solves the sample again when its
+tape did not fit) and sweeps them backwards by hand; the reference is autograd through
+:func:`odecli.ode.solver.solve` (``adjoint="direct"``), which takes the same steps, so the two
+must agree to round-off for ``y0`` and every parameter, per sample. Finite differences check the
+reference's sense on a smooth problem.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def _loss(solution) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["dopri5", "dop853"])
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
 def test_mlp_gradients_match_backprop_through_the_loop(name: str, method: str):
-    # The C replay and reverse sweep against autograd through the PyTorch loop (adjoint="direct",
+    # The C tapes and reverse sweep against autograd through the PyTorch loop (adjoint="direct",
     # the same steps): y0 and every weight and bias, dense outputs (dop853's extra stages) included.
     net = ARCHITECTURES[name]()
     y0, t_end, t_eval = _problem(net[0].in_features)
