@@ -69,7 +69,9 @@ def solve_native_with_grad(
 ) -> Solution:
     """:func:`~odecli.ode.native.engine.solve_native` with ``y``/``y_final`` differentiable in
     ``y0`` and the tensors in ``params`` (per-sample ones get per-sample gradients, shared ones
-    the batch sum). Times and ``dt0`` get no gradient, as in the PyTorch loop."""
+    the batch sum). Times and ``dt0`` get no gradient, as in the PyTorch loop.
+    ``solution.extra["tapes_kept"]`` counts the samples whose tape fit :data:`TAPE_BUDGET_BYTES`
+    (the others are solved again in the backward pass)."""
     why = gradient_unsupported(rhs, method)
     if why:
         raise NativeUnavailable(why)
@@ -93,6 +95,7 @@ def solve_native_with_grad(
                                     *(tensor for _, tensor in weights))
     solution = result.to_tensors()
     solution.y, solution.y_final = y, y_final
+    solution.extra["tapes_kept"] = tapes.kept()  # the other samples are solved again in backward()
     solution.wall_time_s = time.perf_counter() - started
     return solution
 
@@ -102,10 +105,19 @@ class _Tapes:
     backward pass sweeps (and frees) instead of solving the sample again. Whatever is still held
     is freed with this object."""
 
+    _STATE = 4  # index of the int64 field ``state`` in the C struct (odecli.ode.native.reverse)
+    _COMPLETE = 1
+
     def __init__(self, lib: ctypes.CDLL, batch: int):
+        self.batch = batch
         self.buffer = np.zeros(batch * lib.tape_bytes(), dtype=np.uint8)
         self.pointer = ctypes.c_void_p(self.buffer.ctypes.data)
         weakref.finalize(self, _free_tapes, lib.free_tapes, self.buffer, batch)
+
+    def kept(self) -> int:
+        """Samples whose whole tape is held (after the forward pass: those that fit the budget)."""
+        states = self.buffer.view(np.int64).reshape(self.batch, -1)[:, self._STATE]
+        return int((states == self._COMPLETE).sum())
 
 
 def _free_tapes(free: Callable, buffer: np.ndarray, batch: int) -> None:
