@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 def _stages(method: ExplicitRK) -> str:
     """The step's stage states Y and y1 from (y, h) and the taped K[0..S], as rk_step formed them."""
     lines = ["    memcpy(K, tp->k + n * (S + 1) * N, (S + 1) * N * sizeof(double));",
-             "    for (int s = 0; s <= S; s++)",
-             "        memcpy(kept[s], tp->keep + (n * (S + 1) + s) * TAPE_KEEP, TAPE_KEEP * sizeof(double));",
+             "    memcpy(kept, tp->keep + n * (S + 1) * TAPE_KEEP, (S + 1) * TAPE_KEEP * sizeof(double));"
+             "  /* TAPE_KEEP is NH or 0 */",
              "    memcpy(Y[0], y, sizeof Y[0]);"]
     for i in range(1, method.n_stages):
         terms = [f"{c_double(w)} * K[{j}][k]" for j, w in enumerate(method.a[i]) if w != 0.0]
