@@ -2,13 +2,16 @@
 """Time the generated C ODE solver per lane count: ns per attempted step and sample.
 
 The solver steps ``LANES`` samples together (``odecli/ode/native/codegen.py``); this measures
-what each lane count costs on this machine, alternating the variants so drift hits all alike
-and reporting the minimum of ``--repeats`` runs. VdP (mu in [0.5, 25], y0 = (2, 0)) and
+what each lane count costs on this machine, and with ``--pow lanes,libm`` what the controller's
+powers cost over vector lanes (``libm_pow.c``) against libm's scalar ``pow`` (the solutions are
+the same bit for bit, checked here). The variants alternate so drift hits all alike; the minimum
+of ``--repeats`` runs is reported. VdP (mu in [0.5, 25], y0 = (2, 0)) and
 Lotka-Volterra (random y0), dopri5, rtol = atol = 1e-6, t in [0, 10], one thread.
 
 Usage::
 
     python benchmarks/native_lanes_bench.py --lanes 1,4,8,12,16 --batch 4096
+    python benchmarks/native_lanes_bench.py --lanes 8 --pow lanes,libm
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ def main() -> None:
     parser.add_argument("--lanes", default="1,4,8,12,16", help="lane counts to compare")
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--pow", default="lanes", help="the controller's powers: lanes, libm or both")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    lanes = [int(x) for x in args.lanes.split(",")]
+    variants = [(int(w), how) for w in args.lanes.split(",") for how in args.pow.split(",")]
     b = args.batch
     problems = {
         "vdp": (VDP, torch.tensor([[2.0, 0.0]], dtype=torch.float64).expand(b, 2).contiguous(),
@@ -40,17 +44,24 @@ def main() -> None:
                {"a": 1.5, "b": 1.0, "c": 1.0, "d": 3.0}),
     }
     for name, (rhs, y0, params) in problems.items():
-        best = {w: float("inf") for w in lanes}
-        attempts = 0.0
+        best = {v: float("inf") for v in variants}
+        solutions = {}
         for _ in range(args.repeats):
-            for w in lanes:
+            for w, how in variants:
                 engine.LANES = w  # read when the solver source is generated (cached per source)
+                if engine.use_pow_lanes(rhs, "dopri5", how == "lanes") != (how == "lanes"):
+                    raise SystemExit("pow over lanes is unavailable here (its load check failed)")
                 start = time.perf_counter()
                 sol = solve_native(rhs, y0, 0.0, 10.0, params=params, rtol=1e-6, atol=1e-6, threads=1)
-                best[w] = min(best[w], time.perf_counter() - start)
-                attempts = float(sol.stats["n_steps"].sum())
-        row = " | ".join(f"{w} lanes: {best[w] * 1e3:7.2f} ms, {best[w] / attempts * 1e9:5.1f} ns" for w in lanes)
-        print(f"{name} B={b}: {row}")
+                best[w, how] = min(best[w, how], time.perf_counter() - start)
+                solutions[w, how] = sol
+        first = next(iter(solutions.values()))
+        same = all(torch.equal(s.y, first.y) and torch.equal(s.stats["n_steps"], first.stats["n_steps"])
+                   for s in solutions.values())
+        attempts = float(first.stats["n_steps"].sum())
+        row = " | ".join(f"{w} lanes, {how} pow: {best[w, how] * 1e3:7.2f} ms, "
+                         f"{best[w, how] / attempts * 1e9:5.1f} ns" for w, how in variants)
+        print(f"{name} B={b}: {row} | solutions {'identical' if same else 'DIFFER'}")
 
 
 if __name__ == "__main__":

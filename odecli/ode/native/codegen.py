@@ -18,6 +18,7 @@ depend on the number of lanes, bit for bit (tested).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from odecli.ode import _dop853_coefficients as dop853
@@ -58,9 +59,16 @@ static inline double odecli_fmax(double a, double b) {{ return (a != a || b != b
 /* torch.clamp(x, min=lo): NaN stays NaN. */
 static inline double clamp_min(double x, double lo) {{ return x < lo ? lo : x; }}
 static inline double clamp_max(double x, double hi) {{ return x > hi ? hi : x; }}
-/* pow(x, 0) is 1 for every x (NaN included), so the integral controller's zero exponents cost nothing. */
-static inline double power_or_one(double x, double e) {{ return e == 0.0 ? 1.0 : pow(x, e); }}
 """
+
+
+def _pow_lanes_c() -> str:
+    """``pow_lanes``: the controller's powers over all lanes, equal to libm's ``pow`` bit for bit."""
+    here = Path(__file__).with_name
+    include = '#include "libm_pow_tables.h"'
+    source = here("libm_pow.c").read_text()
+    assert include in source
+    return source.replace(include, here("libm_pow_tables.h").read_text())
 
 
 def equations_c(equations: Sequence[str]) -> str:
@@ -345,16 +353,26 @@ static void control(Lanes *restrict L, const Job *restrict job)
 #if ADAPTIVE
     double inv[W], grow[W], shrink[W];
     for (int l = 0; l < W; l++) inv[l] = 1.0 / clamp_min(L->err[l], DBL_MIN);
-    for (int l = 0; l < W; l++) grow[l] = pow(inv[l], job->beta1);
+    pow_lanes(inv, job->beta1, grow);
     if (job->inv_k == job->beta1)  /* the integral controller: one power serves both branches */
         for (int l = 0; l < W; l++) shrink[l] = job->safety * grow[l];
-    else
-        for (int l = 0; l < W; l++) shrink[l] = job->safety * pow(inv[l], job->inv_k);
+    else {
+        pow_lanes(inv, job->inv_k, shrink);
+        for (int l = 0; l < W; l++) shrink[l] = job->safety * shrink[l];
+    }
     for (int l = 0; l < W; l++) grow[l] = job->safety * grow[l];
-    if (job->beta2 != 0.0)
-        for (int l = 0; l < W; l++) grow[l] = grow[l] * pow(1.0 / L->err_prev[l], job->beta2);
-    if (job->beta3 != 0.0)
-        for (int l = 0; l < W; l++) grow[l] = grow[l] * pow(1.0 / L->err_prev2[l], job->beta3);
+    if (job->beta2 != 0.0) {
+        double history[W], power[W];
+        for (int l = 0; l < W; l++) history[l] = 1.0 / L->err_prev[l];
+        pow_lanes(history, job->beta2, power);
+        for (int l = 0; l < W; l++) grow[l] = grow[l] * power[l];
+    }
+    if (job->beta3 != 0.0) {
+        double history[W], power[W];
+        for (int l = 0; l < W; l++) history[l] = 1.0 / L->err_prev2[l];
+        pow_lanes(history, job->beta3, power);
+        for (int l = 0; l < W; l++) grow[l] = grow[l] * power[l];
+    }
     for (int l = 0; l < W; l++) {
         const double err = L->err[l];
         const int64_t ok = err <= 1.0;
@@ -564,5 +582,5 @@ def generate(method: ExplicitRK, rhs_c: str, n_states: int, n_params: int, lanes
         defines,
         _HEADER.format(n_states=n_states, n_stages=method.n_stages, n_k=n_k, n_params=max(1, n_params),
                        lanes=lanes, n_keep=max(1, n_keep), kept_rows=n_k if keep_stages else 1),
-        rhs_c, _rk_step(method, keep_stages), _dense(method), _SOLVER.replace("{recorder}", recorder),
+        _pow_lanes_c(), rhs_c, _rk_step(method, keep_stages), _dense(method), _SOLVER.replace("{recorder}", recorder),
     ])

@@ -428,14 +428,29 @@ _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctyp
     + [ctypes.c_void_p] * 5
 
 
-def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP):
-    """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
+def _library(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> ctypes.CDLL:
     source = generate(tableau, rhs.c_source(), rhs.n_states, len(rhs.params), LANES,
                       n_keep=rhs.keep_size()).encode()
     lib, why = native.load_source(f"ode-{tableau.name}", source, rhs.c_flags)
     if lib is None:
         raise NativeUnavailable(why)
+    return lib
+
+
+def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP):
+    """``solve_samples`` twice: releasing Python's lock (for threads) and holding it (tiny batches)."""
+    lib = _library(tableau, rhs)
     return _entry(lib), _entry(_holding_gil(lib._name))
+
+
+def use_pow_lanes(rhs: NativeRhs | NativeMLP, method: str, on: bool) -> bool:
+    """Let the solver of ``rhs`` and ``method`` take the controller's powers over vector lanes
+    (``on``, the default) or from libm's ``pow`` one at a time; returns whether lanes are used
+    now (not where the library's load check found this libm's ``pow`` to differ). Both give
+    the same solutions bit for bit; benchmarks time the two, tests compare them."""
+    switch = _library(METHODS[method], rhs).odecli_pow_lanes
+    switch.restype, switch.argtypes = ctypes.c_int, [ctypes.c_int]
+    return bool(switch(int(on)))
 
 
 @functools.lru_cache(maxsize=64)
