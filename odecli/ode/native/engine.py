@@ -33,7 +33,8 @@ import numpy as np
 from odecli import native
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
-from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, equations_c, generate
+from odecli.ode.native.codegen import (CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, SOLVER_FLAGS, equations_c,
+                                       generate)
 from odecli.ode.native.vjp import equations_pullback_c
 from odecli.ode.status import STAT_NAMES, Progress, Status
 
@@ -431,10 +432,15 @@ _ARGTYPES = [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int64, ctyp
 def _library(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> ctypes.CDLL:
     source = generate(tableau, rhs.c_source(), rhs.n_states, len(rhs.params), LANES,
                       n_keep=rhs.keep_size()).encode()
-    lib, why = native.load_source(f"ode-{tableau.name}", source, rhs.c_flags)
+    lib, why = native.load_source(f"ode-{tableau.name}", source, solver_flags(rhs))
     if lib is None:
         raise NativeUnavailable(why)
     return lib
+
+
+def solver_flags(rhs: NativeRhs | NativeMLP) -> tuple[str, ...]:
+    """The flags a solver fused with ``rhs`` is built with, beyond :data:`odecli.native.FLAGS`."""
+    return tuple(dict.fromkeys((*SOLVER_FLAGS, *rhs.c_flags)))
 
 
 def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP):

@@ -25,7 +25,7 @@ from odecli.ode.controllers import PIDController
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.engine import (
     _ARGTYPES, Job, NativeRhs, NativeUnavailable, _holding_gil, _numpy, block_ranges, default_threads, prepare_job,
-    run_blocks, solve_job,
+    run_blocks, solve_job, solver_flags,
 )
 from odecli.ode.native.mlp import NativeMLP
 from odecli.ode.native.reverse import generate_reverse
@@ -196,7 +196,7 @@ def _equations_source(tableau: ExplicitRK, rhs: NativeRhs) -> bytes:
 
 def _load(tableau: ExplicitRK, rhs: NativeRhs | NativeMLP) -> ctypes.CDLL:
     """The gradient's library: ``solve_taped`` (the forward pass), ``gradient_samples`` and the tapes' helpers."""
-    lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs), rhs.c_flags)
+    lib, why = native.load_source(f"ode-grad-{tableau.name}", _source(tableau, rhs), solver_flags(rhs))
     if lib is None:
         raise NativeUnavailable(why)
     for taped in (lib.solve_taped, _holding_gil(lib._name).solve_taped):
