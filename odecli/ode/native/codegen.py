@@ -13,11 +13,13 @@ sample at a time waits on latency. ``LANES`` samples are stepped together, store
 and every per-step operation (stages, error norm, controller, statuses) is a loop over lanes
 that the compiler turns into vector instructions; a lane whose sample ends takes the next one.
 Lanes never mix: each lane's arithmetic is exactly the one-sample arithmetic, so results do not
-depend on the number of lanes, bit for bit (tested).
+depend on the number of lanes, bit for bit (tested). The controller's powers, one per lane and
+attempt, come from ``libm_pow.c``: the system's ``pow`` over vector lanes, bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -66,6 +68,7 @@ static inline double clamp_max(double x, double hi) {{ return x > hi ? hi : x; }
 """
 
 
+@functools.lru_cache(maxsize=1)
 def _pow_lanes_c() -> str:
     """``pow_lanes``: the controller's powers over all lanes, equal to libm's ``pow`` bit for bit."""
     here = Path(__file__).with_name
