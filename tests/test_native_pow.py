@@ -102,12 +102,17 @@ def _glibc_with_fma() -> bool:
     return platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc" and "fma" in flags
 
 
-@pytest.mark.skipif(not _glibc_with_fma(), reason="the vector path is glibc's pow on x86-64 with FMA only")
+needs_vector_path = pytest.mark.skipif(not _glibc_with_fma(),
+                                       reason="the vector path is glibc's pow on x86-64 with FMA only")
+
+
+@needs_vector_path
 def test_the_vector_path_is_taken_on_this_machine(harness):
     """The load check passed: this libm's pow is the algorithm libm_pow.c writes out."""
     assert harness.odecli_pow_lanes(1) == 1, "the load check found libm's pow different"
 
 
+@needs_vector_path
 @pytest.mark.parametrize("exponents", ["controllers", "random"])
 def test_pow_lanes_equals_libm_pow_bit_for_bit(harness, exponents):
     n = 1_600_000
@@ -136,6 +141,7 @@ def test_pow_lanes_switch_falls_back_to_libm(harness):
 VDP = NativeRhs(("y[1]", "((p[0] * (1.0 - odecli_sq(y[0]))) * y[1]) - y[0]"), ("mu",))
 
 
+@needs_vector_path
 @pytest.mark.parametrize("controller", ["integral", "pi", PIDController(pcoeff=0.2, icoeff=0.4, dcoeff=0.1)],
                          ids=["integral", "pi", "pid"])
 def test_solutions_are_the_same_with_either_pow(controller):
