@@ -123,11 +123,13 @@ def test_samples_failing_mid_chunk_fail_at_the_same_attempt(compact):
 
 
 def test_compiled_chunks_equal_eager_chunks():
-    """Without output times (with them, test_ode_compile compares the compiled chunks per tolerance:
-    each compile costs 30-50 s on a 2-core VM, so the suite compiles each case once)."""
+    """Samples that end at different times, with output times past some ends. (Compiled chunks
+    without output times are test_ode_compile's graph-per-right-hand-side case: each compile
+    costs 30-50 s on a 2-core VM, so the suite compiles each case once.)"""
     y0, t_end, params = _vdp_batch(40)
-    eager = solve(vdp_rhs, y0, 0.0, t_end, params=params, chunk=4)
-    compiled = solve(vdp_rhs, y0, 0.0, t_end, params=params, chunk=4, compile=True)
+    t_eval = torch.linspace(0.0, 4.0, 5, dtype=F64)
+    eager = solve(vdp_rhs, y0, 0.0, t_end, t_eval, params=params, chunk=4)
+    compiled = solve(vdp_rhs, y0, 0.0, t_end, t_eval, params=params, chunk=4, compile=True)
     for key in COUNTERS:
         assert torch.equal(eager.stats[key], compiled.stats[key]), key
     assert torch.equal(eager.status, compiled.status)
