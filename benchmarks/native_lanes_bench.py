@@ -37,6 +37,7 @@ def main() -> None:
     torch.set_num_threads(1)
     variants = [(int(w), how) for w in args.lanes.split(",") for how in args.pow.split(",")]
     b = args.batch
+    warned = False
     problems = {
         "vdp": (VDP, torch.tensor([[2.0, 0.0]], dtype=torch.float64).expand(b, 2).contiguous(),
                 {"mu": torch.linspace(0.5, 25.0, b, dtype=torch.float64)}),
@@ -49,8 +50,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for w, how in variants:
                 engine.LANES = w  # read when the solver source is generated (cached per source)
-                if engine.use_pow_lanes(rhs, "dopri5", how == "lanes") != (how == "lanes"):
-                    raise SystemExit("pow over lanes is unavailable here (its load check failed)")
+                if engine.use_pow_lanes(rhs, "dopri5", how == "lanes") != (how == "lanes") and not warned:
+                    print("note: pow over lanes is unavailable here (its load check failed): "
+                          "the 'lanes' rows use libm's pow too")
+                    warned = True
                 start = time.perf_counter()
                 sol = solve_native(rhs, y0, 0.0, 10.0, params=params, rtol=1e-6, atol=1e-6, threads=1)
                 best[w, how] = min(best[w, how], time.perf_counter() - start)
