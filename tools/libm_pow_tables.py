@@ -14,7 +14,6 @@ Usage: ``python tools/libm_pow_tables.py [path/to/libm.so.6]``. The test
 
 from __future__ import annotations
 
-import ctypes.util
 import struct
 import sys
 from pathlib import Path
@@ -66,10 +65,10 @@ def tables(blob: bytes) -> str:
 
 
 def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else "/lib/x86_64-linux-gnu/libm.so.6"
-    if not Path(path).exists():
-        path = ctypes.util.find_library("m") or path
-    TARGET.write_text(tables(Path(path).read_bytes()))
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "/lib/x86_64-linux-gnu/libm.so.6")
+    if not path.is_file():
+        sys.exit(f"libm_pow_tables: {path} is not a file; give the path of this system's libm.so.6")
+    TARGET.write_text(tables(path.read_bytes()))
     print(f"wrote {TARGET}")
 
 
