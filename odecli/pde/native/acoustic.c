@@ -54,43 +54,35 @@
       + ((n1[(J) + 2] + s1[(J) + 2]) * k1y))                                          \
      + ((n2[(J) + 2] + s2[(J) + 2]) * k2y))
 
-/* Copy n values to dst with streaming stores for its whole 64-byte lines (plain stores for the
- * partial lines at either end), so writing a row of the store costs no read of it from memory.
+/* Copy a row of the store (bytes, a multiple of the element size, dst element-aligned) with
+ * streaming stores for its whole 64-byte lines (plain copies of the partial lines at either
+ * end), so writing it costs no read of it from memory.  Bits are copied, whatever the type.
  * Callers fence (stream_fence) before the store is read. */
 #define STREAM_ROW_MAX 32768 /* wider rows are stored directly: their buffer would not fit the stack */
+static inline void stream_row(void *restrict dst, const void *restrict src, size_t bytes)
+{
 #if defined(__AVX__)
-static inline void stream_f64(double *restrict dst, const double *restrict src, long n)
-{
-    long k = 0;
-    for (; k < n && ((uintptr_t)(dst + k) & 63); ++k) dst[k] = src[k];
-    for (; k + 8 <= n; k += 8) {
-        _mm256_stream_pd(dst + k, _mm256_loadu_pd(src + k));
-        _mm256_stream_pd(dst + k + 4, _mm256_loadu_pd(src + k + 4));
+    char *d = dst;
+    const char *s = src;
+    size_t head = (64 - ((uintptr_t)d & 63)) & 63, k;
+    if (head > bytes)
+        head = bytes;
+    memcpy(d, s, head);
+    for (k = head; k + 64 <= bytes; k += 64) {
+        _mm256_stream_si256((__m256i *)(d + k), _mm256_loadu_si256((const __m256i *)(s + k)));
+        _mm256_stream_si256((__m256i *)(d + k + 32), _mm256_loadu_si256((const __m256i *)(s + k + 32)));
     }
-    for (; k < n; ++k) dst[k] = src[k];
-}
-static inline void stream_f32(float *restrict dst, const float *restrict src, long n)
-{
-    long k = 0;
-    for (; k < n && ((uintptr_t)(dst + k) & 63); ++k) dst[k] = src[k];
-    for (; k + 16 <= n; k += 16) {
-        _mm256_stream_ps(dst + k, _mm256_loadu_ps(src + k));
-        _mm256_stream_ps(dst + k + 8, _mm256_loadu_ps(src + k + 8));
-    }
-    for (; k < n; ++k) dst[k] = src[k];
-}
-static inline void stream_fence(void) { _mm_sfence(); }
+    memcpy(d + k, s + k, bytes - k);
 #else
-static inline void stream_f64(double *restrict dst, const double *restrict src, long n)
-{
-    memcpy(dst, src, sizeof(double) * n);
-}
-static inline void stream_f32(float *restrict dst, const float *restrict src, long n)
-{
-    memcpy(dst, src, sizeof(float) * n);
-}
-static inline void stream_fence(void) {}
+    memcpy(dst, src, bytes);
 #endif
+}
+static inline void stream_fence(void)
+{
+#if defined(__AVX__)
+    _mm_sfence();
+#endif
+}
 
 #define COEFFS(T)                                                                     \
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
@@ -146,7 +138,7 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, const T *restrict r
     T row[nx];                                                                                \
     T *restrict buf = row;                                                                    \
     SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP);                                              \
-    stream_##SUFFIX(lp, buf, nx);                                                             \
+    stream_row(lp, buf, sizeof(T) * nx);                                                      \
 }                                                                                             \
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
