@@ -84,7 +84,9 @@ def test_adaptive_methods_take_the_reference_loops_steps(method, controller):
     want = solve(vdp, y0, 0.0, t_end, t_eval, **kwargs)
     got = solve_native(VDP, y0, 0.0, t_end, t_eval, **kwargs)
     assert got.stats["n_rejected"].sum() > 0  # the controller's reject branch is exercised
-    _assert_same_run(got, want, rel=1e-8 if method == "dop853" else 1e-9, flips=2)
+    # which stiff samples flip depends on the CPU's kernels: 2 of 40 on the AMD VMs, 3 with PID
+    # dop853 on an Intel AVX-512 one; the flipped ones are still held to the looser checks
+    _assert_same_run(got, want, rel=1e-8 if method == "dop853" else 1e-9, flips=len(t_end) // 10)
     assert got.extra["engine"] == "native"
 
 
