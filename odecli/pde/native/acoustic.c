@@ -31,6 +31,9 @@
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #define C0 (-5.0 / 2.0)
 #define C1 (4.0 / 3.0)
@@ -83,6 +86,27 @@ static inline void stream_fence(void)
     _mm_sfence();
 #endif
 }
+
+/* Subnormal numbers flushed to zero (FTZ) and read as zero (DAZ) for the kernel's duration,
+ * the caller's mode restored on return.  Ahead of a wave front the 4th-order stencil leaves
+ * values that decay through the subnormal range, and on Intel cores every operation on one
+ * takes a microcode assist of ~100 cycles: a 2-rank run whose far half the front had not yet
+ * reached spent twice the arithmetic of the near half (benchmarks/RESULTS.md, "PDE: subnormal
+ * numbers flushed to zero").  A flushed value is below 2.2e-308 (1.2e-38 in float32), far
+ * under the round-off of any value the physics carries.  Devito's operators do the same. */
+#if defined(__x86_64__) || defined(__i386__)
+#define FTZ_DAZ 0x8040u
+static inline unsigned flush_subnormals(void)
+{
+    const unsigned caller = _mm_getcsr();
+    _mm_setcsr(caller | FTZ_DAZ);
+    return caller;
+}
+static inline void restore_fp_mode(unsigned caller) { _mm_setcsr(caller); }
+#else
+static inline unsigned flush_subnormals(void) { return 0; }
+static inline void restore_fp_mode(unsigned caller) { (void)caller; }
+#endif
 
 #define COEFFS(T)                                                                     \
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
@@ -152,6 +176,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    const unsigned fp_mode = flush_subnormals();                                              \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
         for (long i = i0; i < i1; ++i) {                                                      \
@@ -169,6 +194,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
     }                                                                                         \
     if (lap)                                                                                  \
         stream_fence();                                                                       \
+    restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
                                                                                               \
 /* Steps k, k+1, ..., k+n-1 in one pass over the whole block (threads: at the end): step j   \
@@ -197,6 +223,7 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                           \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    const unsigned fp_mode = flush_subnormals();                                              \
     COEFFS(T);                                                                                \
     for (long q = 0; q < ny + (n - 1) * FRUN_LAG; ++q) {                                      \
         if (ahead) /* as in leapfrog_adjoint_run */                                           \
@@ -234,6 +261,7 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
     }                                                                                         \
     if (lap)                                                                                  \
         stream_fence();                                                                       \
+    restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
                                                                                               \
 /* Adjoint of one step, as the adjoint time loop needs it (in place).                         \
@@ -301,11 +329,13 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
                                T *restrict grad_c2, T *restrict scratch)                     \
 {                                                                                             \
     const long plane = (ny + 4) * (nx + 4);                                                   \
+    const unsigned fp_mode = flush_subnormals();                                              \
     for (long b = 0; b < B; ++b)                                                              \
         for (long q = R0 - 4; q < R1; ++q)                                                    \
             adjoint_iteration_##SUFFIX(q, ny, nx, R0, R1, lap + b * ny * nx, c2dt2, sponge,   \
                                        span, g + b * plane, a + b * plane, iy2, ix2,          \
                                        grad_c2, scratch);                                     \
+    restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
                                                                                               \
 /* Adjoint steps k, k-1, ..., k-n+1 in one pass over the whole block (threads: see below),    \
@@ -339,6 +369,7 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                                    const T *const *rec_val)                                  \
 {                                                                                             \
     const long w = nx + 4, plane = (ny + 4) * w, R1 = ny + 4, ring = (HROWS + 1) * (nx + 8);   \
+    const unsigned fp_mode = flush_subnormals();                                              \
     for (long q = -4; q < R1 + (n - 1) * RUN_LAG; ++q) {                                      \
         if (ahead) /* steps j0.. read what step j0-1 (another thread) makes in iteration q */ \
             for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; ++spins)       \
@@ -363,6 +394,7 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
         if (done)                                                                             \
             __atomic_store_n(done, q, __ATOMIC_RELEASE);                                      \
     }                                                                                         \
+    restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
 
 /* One step's point work in one call: field[add[k]] += vals[k] in order (the sources, or the
