@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import platform
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -39,6 +40,9 @@ from odecli.pde.stencils import laplacian4
 RING = 2
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c: the adjoint's ring of h rows and a zero row
+#: Whether the C kernels flush subnormal numbers to zero (acoustic.c sets FTZ/DAZ for each call
+#: on x86, where each operation on a subnormal costs an assist; other CPUs keep them).
+KERNELS_FLUSH_SUBNORMALS = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
 
 
 def interior(u: Tensor) -> Tensor:
