@@ -27,7 +27,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import platform
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -40,9 +39,6 @@ from odecli.pde.stencils import laplacian4
 RING = 2
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c: the adjoint's ring of h rows and a zero row
-#: Whether the C kernels flush subnormal numbers to zero (acoustic.c sets FTZ/DAZ for each call
-#: on x86, where each operation on a subnormal costs an assist; other CPUs keep them).
-KERNELS_FLUSH_SUBNORMALS = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
 
 
 def interior(u: Tensor) -> Tensor:
@@ -71,6 +67,13 @@ def native_available(t: Tensor) -> tuple[bool, str]:
         return False, f"no fused kernel for {t.dtype}"
     lib, why = native.load("acoustic")
     return lib is not None, why
+
+
+def kernels_flush_subnormals() -> bool:
+    """Whether the C kernels flush subnormal numbers to zero, as the compiled library reports:
+    acoustic.c sets FTZ/DAZ for each call on x86, where each operation on a subnormal costs a
+    microcode assist; other CPUs keep them."""
+    return bool(_kernel_named("acoustic_flushes_subnormals")())
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:

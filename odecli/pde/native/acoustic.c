@@ -103,10 +103,16 @@ static inline unsigned flush_subnormals(void)
     return caller;
 }
 static inline void restore_fp_mode(unsigned caller) { _mm_setcsr(caller); }
+#define FLUSHES_SUBNORMALS 1
 #else
 static inline unsigned flush_subnormals(void) { return 0; }
 static inline void restore_fp_mode(unsigned caller) { (void)caller; }
+#define FLUSHES_SUBNORMALS 0
 #endif
+
+/* Whether this build flushes (1) or keeps (0) subnormals, so callers follow the compiled rule
+ * instead of repeating the preprocessor's test. */
+int acoustic_flushes_subnormals(void) { return FLUSHES_SUBNORMALS; }
 
 #define COEFFS(T)                                                                     \
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
