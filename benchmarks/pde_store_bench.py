@@ -36,7 +36,7 @@ for r in range(5):
         t = time.perf_counter()
         for q in range(passes):
             outs = [(p, u)[j % 2] for j in range(n)]
-            laps = list(store[q * n:(q + 1) * n]) if st else None
+            laps = store[q * n:(q + 1) * n] if st else None
             k.forward_run([p, u, *outs], None, 0, None, 0, laps)
         res[name].append((time.perf_counter() - t) / (passes * n * B * size * size) * 1e9)
 for name, v in res.items():

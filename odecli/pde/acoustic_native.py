@@ -261,7 +261,7 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
             kern.forward_run([p, u, *outs], pts.source_rows, _address(pts.values, k),
                              None if record is None else pts.receiver_rows,
                              0 if record is None else _address(traces, k),
-                             None if store is None else list(store[k - t0:k - t0 + n]))
+                             None if store is None else store[k - t0:k - t0 + n])
             p, u = ([p, u, *outs])[-2:]
         else:
             out = p
@@ -344,7 +344,7 @@ class _Propagation(torch.autograd.Function):
                         sent = loop.take_sent(pending)
                         merged = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
                         injections[0] = (both[1:], merged)
-                    kern.adjoint_run([store[k - j - t0] for j in range(n)], a_u, a_later, grad_c2,
+                    kern.adjoint_run(store[k - n + 1 - t0:k + 1 - t0], a_u, a_later, grad_c2,
                                      scratch, injections)
                     if n % 2:  # a_later holds the adjoint of u_{k-n+1}, a_u that of u_{k-n+2}
                         a_u, a_later = a_later, a_u

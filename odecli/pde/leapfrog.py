@@ -146,13 +146,21 @@ class Kernels:
                 raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} fields of shape "
                                  f"{self.shape}, got {f.dtype} {tuple(f.shape)} on {f.device}")
 
-    def _check_laps(self, *laps: Tensor) -> None:
-        want = (self.shape[0], *self._grad_shape)
-        for f in laps:
-            if tuple(f.shape) != want or f.dtype != self.dtype or not f.is_contiguous() \
-                    or f.device.type != "cpu":
-                raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} lap4(u) of shape "
-                                 f"{want}, got {f.dtype} {tuple(f.shape)} on {f.device}")
+    def _check_laps(self, laps: Tensor, steps: int | None = None) -> None:
+        """One ``lap4(u)`` ``(B, ny, nx)``, or with ``steps`` a stack ``(steps, B, ny, nx)``."""
+        one = (self.shape[0], *self._grad_shape)
+        want = one if steps is None else (steps, *one)
+        if tuple(laps.shape) != want or laps.dtype != self.dtype or not laps.is_contiguous() \
+                or laps.device.type != "cpu":
+            raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} lap4(u) of shape "
+                             f"{want}, got {laps.dtype} {tuple(laps.shape)} on {laps.device}")
+
+    def _lap_addresses(self, laps: Tensor, steps: range):
+        """Pointers to ``laps[j]`` for j in ``steps``: arithmetic on one checked stack, no views
+        (a view per step cost more than the pass's own Python)."""
+        size = laps.stride(0) * laps.element_size()
+        base = laps.data_ptr()
+        return (ctypes.c_void_p * len(steps))(*(base + j * size for j in steps))
 
     def forward(self, u: Tensor, u_prev: Tensor, out: Tensor, lap: Tensor | None = None) -> Tensor:
         """:func:`step_forward` into ``out`` (which may be ``u_prev``), and ``lap4(u)`` into
@@ -170,28 +178,26 @@ class Kernels:
         return out
 
     def forward_run(self, fields: list[Tensor], sources: RowPoints | None, source_values: int,
-                    receivers: RowPoints | None, traces: int, laps: list[Tensor] | None = None) -> None:
+                    receivers: RowPoints | None, traces: int, laps: Tensor | None = None) -> None:
         """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass: ``out_j`` may be
         the field two before it (two buffers recycled).  After step j the sources get
         ``source_values + j * sources.stride`` (an address: rows of ``stride`` numbers, in
         source order) and the receivers are read into ``traces + j * receivers.stride``; with
-        ``laps``, step j writes ``lap4`` of its ``u`` into ``laps[j]``.  Bit for bit the same as
-        :meth:`forward` then :meth:`points` per step.  Several threads share the steps out as
-        :meth:`adjoint_run` does."""
+        ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
+        Bit for bit the same as :meth:`forward` then :meth:`points` per step.  Several threads
+        share the steps out as :meth:`adjoint_run` does."""
         n = len(fields) - 2
-        self._check(*fields)
+        self._check(*set(fields))  # the outputs recycle two buffers: check each once
         if n < 1:
             raise ValueError("leapfrog: forward_run needs u_prev, u and at least one output")
         if laps is not None:
-            if len(laps) != n:
-                raise ValueError(f"leapfrog: forward_run of {n} steps needs {n} laps, got {len(laps)}")
-            self._check_laps(*laps)
+            self._check_laps(laps, n)
         none = (None, None, None, None, ctypes.c_long(0))
         fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if sources is None else sources.args(source_values)),
                  *(none if receivers is None else receivers.args(traces)),
-                 None if laps is None else (ctypes.c_void_p * n)(*(f.data_ptr() for f in laps)))
+                 None if laps is None else self._lap_addresses(laps, range(n)))
         self._pipelined(self._forward_run, n, fixed)
 
     def _pipelined(self, kernel, n: int, fixed: tuple) -> None:
@@ -223,12 +229,14 @@ class Kernels:
         _run_pieces([functools.partial(self._adjoint, *self._dims, r0, r1, *fixed, _ptr(scratch[k]))
                      for k, (r0, r1) in enumerate(self._adj_rows)])
 
-    def adjoint_run(self, laps: list[Tensor], a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
+    def adjoint_run(self, laps: Tensor, a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
                     injections: list[tuple[tuple[Tensor, Tensor], Tensor]]) -> None:
-        """:func:`step_adjoint_run`; each injection's values must be contiguous ``(shots, nrec)``."""
-        n = len(laps)
+        """:func:`step_adjoint_run`, but ``laps`` ``(n, B, ny, nx)`` in time order, as the
+        forward stored them (the pass starts from ``laps[n - 1]``); each injection's values must
+        be contiguous ``(shots, nrec)``."""
+        n = laps.shape[0]
         self._check(a, b)
-        self._check_laps(*laps)
+        self._check_laps(laps, n)
         if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] < n * self.shape[0] \
                 or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING):
             raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
@@ -241,7 +249,7 @@ class Kernels:
                     or tuple(values.shape) != (self.shape[0], columns.numel()):
                 raise ValueError("step_adjoint_run: receivers or values have the wrong size")
         pointers = ctypes.c_void_p * max(1, n - 1)
-        fixed = ((ctypes.c_void_p * n)(*(s.data_ptr() for s in laps)), self._c2, self._sponge,
+        fixed = (self._lap_addresses(laps, range(n - 1, -1, -1)), self._c2, self._sponge,
                  self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch),
                  pointers(*(r[0].data_ptr() for r, _ in injections)),
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
@@ -346,7 +354,7 @@ def step_adjoint_run(laps: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a
     if scratch.shape[0] < len(laps) * a.shape[0]:
         raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
     Kernels(a, c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
-        laps, a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
+        torch.stack(laps[::-1]), a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
 
 
 # Forward steps per Kernels.forward_run pass (one thread).  Measured on the 2-core EPYC VM
