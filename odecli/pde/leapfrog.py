@@ -366,13 +366,14 @@ FORWARD_STEPS_PER_PASS = 8
 def steps_per_pass(field_bytes: int) -> int:
     """Adjoint steps per :func:`step_adjoint_run` pass for fields of ``field_bytes``.
 
-    Measured on the 2-core EPYC VM (benchmarks/RESULTS.md, "Then: up to 8 adjoint steps per
-    pass"): at 256^2 float64 (0.5 MB fields) a step's fields stay in cache and pairs were
-    best; from 512^2 float64 (2 MB) on, 8 steps per pass were best or level with 4, because
-    each further step saves a load of both adjoint fields, c2dt2 and grad_c2 (the backward
-    took 15-32 % less time than with pairs at 600^2-2000^2).
+    Each further step of a pass saves a load of both adjoint fields, c2dt2 and grad_c2.  With
+    the current kernels (the adjoint reads the stored lap4, one stencil per step) 8 steps beat
+    pairs from 256^2 float32 (256 KB) to 768^2 on the Intel AVX-512 VM, on one and two threads:
+    the backward took 6-36 % less time (benchmarks/RESULTS.md, "PDE: 8 adjoint steps per pass
+    from 256 KB fields").  At 128^2 the two were level; pairs stay there, as the first
+    measurement (EPYC VM, older two-stencil adjoint) found them best for fields in cache.
     """
-    return 2 if field_bytes < 2 << 20 else 8
+    return 2 if field_bytes < 256 << 10 else 8
 
 
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
