@@ -155,7 +155,7 @@ class Kernels:
             raise ValueError(f"leapfrog: expected contiguous CPU {self.dtype} lap4(u) of shape "
                              f"{want}, got {laps.dtype} {tuple(laps.shape)} on {laps.device}")
 
-    def _lap_addresses(self, laps: Tensor, steps: range):
+    def _lap_addresses(self, laps: Tensor, steps: range) -> ctypes.Array:
         """Pointers to ``laps[j]`` for j in ``steps``: arithmetic on one checked stack, no views
         (a view per step cost more than the pass's own Python)."""
         size = laps.stride(0) * laps.element_size()
