@@ -15,9 +15,10 @@ import torch
 from odecli.parallel.comm import get_comm
 import odecli.native
 from odecli.pde import native
-from odecli.pde.leapfrog import (adjoint_scratch, kernels_flush_subnormals, native_available,
-                                 receiver_rows, reference_step, run_scratch, step_adjoint,
-                                 step_adjoint_run, step_forward, steps_per_pass)
+from odecli.pde.leapfrog import (Kernels, adjoint_scratch, kernels_flush_subnormals, lap_row_stride,
+                                 native_available, new_lap_store, receiver_rows, reference_step,
+                                 run_scratch, step_adjoint, step_adjoint_run, step_forward,
+                                 steps_per_pass)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
 from odecli.pde.stencils import laplacian4
@@ -124,6 +125,42 @@ def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype,
     tol = 1e-12 if dtype is torch.float64 else 2e-5
     for name, got, want in (("u", a, ref_u + ref_later), ("c2dt2", grad_c2, ref_c2)):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"grad {name}: {m}")
+
+
+@pytest.mark.parametrize("nx", [13, 53, 270])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_store_with_rows_padded_to_cache_lines_holds_the_same_laps_and_gradient(dtype, nx):
+    """The gradient's store pads its rows to whole 64-byte lines (so the forward never writes a
+    line in part); the passes read and write it exactly as a contiguous stack."""
+    gen = torch.Generator().manual_seed(5)
+    b, ny, steps, dy, dx = 2, 11, 5, 10.0, 12.0
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
+    c2dt2 = 0.1 + rnd(ny, nx).abs() * 0.1
+    sponge = 0.5 + 0.5 * torch.rand(ny, nx, generator=gen, dtype=dtype)
+    stride = lap_row_stride(nx, dtype)
+    assert (stride * c2dt2.element_size()) % 64 == 0 and nx <= stride < nx + 64 // c2dt2.element_size()
+    padded = new_lap_store(c2dt2, steps, b)
+    assert padded.shape == (steps, b, ny, nx) and padded.stride() == (b * ny * stride, ny * stride, stride, 1)
+    packed = torch.empty(steps, b, ny, nx, dtype=dtype)
+    kern = Kernels(rnd(b, ny + 4, nx + 4), c2dt2, sponge, dy, dx)
+    start = rnd(b, ny + 4, nx + 4), rnd(b, ny + 4, nx + 4)
+    fields = {}
+    for name, laps in (("padded", padded), ("packed", packed)):
+        p, u = start[0].clone(), start[1].clone()
+        kern.forward_run([p, u, *[(p, u)[j % 2] for j in range(steps)]], None, 0, None, 0, laps)
+        fields[name] = (p, u)
+    assert torch.equal(padded, packed) and all(map(torch.equal, fields["padded"], fields["packed"]))
+    no_receivers = ((torch.zeros(ny + 5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)),
+                    torch.zeros(b, 0, dtype=dtype))
+    adjoints = {}
+    for name, laps in (("padded", padded), ("packed", packed)):
+        a, a_later, grad = start[0].clone(), start[1].clone(), torch.zeros(ny, nx, dtype=dtype)
+        kern.adjoint_run(laps, a, a_later, grad, run_scratch(c2dt2, b, steps), [no_receivers] * (steps - 1))
+        adjoints[name] = (a, a_later, grad)
+    assert all(map(torch.equal, adjoints["padded"], adjoints["packed"]))
+    with pytest.raises(ValueError, match="rows contiguous"):  # rows must be equally spaced
+        kern.adjoint_run(packed.transpose(2, 3).contiguous().transpose(2, 3), *adjoints["packed"],
+                         run_scratch(c2dt2, b, steps), [no_receivers] * (steps - 1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -27,8 +27,8 @@ from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
 from odecli.parallel.strips import Boxes
-from odecli.pde.leapfrog import (FORWARD_STEPS_PER_PASS, RING, Kernels, RowPoints, receiver_rows,
-                                 run_scratch, steps_per_pass)
+from odecli.pde.leapfrog import (FORWARD_STEPS_PER_PASS, RING, Kernels, RowPoints, lap_row_stride,
+                                 new_lap_store, receiver_rows, run_scratch, steps_per_pass)
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -286,16 +286,19 @@ class _Propagation(torch.autograd.Function):
         pts = _Points(loop, shape)
         traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
         keep = ctx.needs_input_grad[0]
-        starts, store = [], None
+        starts, store, store_base = [], None, None
         for s, (t0, t1) in enumerate(loop.segments):
             if keep and s == len(loop.segments) - 1:  # the backward starts here: keep its laps
                 longest = max(b - a for a, b in loop.segments)
-                store = loop.workspace.take(c2dt2, (longest, nshots, ny, nx))
+                padded = (longest, nshots, ny, lap_row_stride(nx, c2dt2.dtype))
+                store_base = loop.workspace.take(c2dt2, padded)
+                store = new_lap_store(c2dt2, longest, nshots, store_base)
             elif keep:
                 starts.append((p.clone(), u.clone()))
             p, u = _steps(loop, kern, pts, p, u, t0, t1, traces, store)
         if keep:
-            ctx.loop, ctx.starts, ctx.store, ctx.kern, ctx.pts = loop, starts, store, kern, pts
+            ctx.loop, ctx.starts, ctx.kern, ctx.pts = loop, starts, kern, pts
+            ctx.store, ctx.store_base = store, store_base
             ctx.save_for_backward(c2dt2)
         ctx.mark_non_differentiable(u)
         return traces.permute(1, 2, 0).contiguous(), u
@@ -306,7 +309,7 @@ class _Propagation(torch.autograd.Function):
         (c2dt2,) = ctx.saved_tensors
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
-            loop.workspace.give(store)
+            loop.workspace.give(ctx.store_base)
             return None, None, None
         kern, pts = ctx.kern, ctx.pts
         shape = kern.shape  # of the ringed fields (the store holds blocks)
@@ -355,6 +358,6 @@ class _Propagation(torch.autograd.Function):
                     loop.settle(a_later, pending)
                 a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
                 k -= 1
-        loop.workspace.give(store)
-        ctx.starts = ctx.store = ctx.kern = ctx.pts = None
+        loop.workspace.give(ctx.store_base)
+        ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
         return grad_c2, None, None
