@@ -17,9 +17,10 @@
  * of u_next is written): the forward recycles two buffers.
  *
  * For the gradient the forward also writes lap(u) of every step, (B, ny, nx) without a ring
- * and with rows ls >= nx elements apart, into the store the adjoint reads: the adjoint then needs no stencil of u, only the one of
- * its own field, and does about the forward's arithmetic instead of twice it.  The stored
- * values are the very ones the step used, so the gradient is the same bit for bit.  The store is
+ * and with rows ls >= nx elements apart, into the store the adjoint reads: the adjoint then
+ * needs no stencil of u, only the one of its own field, and does about the forward's
+ * arithmetic instead of twice it.  The stored values are the very ones the step used, so the
+ * gradient is the same bit for bit.  The store is
  * written once and read only by the backward, long after: its rows go out with non-temporal
  * (streaming) stores, which skip reading each cache line before writing it.  That read is a
  * third of the store's memory traffic, and the store is most of the gradient's.  The store
@@ -289,8 +290,8 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
  * included (for the halo adjoint to send back):                                               \
  *   a = 2 G g + lap^T(c2dt2 G g) - G G a_entry,                                               \
  * and the shot-summed gradient of c2dt2, G g lap(u), is added into grad_c2 (lap: the lap(u)  \
- * the forward stored for this step, ny rows ls apart per shot).  Carrying the next step's g instead  \
- * of a stored adjoint of u_prev saves one array write per step.                              \
+ * the forward stored for this step, ny rows ls apart per shot).  Carrying the next step's g \
+ * instead of a stored adjoint of u_prev saves one array write per step.                      \
  * lap is symmetric, so lap^T is the same stencil applied to h = c2dt2 G g padded with zeros.  \
  * Ringed row R of a needs the pointwise terms of block row R-2 and h of block rows R-4 .. R:  \
  * rows are visited in order, pointwise pass then stencil pass, so each row comes from memory  \
