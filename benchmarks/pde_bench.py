@@ -4,6 +4,7 @@
     python benchmarks/pde_bench.py --sizes 1000 2000 --steps 100 --ranks 1 2 --dtype float32
     python benchmarks/pde_bench.py --kernels fused reference   # also the PyTorch reference path
     python benchmarks/pde_bench.py --weak 512 --ranks 1 2       # weak scaling, 512^2 per rank
+    python benchmarks/pde_bench.py --weak 256 --ranks 1 2 --rounds 5  # ... 5 rounds, medians
 
 The driver launches itself under mpiexec for each rank count (worker mode), prints grid-point
 updates per second (GPts/s = ny*nx*steps / wall), speedup, parallel efficiency and the
@@ -227,6 +228,41 @@ def report_weak(res: dict, kernel: str, what: str, base: dict) -> None:
               f"comm {100 * row['comm_fraction']:5.1f}%")
 
 
+def weak_scaling(args, env: dict) -> None:
+    """Each rank count on N x N points per rank, then the same ranks on independent one-rank
+    problems; with --rounds R the whole sequence R times, each round's efficiencies against that
+    round's one-rank run (a shared VM's speed drifts over minutes), and their medians."""
+    n = args.weak
+    print(f"\n== weak scaling: {n}x{n} points per rank, {args.steps} steps, {args.dtype} ==")
+    for kernel in args.kernels:
+        rounds: dict[str, dict[str, list[float]]] = {}
+        for k in range(args.rounds):
+            if args.rounds > 1:
+                print(f"-- round {k + 1} of {args.rounds}")
+            base: dict = {}
+            for r in args.ranks:
+                runs = [(f"ranks={r} grid {n}x{n * r}", run_ranks(args, n, n * r, r, kernel, env))]
+                if r > 1:  # the same ranks, each on its own block with no messages: the ceiling
+                    runs.append((f"{r} independent {n}x{n} runs",
+                                 run_ranks(args, n, n, r, kernel, env, independent=True)))
+                for what, res in runs:
+                    if res is None:
+                        continue
+                    report_weak(res, kernel, what, base)
+                    for name, row in res["rows"].items():
+                        rounds.setdefault(what, {}).setdefault(name, []).append(
+                            (base[name][0] / row["time_s"], base[name][1] / row["min_s"]))
+        if args.rounds > 1:
+            print(f"-- median over {args.rounds} rounds of each round's efficiency (range)")
+            for what, rows in rounds.items():
+                for name, effs in rows.items():
+                    med, fast = ([100 * e[i] for e in effs] for i in (0, 1))
+                    print(f"odecli {kernel:<9} {what:<26} {name:<17} weak-scaling efficiency "
+                          f"{statistics.median(med):5.1f}% ({min(med):.1f}-{max(med):.1f}%), "
+                          f"by fastest repeats {statistics.median(fast):5.1f}% "
+                          f"({min(fast):.1f}-{max(fast):.1f}%)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000])
@@ -241,6 +277,8 @@ def main() -> None:
     ap.add_argument("--kernels", nargs="+", default=["fused"], choices=["fused", "reference"])
     ap.add_argument("--weak", type=int, metavar="N",
                     help="weak scaling: N x N points per rank (grid N x N*ranks, 1 x ranks split)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --weak: repeat the whole sequence, each round against its own 1-rank run")
     ap.add_argument("--no-peers", action="store_true", help="skip the plain loop and Deepwave")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--independent", action="store_true", help=argparse.SUPPRESS)
@@ -258,19 +296,7 @@ def main() -> None:
     bound = triad_gpts(args.dtype, args.threads)
     print(f"triad bound ({args.threads} thread(s), {args.dtype}): {bound:.3f} GPts/s")
     if args.weak:
-        n = args.weak
-        print(f"\n== weak scaling: {n}x{n} points per rank, {args.steps} steps, {args.dtype} ==")
-        for kernel in args.kernels:
-            base = {}
-            for r in args.ranks:
-                res = run_ranks(args, n, n * r, r, kernel, env)
-                if res is None:
-                    continue
-                report_weak(res, kernel, f"ranks={r} grid {n}x{n * r}", base)
-                if r > 1:  # the same ranks, each on its own block with no messages: the ceiling
-                    solo = run_ranks(args, n, n, r, kernel, env, independent=True)
-                    if solo is not None:
-                        report_weak(solo, kernel, f"{r} independent {n}x{n} runs", base)
+        weak_scaling(args, env)
         return
     for n in args.sizes:
         pts = n * n * args.steps
