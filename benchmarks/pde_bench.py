@@ -5,6 +5,7 @@
     python benchmarks/pde_bench.py --kernels fused reference   # also the PyTorch reference path
     python benchmarks/pde_bench.py --weak 512 --ranks 1 2       # weak scaling, 512^2 per rank
     python benchmarks/pde_bench.py --weak 256 --ranks 1 2 --rounds 5  # ... 5 rounds, medians
+    python benchmarks/pde_bench.py --weak 256 --ranks 1 2 --split rows  # grid grows along y
 
 The driver launches itself under mpiexec for each rank count (worker mode), prints grid-point
 updates per second (GPts/s = ny*nx*steps / wall), speedup, parallel efficiency and the
@@ -43,7 +44,7 @@ def spec_dict(n: int, steps: int, dtype: str, segments, nx: int | None = None) -
         "time": {"dt": 0.001, "steps": steps},
         "boundary": {"absorbing_width": 20},
         "sources": {"wavelet": {"type": "ricker", "peak_frequency": 15, "delay": 0.1},
-                    "positions": [[100.0, ext / 2]]},
+                    "positions": [[100.0, min(ext, (nx - 1) * h) / 2]]},
         "receivers": {"line": {"from": [100.0, 0.0], "to": [100.0, (nx - 1) * h], "count": nx // 4}},
         "true_model": {"type": "gaussian", "background": 2000, "amplitude": 200,
                        "center": [ext / 2, (nx - 1) * h / 2], "sigma": ext / 20},
@@ -65,7 +66,7 @@ def worker(args) -> None:
     # --independent: every rank solves its own one-rank problem at the same time (no messages),
     # which is what the machine allows a perfectly parallel run
     solo = args.independent
-    raw = spec_dict(args.n, args.steps, args.dtype, args.segments, args.n if solo else args.nx)
+    raw = spec_dict(args.n, args.steps, args.dtype, args.segments, args.nx)
     raw["compute"]["threads"] = args.threads  # torch's and the fused kernels' threads per rank
     raw["parallel"] = {"exchange_every": args.exchange_every}
     spec = validate(raw, "bench")
@@ -241,7 +242,8 @@ def weak_scaling(args, env: dict) -> None:
                 print(f"-- round {k + 1} of {args.rounds}")
             base: dict = {}
             for r in args.ranks:
-                runs = [(f"ranks={r} grid {n}x{n * r}", run_ranks(args, n, n * r, r, kernel, env))]
+                ny, nx = (n * r, n) if args.split == "rows" else (n, n * r)
+                runs = [(f"ranks={r} grid {ny}x{nx}", run_ranks(args, ny, nx, r, kernel, env))]
                 if r > 1:  # the same ranks, each on its own block with no messages: the ceiling
                     runs.append((f"{r} independent {n}x{n} runs",
                                  run_ranks(args, n, n, r, kernel, env, independent=True)))
@@ -276,7 +278,10 @@ def main() -> None:
                     help="steps between halo exchanges on several ranks (parallel.exchange_every)")
     ap.add_argument("--kernels", nargs="+", default=["fused"], choices=["fused", "reference"])
     ap.add_argument("--weak", type=int, metavar="N",
-                    help="weak scaling: N x N points per rank (grid N x N*ranks, 1 x ranks split)")
+                    help="weak scaling: N x N points per rank (grid N x N*ranks split 1 x ranks, "
+                         "or with --split rows N*ranks x N split ranks x 1)")
+    ap.add_argument("--split", default="columns", choices=["columns", "rows"],
+                    help="with --weak: which way the grid grows with the ranks (and is split)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --weak: repeat the whole sequence, each round against its own 1-rank run")
     ap.add_argument("--no-peers", action="store_true", help="skip the plain loop and Deepwave")
