@@ -495,22 +495,18 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         else                                                                          \
             SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN);                                      \
     } while (0)
+/* a step's gradient terms and h at column j from its G g there (gj) */
+#define GRAD_H(gj, gc, l, cc, h, j) (gc[j] += (gj) * l[j], h[j] = (gj) * cc[j])
 #define GRAD_H_DAMPED(j)                                                              \
     do {                                                                              \
         const real gj = gi[j] * s[j];                                                 \
-        gc[j] += gj * l[j];                                                           \
-        h[j] = gj * cc[j];                                                            \
+        GRAD_H(gj, gc, l, cc, h, j);                                                  \
     } while (0)
-#define GRAD_H_PLAIN(j)                                                               \
-    do {                                                                              \
-        const real gj = gi[j];                                                        \
-        gc[j] += gj * l[j];                                                           \
-        h[j] = gj * cc[j];                                                            \
-    } while (0)
+#define GRAD_H_PLAIN(j) GRAD_H(gi[j], gc, l, cc, h, j)
 #define H_DAMPED(j) (h[j] = (gi[j] * s[j]) * cc[j])
 #define H_PLAIN(j) (h[j] = gi[j] * cc[j])
 /* a block point of the adjoint: its pointwise terms, then the stencil's (in LAPT's columns);
- * ADJ_NEXT_*: and the next step's GRAD_H_* from it (gn, ln, cn, hn: that step's rows) */
+ * ADJ_NEXT_*: and the next step's GRAD_H from it (gn, ln, cn, hn: that step's rows) */
 #define ADJ_DAMPED(j)                                                                 \
     do {                                                                              \
         const real gj = gi[j] * s[j];                                                 \
@@ -523,20 +519,14 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
     } while (0)
 #define ADJ_NEXT_DAMPED(j)                                                            \
     do {                                                                              \
-        const real gj = gi[j] * s[j];                                                 \
-        const real o = ((gj + gj) + (-((ai[j] * s[j]) * s[j]))) + LAPT((j) + 2);      \
-        const real go = o * s[j];                                                     \
-        ai[j] = o;                                                                    \
-        gn[j] += go * ln[j];                                                          \
-        hn[j] = go * cn[j];                                                           \
+        ADJ_DAMPED(j);                                                                \
+        const real go = ai[j] * s[j];                                                 \
+        GRAD_H(go, gn, ln, cn, hn, j);                                                \
     } while (0)
 #define ADJ_NEXT_PLAIN(j)                                                             \
     do {                                                                              \
-        const real gj = gi[j];                                                        \
-        const real o = ((gj + gj) - ai[j]) + LAPT((j) + 2);                           \
-        ai[j] = o;                                                                    \
-        gn[j] += o * ln[j];                                                           \
-        hn[j] = o * cn[j];                                                            \
+        ADJ_PLAIN(j);                                                                 \
+        GRAD_H(ai[j], gn, ln, cn, hn, j);                                             \
     } while (0)
 
 DEFINE_KERNELS(double, f64)
