@@ -189,6 +189,7 @@ def solve(
         raise ValueError(f"on_attempt needs an explicit Runge-Kutta method, got {method.name!r}")
     batch, n_states = y0.shape
     dtype, device = y0.dtype, y0.device
+    y0 = y0.contiguous()  # an expanded y0 (stride 0) would make the compiled step guard on it and recompile
     t0 = _as_batch_vector(t_start, batch, dtype, device)
     t1 = _as_batch_vector(t_end, batch, dtype, device)
     grid = _eval_grid(t_eval, t0, t1)
