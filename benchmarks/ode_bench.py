@@ -296,7 +296,7 @@ def odecli_solver(prob: Problem, rtol: float, atol: float, compiled: bool = Fals
     def run():
         fc.reset()
         sol = solve(f, prob.y0, prob.t0, prob.t1, params=prob.params, method="dopri5",
-                    rtol=rtol, atol=atol, controller="integral", compile=compiled,
+                    rtol=rtol, atol=atol, controller="integral", compile="wait" if compiled else False,
                     chunk=CHUNK_STEPS if chunk is None else chunk)
         st = sol.stats
         calls = int(st["n_f_evals"].max()) if compiled else fc.calls

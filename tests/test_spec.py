@@ -163,6 +163,12 @@ def test_fixed_step_method_with_dt0():
     assert parse_ode_spec(data, "", "spec.yaml").solver.dt0 == 0.01
 
 
+def test_compile_is_a_boolean_or_wait(tmp_path):
+    for text, mode in (("true", True), ("false", False), ("wait", "wait")):
+        spec = load_ode_spec(write(tmp_path, MINIMAL + f"solver: {{compile: {text}}}\n"))
+        assert spec.solver.compile == mode
+
+
 def test_python_function_is_resolved_relative_to_spec_folder(tmp_path):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "rhs.py").write_text("import torch\n\ndef f(t, y, p):\n    return -p['k'][:, None] * y\n")
@@ -290,6 +296,7 @@ BAD_SPECS = [
     ("safety above 1", _set("solver.safety", 1.5), "solver.safety", "<= 1"),
     ("dt_min above dt_max", _set("solver", {"dt_min": 1.0, "dt_max": 0.5}), "solver.dt_min", "<= solver.dt_max"),
     ("bad adjoint", _set("solver.adjoint", "forward"), "solver.adjoint", "direct, backsolve"),
+    ("bad compile", _set("solver.compile", "yes"), "solver.compile", "expected true, false or wait, got"),
     ("output not string", _set("output", 3), "output", "file name"),
 ]
 

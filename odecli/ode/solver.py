@@ -21,13 +21,13 @@ from __future__ import annotations
 import functools
 import math
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import torch
 from torch import Tensor
 
+from odecli.ode.compiled import COMPILE_MODES, FusedStep, fused_step
 from odecli.ode.controllers import END_SNAP, ControllerState, PIDController, make_controller
 from odecli.ode.initial_step import select_initial_step
 from odecli.ode.status import STAT_NAMES, Progress, Status
@@ -150,7 +150,7 @@ def solve(
     dt0: float | Tensor | None = None,
     max_steps: int = 100_000,
     compact: bool = True,
-    compile: bool = False,
+    compile: bool | str = False,
     chunk: int = CHUNK_STEPS,
     progress: Callable[[Progress], None] | None = None,
     on_attempt: Callable[[Attempt], None] | None = None,
@@ -164,8 +164,9 @@ def solve(
     anything else in ``params`` is passed through unchanged (shared, e.g. for gradients).
     ``dt0`` is the initial step (the fixed step for fixed-step methods); by default it is chosen
     per sample. ``compile=True`` runs each explicit step (stages, error norm, controller and
-    bookkeeping) as one torch.compile'd function: worth its one-off compilation for long or
-    large solves; results equal the eager path to round-off (implicit methods ignore it).
+    bookkeeping) as one torch.compile'd function once the eager step has cost about what
+    compiling it does (:mod:`odecli.ode.compiled`); ``compile="wait"`` compiles before the
+    first step. Results equal the eager path to round-off; implicit methods ignore it.
     ``chunk`` is how many explicit attempts run at most between host reads (1: one read per
     attempt; eagerly the length starts at 1 and doubles while no sample waits for dense output);
     it changes no sample's steps, only the grouping, and is 1 while autograd records the solve.
@@ -185,6 +186,8 @@ def solve(
         raise ValueError("max_steps must be >= 1")
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"compile must be one of {COMPILE_MODES}, got {compile!r}")
     if on_attempt is not None and not isinstance(method, ExplicitStepper):
         raise ValueError(f"on_attempt needs an explicit Runge-Kutta method, got {method.name!r}")
     batch, n_states = y0.shape
@@ -243,11 +246,12 @@ def solve(
     w.ptr = at_start.clone()  # not a view: the compiled step guards on an input's base
 
     explicit = isinstance(method, ExplicitStepper)
-    fused = _fused(compile, f, _explicit_attempt) if explicit else None
+    fused = _Fused(compile, f, _explicit_attempt) if explicit else None
     # A chunk's masked attempts would cost graph memory when autograd records the solve
     # (direct differentiation), so then every attempt reads the host, as chunk=1 does.
     chunked = explicit and chunk > 1 and not f_init.requires_grad and on_attempt is None
-    fused_chunk = _fused(compile, f, _explicit_chunk) if chunked else None
+    fused_chunk = _Fused(compile, f, _explicit_chunk) if chunked else None
+    attempts_compiled = 0
     dt_min_t, dt_max_t = _scalar_input(ctrl.dt_min, dtype, device), _scalar_input(ctrl.dt_max, dtype, device)
 
     def attempt_with_dense_output() -> tuple[int, int]:
@@ -255,12 +259,16 @@ def solve(
 
         Returns (rows still active, rows whose next attempt reaches an interior evaluation time).
         """
+        nonlocal attempts_compiled
         s = _loop_state(w)
         n_int = w.n_interior if interior else None
         if fused is not None:
             # Explicit RK: one pure function from state to outcome (torch.compile-able).
-            o, K = fused(method.method, ctrl, f, shared, w.p, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
-                         rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            args = (method.method, ctrl, f, shared, w.p, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
+                    rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            compiled = fused.compiled
+            o, K = fused(*args)
+            attempts_compiled += compiled and fused.compiled  # not if the compile failed
             result = StepResult(o["y_new"], o["f_new"], None, method.n_stages,
                                 dense=functools.partial(method.interpolant, bound(w.p), w.t, w.y, w.f0, o["h_try"],
                                                         o["y_new"], o["f_new"], K))
@@ -323,16 +331,19 @@ def solve(
     # remaining attempts as full-batch work for nothing (with evaluation times every step or
     # two, a fixed chunk of 4 made solves 1.8x slower). Compiled, each length is another
     # graph, so the length stays ``chunk``.
-    run_length = chunk if compile else 1
+    run_length = 1
     while n_active > 0:
         if fused_chunk is not None and n_crossing == 0:
-            new = fused_chunk(run_length, method.method, ctrl, f, shared, w.p, _loop_state(w), w.ptr, w.t_end,
-                              w.direction, w.grid, w.n_interior if interior else None,
-                              rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            args = (method.method, ctrl, f, shared, w.p, _loop_state(w), w.ptr, w.t_end, w.direction, w.grid,
+                    w.n_interior if interior else None, rtol_t, atol_t, dt_min_t, dt_max_t, max_steps)
+            compiled = fused_chunk.compiled
+            length = chunk if compiled else run_length
+            new = fused_chunk(length, *args)
             n_active, n_crossing = new.pop("sync").tolist()
             w.__dict__.update(new)
-            iterations += run_length
-            if not compile:
+            iterations += length
+            attempts_compiled += length * (compiled and fused_chunk.compiled)  # not if the compile failed
+            if not compiled:
                 run_length = min(chunk, 2 * run_length) if n_crossing == 0 else max(1, run_length // 2)
         else:
             n_active, n_crossing = attempt_with_dense_output()
@@ -359,6 +370,7 @@ def solve(
     return Solution(
         t=grid, y=y_out, status=full["status"], stats=stats,
         t_final=full["t"], y_final=full["y"], wall_time_s=time.perf_counter() - started, method=method.name,
+        extra={"attempts": iterations, "attempts_compiled": attempts_compiled} if compile and explicit else {},
     )
 
 
@@ -515,31 +527,25 @@ def _explicit_chunk(
     return {**s, "sync": torch.stack([s["active"].sum(), crossing.sum()])}
 
 
-def _fused(compiled: bool, f: RHS, fn: Callable) -> Callable:
-    """``fn`` itself (the eager reference), or the same function under torch.compile."""
-    return _compiled_for(f, fn) if compiled else fn
+class _Fused:
+    """How the loop calls one fused function: eagerly, compiled, or eagerly until compiling pays.
 
-
-@functools.lru_cache(maxsize=16)
-def _compiled_for(f: RHS, fn: Callable) -> Callable:
-    """A compiled copy of ``fn`` of its own for each right-hand side (dynamic batch size).
-
-    Dynamo keeps compiled graphs on the code object and relies on guards to tell callers apart;
-    a private copy of the code per RHS keeps one RHS's graph from ever serving another. Values
-    such as the controller's safety factor are constants of the graph, and torch 2.13's
-    AOTAutograd cache can hand back a graph compiled for other constants, so it stays off.
+    ``compiled`` says whether the next call runs (or first builds) the compiled copy.
     """
-    import torch._functorch.config as functorch_config
 
-    functorch_config.enable_autograd_cache = False
-    # One graph per dtype/device plus specialisations of small batch sizes; dynamo's default of
-    # 8 recompiles would silently fall back to eager in a long session.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    private = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-    # Python numbers (tableau weights, chunk length, max_steps) become guarded constants: as
-    # dynamic inputs they cost a conversion per call and a restarted trace.
-    specialized = torch._dynamo.config.patch(specialize_float=True, specialize_int=True)
-    return specialized(torch.compile(private, dynamic=True))
+    def __init__(self, mode: bool | str, f: RHS, fn: Callable):
+        self.mode = mode
+        self.eager = fn
+        self.step: FusedStep | None = fused_step(f, fn) if mode else None
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode == "wait" or (self.step is not None and (self.step.ready or self.step.due()))
+
+    def __call__(self, *args):
+        if self.step is None:
+            return self.eager(*args)
+        return self.step.wait(*args) if self.mode == "wait" else self.step(*args)
 
 
 def _progress(w: _Working, batch: int, n_active: int, iterations: int) -> Progress:

@@ -68,7 +68,7 @@ class SolverSpec:
     icoeff: float | None = None
     dcoeff: float | None = None
     adjoint: str = "direct"
-    compile: bool = False  # fuse each explicit step with torch.compile (pays off for long/large solves)
+    compile: bool | str = False  # torch.compile each explicit step: true (built in the background) or "wait"
     engine: str = "auto"  # native: generated C solver (equations, explicit RK, CPU float64); torch; auto
 
 
@@ -575,7 +575,7 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
         "icoeff": lambda v, f: _number(v, f, report),
         "dcoeff": lambda v, f: _number(v, f, report),
         "adjoint": lambda v, f: _choice(v, f, ADJOINTS, report),
-        "compile": lambda v, f: _boolean(v, f, report),
+        "compile": lambda v, f: _compile_mode(v, f, report),
         "engine": lambda v, f: _choice(v, f, ENGINES, report),
     }
     defaults = SolverSpec()
@@ -593,10 +593,10 @@ def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems)
     return SolverSpec(**fields) if valid else None
 
 
-def _boolean(value: Any, field: str, report: _Problems) -> bool | None:
-    if isinstance(value, bool):
+def _compile_mode(value: Any, field: str, report: _Problems) -> bool | str | None:
+    if isinstance(value, bool) or value == "wait":
         return value
-    report(field, f"expected true or false, got {describe(value)}")
+    report(field, f"expected true, false or wait, got {describe(value)}")
     return None
 
 

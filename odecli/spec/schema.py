@@ -39,7 +39,9 @@ def ode_schema(methods: list[str]) -> dict[str, Any]:
             "icoeff": {"type": ["number", "null"]},
             "dcoeff": {"type": ["number", "null"]},
             "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
-            "compile": {"type": "boolean", "description": "fuse each explicit step with torch.compile"},
+            "compile": {"enum": [True, False, "wait"],
+                        "description": "fuse each explicit step with torch.compile: true builds it in the "
+                                       "background while the solve steps eagerly, wait compiles first"},
             "engine": {"enum": ["auto", "native", "torch"],
                        "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
         },
