@@ -68,7 +68,7 @@ class SolverSpec:
     icoeff: float | None = None
     dcoeff: float | None = None
     adjoint: str = "direct"
-    compile: bool | str = False  # torch.compile each explicit step: true (built in the background) or "wait"
+    compile: bool | str = False  # torch.compile each explicit step: true (once eager time pays for it) or "wait"
     engine: str = "auto"  # native: generated C solver (equations, explicit RK, CPU float64); torch; auto
 
 

@@ -40,8 +40,8 @@ def ode_schema(methods: list[str]) -> dict[str, Any]:
             "dcoeff": {"type": ["number", "null"]},
             "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
             "compile": {"enum": [True, False, "wait"],
-                        "description": "fuse each explicit step with torch.compile: true builds it in the "
-                                       "background while the solve steps eagerly, wait compiles first"},
+                        "description": "fuse each explicit step with torch.compile: true once the eager "
+                                       "steps have cost about a compile, wait before the first step"},
             "engine": {"enum": ["auto", "native", "torch"],
                        "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
         },
