@@ -7,8 +7,9 @@ eager step of a right-hand side has cost :data:`COMPILE_AFTER_EAGER_S`, about wh
 costs (in one solve or summed over several), then runs compiled for the rest of that solve and
 every later solve of that right-hand side in the process. As with renting until the rent
 would have bought the thing, the total stays within about twice the better of "eager
-throughout" and "compile first", and a short solve runs exactly as eagerly. ``compile="wait"`` compiles before the first step instead: every step
-compiled, so every run is the same code.
+throughout" and "compile first", and a short solve runs exactly as eagerly.
+``compile="wait"`` compiles before the first step instead: every step compiled, so every run
+is the same code.
 
 (Compiling on a background thread while the solve steps eagerly was tried: the trace holds the
 GIL, which every eager torch op gives up and must win back, so the eager solve ran 3-9x slower
@@ -41,7 +42,6 @@ class FusedStep:
         self.compiled: Callable | None = None  # made on first need: importing dynamo alone takes ~1 s
         self.state = "idle"  # idle -> ready | failed
         self.eager_seconds = 0.0
-        self.error: Exception | None = None
 
     @property
     def ready(self) -> bool:
@@ -57,7 +57,7 @@ class FusedStep:
             try:
                 return self.wait(*args)
             except Exception as exc:  # a compiler failure leaves the eager step in charge
-                self.error, self.state = exc, "failed"
+                self.state = "failed"
                 warnings.warn(f"torch.compile of the solver step failed, solving eagerly: {exc!r}",
                               RuntimeWarning, stacklevel=2)
         if self.ready:
