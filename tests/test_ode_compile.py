@@ -78,13 +78,10 @@ def test_the_fused_chunk_has_no_graph_breaks():
 def test_compiled_solve_equals_eager_for_each_tolerance():
     # Tolerances are tensor inputs, so the second solve reuses the graph: it must not reuse the
     # first tolerance (the torch 2.13 cache pitfall) and must still take the eager steps.
-    batch = 6
-    mu = torch.linspace(0.5, 25.0, batch, dtype=torch.float64)
-    y0 = torch.tensor([[2.0, 0.0]], dtype=torch.float64).expand(batch, 2)
-    grid = torch.linspace(0, 6, 7, dtype=torch.float64)
+    y0, t_end, grid, params = _vdp_problem()
     for tol in (1e-5, 1e-8):
-        eager = solve(vdp, y0, 0.0, 6.0, grid, params={"mu": mu}, rtol=tol, atol=tol)
-        compiled = solve(vdp, y0, 0.0, 6.0, grid, params={"mu": mu}, rtol=tol, atol=tol, compile="wait")
+        eager = solve(vdp, y0, 0.0, t_end, grid, params=params, rtol=tol, atol=tol)
+        compiled = solve(vdp, y0, 0.0, t_end, grid, params=params, rtol=tol, atol=tol, compile="wait")
         assert compiled.extra["attempts_compiled"] == compiled.extra["attempts"] > 0
         for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals"):
             assert torch.equal(eager.stats[name], compiled.stats[name]), (tol, name)
