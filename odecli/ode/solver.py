@@ -506,25 +506,38 @@ def _explicit_chunk(
     waiting for dense output).
     """
     merged = {**shared, **p}
-
-    def rhs(tt: Tensor, yy: Tensor) -> Tensor:
-        return f(tt, yy, merged)
-
     for _ in range(steps):
-        h, last = _step_size(s["h"], s["t"], t_end, direction, s["active"])
-        stepping = s["active"]
-        if n_interior is not None:
-            waiting = stepping & _reaches_eval_time(h, last, s["t"], t_end, direction, ptr, grid, n_interior)
-            stepping = stepping & ~waiting
-            h = torch.where(waiting, torch.zeros_like(h), h)
-        y_new, f_new, _, err = rk_step(method, rhs, s["t"], s["y"], s["f0"], h, rtol, atol)
-        new = _advance(ctrl, method.error_order, s, stepping, h, last, y_new, f_new, err, method.n_stages,
-                       t_end, direction, dt_min, dt_max, max_steps)
-        if n_interior is not None:
-            new["active"] = new["active"] | waiting
-        s = {name: new[name] for name in LOOP_STATE}
+        s = _chunk_attempt(method, ctrl, f, merged, s, ptr, t_end, direction, grid, n_interior,
+                           rtol, atol, dt_min, dt_max, max_steps)
     crossing = _next_attempt_crosses(s, ptr, t_end, direction, grid, n_interior)
     return {**s, "sync": torch.stack([s["active"].sum(), crossing.sum()])}
+
+
+# A region compiled once and stamped out for each attempt of a chunk, instead of traced and
+# lowered ``steps`` times: a cold compile of the 4-attempt chunk fell from 24 s to 19 s. Eagerly
+# it is a plain call; torch < 2.8 lacks it and unrolls.
+_compiled_once = getattr(torch.compiler, "nested_compile_region", lambda fn: fn)
+
+
+@_compiled_once
+def _chunk_attempt(
+    method: ExplicitRK, ctrl: PIDController, f: RHS, merged: dict[str, Tensor], s: dict[str, Tensor],
+    ptr: Tensor, t_end: Tensor, direction: Tensor, grid: Tensor, n_interior: Tensor | None,
+    rtol: Tensor, atol: Tensor, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+) -> dict[str, Tensor]:
+    """One attempt of a chunk; rows whose attempt would reach an interior evaluation time wait."""
+    h, last = _step_size(s["h"], s["t"], t_end, direction, s["active"])
+    stepping = s["active"]
+    if n_interior is not None:
+        waiting = stepping & _reaches_eval_time(h, last, s["t"], t_end, direction, ptr, grid, n_interior)
+        stepping = stepping & ~waiting
+        h = torch.where(waiting, torch.zeros_like(h), h)
+    y_new, f_new, _, err = rk_step(method, lambda tt, yy: f(tt, yy, merged), s["t"], s["y"], s["f0"], h, rtol, atol)
+    new = _advance(ctrl, method.error_order, s, stepping, h, last, y_new, f_new, err, method.n_stages,
+                   t_end, direction, dt_min, dt_max, max_steps)
+    if n_interior is not None:
+        new["active"] = new["active"] | waiting
+    return {name: new[name] for name in LOOP_STATE}
 
 
 class _Fused:
