@@ -18,6 +18,7 @@ during the build and a single long solve gained nothing; see benchmarks/RESULTS.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import types
@@ -61,9 +62,7 @@ class FusedStep:
                 warnings.warn(f"torch.compile of the solver step failed, solving eagerly: {exc!r}",
                               RuntimeWarning, stacklevel=2)
         if self.ready:
-            # Inputs it was not traced for (a size-1 batch after compaction, another dtype) run
-            # eagerly rather than stalling the solve for a recompile.
-            with torch.compiler.set_stance("eager_on_recompile"):
+            with _eager_on_recompile():
                 return self.compiled(*args)
         started = time.perf_counter()
         out = self.eager(*args)
@@ -82,6 +81,13 @@ class FusedStep:
 def fused_step(f: Callable, fn: Callable) -> FusedStep:
     """The :class:`FusedStep` of ``fn`` for right-hand side ``f``, shared by every solve of ``f``."""
     return FusedStep(fn)
+
+
+def _eager_on_recompile() -> contextlib.AbstractContextManager:
+    """Inputs a compiled copy was not traced for (a size-1 batch after compaction, another dtype)
+    run eagerly rather than stall the solve for a recompile (torch >= 2.6; before, it recompiles)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("eager_on_recompile") if set_stance else contextlib.nullcontext()
 
 
 def _compile(fn: Callable) -> Callable:
