@@ -1,6 +1,6 @@
 """torch.compile'd copies of the solver's fused step, compiled only once they pay for themselves.
 
-Compiling a fused step takes 7-30 s on a 2-core CPU (dynamo's trace, AOTAutograd, inductor's
+Compiling a fused step takes 7-23 s on a 2-core CPU (dynamo's trace, AOTAutograd, inductor's
 C++), longer than most solves take eagerly. So ``compile=True`` is a rent-or-buy rule: the
 solve steps eagerly - the same code, so the same steps, to round-off - and compiles once the
 eager step of a right-hand side has cost :data:`COMPILE_AFTER_EAGER_S`, about what a compile
@@ -32,7 +32,7 @@ COMPILE_MODES = (False, True, "wait")
 
 COMPILE_AFTER_EAGER_S = 10.0
 """Eager seconds in one fused step (per right-hand side) after which ``compile=True`` compiles it:
-about one compile with warm caches (7 s measured) and a third of a cold one (27-30 s)."""
+about one compile with warm caches (7 s measured) and half a cold one (18-23 s)."""
 
 
 class FusedStep:
