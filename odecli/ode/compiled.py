@@ -11,9 +11,10 @@ throughout" and "compile first", and a short solve runs exactly as eagerly.
 ``compile="wait"`` compiles before the first step instead: every step compiled, so every run
 is the same code.
 
-(Compiling on a background thread while the solve steps eagerly was tried: the trace holds the
-GIL, which every eager torch op gives up and must win back, so the eager solve ran 3-9x slower
-during the build and a single long solve gained nothing; see benchmarks/RESULTS.md.)
+(Compiling on a background thread while the solve steps eagerly was tried: every eager torch op
+gives up the GIL and must win it back from the tracing thread, so the solve ran 2-7x slower
+during the build. A loop of solves came out even with eager, but a single 7.7 s solve took
+17.9 s and ended before its build did; see benchmarks/RESULTS.md.)
 """
 
 from __future__ import annotations
