@@ -514,7 +514,7 @@ def _explicit_chunk(
 
 
 # A region compiled once and stamped out for each attempt of a chunk, instead of traced and
-# lowered ``steps`` times: a cold compile of the 4-attempt chunk fell from 24 s to 19 s. Eagerly
+# lowered ``steps`` times: a cold compile of the 4-attempt chunk fell from 24 s to 18 s. Eagerly
 # it is a plain call; torch < 2.8 lacks it and unrolls.
 _compiled_once = getattr(torch.compiler, "nested_compile_region", lambda fn: fn)
 
