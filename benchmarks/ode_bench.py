@@ -23,6 +23,11 @@ Method (see benchmarks/README.md and /work/shared/peers/README.md for the ration
 ``TORCHINDUCTOR_AUTOGRAD_CACHE=0`` is set before torch is imported: with torch 2.13 the AOTAutograd
 cache can hand compiled torchode a stale tolerance (see the peers README, caveat 3).
 
+Round-robin has one side effect: glibc merges the small blocks a solver frees at the next large
+allocation, which can fall in the next solver's timed call. A sub-millisecond solve after an
+eager PyTorch one can then take a few ms (RESULTS.md, "ODE on the Zen 5 VM with the vector
+`pow`"). ``GLIBC_TUNABLES=glibc.malloc.mxfast=0`` in the environment turns those blocks off.
+
 Usage::
 
     python benchmarks/ode_bench.py --problems vdp,lv,mlp --batches 1,64,1024 --tols 1e-6
