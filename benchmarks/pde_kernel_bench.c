@@ -46,6 +46,7 @@ int main(int argc, char **argv)
     double *c2 = aligned_alloc(64, sizeof(double) * 3 * ny * nx), *sp = c2 + ny * nx, *gc = sp + ny * nx;
     double *laps = aligned_alloc(64, sizeof(double) * stores * n * ny * ls);
     double *scratch = calloc((n + 1) * ring, sizeof(double));
+    double *copies = aligned_alloc(64, sizeof(double) * 2 * n * ls); /* the adjoint pass's lap rows */
     int64_t *span = malloc(sizeof(int64_t) * 2 * ny), *no_rec = calloc(ny + 5, sizeof(int64_t));
     const int64_t *rec_ptr[STEPS], *rec_ix[STEPS];
     const double *rec_val[STEPS], *lap[STEPS];
@@ -75,7 +76,7 @@ int main(int argc, char **argv)
 
     if (argc > 3) { /* one pass, single steps whole and in two pieces, then hash every bit */
         leapfrog_adjoint_run_f64(1, ny, nx, n, 0, n, NULL, NULL, lap, ls, c2, sp, span, A, Bf,
-                                 0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val);
+                                 0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val, copies);
         leapfrog_adjoint_f64(1, ny, nx, 0, ny + 4, lap[1], ls, c2, sp, span, A, Bf, 0.01, 0.01, gc, scratch);
         leapfrog_adjoint_f64(1, ny, nx, 0, ny / 2, lap[2], ls, c2, sp, span, Bf, A, 0.01, 0.01, gc, scratch);
         leapfrog_adjoint_f64(1, ny, nx, ny / 2, ny + 4, lap[2], ls, c2, sp, span, Bf, A, 0.01, 0.01, gc,
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
             const double *cold[STEPS];
             for (int j = 0; j < n; ++j) cold[j] = laps + ((k % stores) * n + j) * ny * ls;
             leapfrog_adjoint_run_f64(1, ny, nx, n, 0, n, NULL, NULL, cold, ls, c2, sp, span, A, Bf,
-                                     0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val);
+                                     0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val, copies);
         }
         const double ta = (now() - t0) / reps / (ny * nx * n) * 1e9;
         adjoint = ta < adjoint ? ta : adjoint;

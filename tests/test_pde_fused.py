@@ -313,14 +313,18 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
 @pytest.mark.parametrize("steps,threads", [(1, 1), (2, 1), (3, 1), (4, 1), (8, 1), (2, 2), (5, 2), (8, 3)])
 @pytest.mark.parametrize("with_sponge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype, monkeypatch):
+@pytest.mark.parametrize("nx", [17, 700])
+def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype, nx, monkeypatch):
     """n adjoint steps in one pass, with each next step's receiver residuals injected between;
-    on several threads, each running its share of the steps behind the one before."""
+    on several threads, each running its share of the steps behind the one before.  The pass
+    copies the stored lap rows before reading them: all of a row iteration's at its start for
+    narrow blocks (17 columns), each call's just before it for wide ones (700; float32 with one
+    step still up front)."""
     from odecli.pde import leapfrog
 
     monkeypatch.setattr(leapfrog, "_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs
     gen = torch.Generator().manual_seed(11 + steps)
-    b, ny, nx = 3, 14, 17
+    b, ny = 3, 14
     rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
     laps = [rnd(b, ny, nx) for _ in range(steps)]  # lap4 of u_k, u_{k-1}, ...
     g, later = rnd(b, ny + 4, nx + 4), rnd(b, ny + 4, nx + 4)

@@ -163,6 +163,7 @@ class Kernels:
         self._adjoint_run = _kernel("adjoint_run", self.dtype)
         self._forward_run = _kernel("forward_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
+        self._copies = torch.empty(0, dtype=self.dtype)  # adjoint_run's copies of the lap rows it reads
 
     def _check(self, *fields: Tensor) -> None:
         for f in fields:
@@ -288,8 +289,16 @@ class Kernels:
                  pointers(*(r[0].data_ptr() for r, _ in injections)),
                  pointers(*(r[1].data_ptr() for r, _ in injections)),
                  (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
-                 pointers(*(v.data_ptr() for _, v in injections)))
+                 pointers(*(v.data_ptr() for _, v in injections)), _ptr(self._lap_copies(n)))
         self._pipelined(self._adjoint_run, n, fixed)
+
+    def _lap_copies(self, steps: int) -> Tensor:
+        """Two rows per step and shot, of whole cache lines: where an adjoint pass copies the
+        stored lap rows it is about to read (torch allocates on 64-byte lines)."""
+        size = 2 * steps * self.shape[0] * lap_row_stride(self._nx, self.dtype)
+        if self._copies.numel() < size:
+            self._copies = torch.empty(size, dtype=self.dtype)
+        return self._copies
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:
