@@ -26,7 +26,8 @@ cache can hand compiled torchode a stale tolerance (see the peers README, caveat
 Round-robin has one side effect: glibc merges the small blocks a solver frees at the next large
 allocation, which can fall in the next solver's timed call. A sub-millisecond solve after an
 eager PyTorch one can then take a few ms (RESULTS.md, "ODE on the Zen 5 VM with the vector
-`pow`"). ``GLIBC_TUNABLES=glibc.malloc.mxfast=0`` in the environment turns those blocks off.
+`pow`"). With ``GLIBC_TUNABLES=glibc.malloc.mxfast=0`` in the environment glibc merges freed
+blocks at once instead, and each solver pays for its own.
 
 Usage::
 
