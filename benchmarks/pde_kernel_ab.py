@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--threads", type=int, default=1, help="kernel threads (compute.threads)")
     args = ap.parse_args()
 
     import torch
@@ -53,6 +54,7 @@ def main() -> None:
     leapfrog._kernel_named = lambda name: getattr(libs[current[0]], name)  # looked up per call
 
     raw = pde_bench.spec_dict(args.size, args.steps, args.dtype, "auto", args.size)
+    raw["compute"]["threads"] = args.threads
     spec = validate(raw, "bench")
     spec["text"] = ""
     spec["observed"]["noise"] = 0.0
@@ -73,7 +75,8 @@ def main() -> None:
             if r:
                 times[(v, "forward")].append(t1 - t0)
                 times[(v, "forward+gradient")].append(t2 - t1)
-    print(f"{args.size}^2 {args.dtype}, {args.steps} steps, {args.rounds} alternated rounds")
+    print(f"{args.size}^2 {args.dtype}, {args.steps} steps, {args.threads} kernel thread(s), "
+          f"{args.rounds} alternated rounds")
     for (v, what), ts in times.items():
         print(f"  {v:<5} {what:<17} fastest {min(ts) * 1e3:8.1f} ms  median {statistics.median(ts) * 1e3:8.1f} ms")
     for v in libs:
