@@ -403,14 +403,15 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
  * On exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf   \
  * for odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls'     \
  * order.  scratch: n B adjoint scratches (one per step and shot).                            \
- * copies: 2 n B rows of nx rounded up to whole cache lines, where the stored lap rows are    \
- * copied (memcpy) before the stencil loop reads them: a copy streams them from memory with   \
- * many loads in flight, where the loop fetched them a line at a time among a dozen other     \
- * streams.  When a row iteration's n B rows take at most COPY_UP_FRONT_BYTES they are copied \
- * at its start (short rows: the copies overlap; 256^2 float64), else each call's one or two  \
- * rows just before it (long rows: they stay in L1).  In pde_kernel_bench.c the adjoint took  \
- * 12-23 % less time at 256^2, 512^2 and 2000^2, the same at 1000^2.  (A buffer of its own:   \
- * placed after the scratches, the copies gained half as much.)                               \
+ * copies: 2 n B rows of nx rounded up to whole cache lines (leapfrog.lap_row_stride), where  \
+ * the stored lap rows are copied (memcpy) before the stencil loop reads them: a copy streams  \
+ * them from memory with many loads in flight, where the loop fetched them a line at a time    \
+ * among a dozen other streams.  When a row iteration's n B rows take at most                \
+ * COPY_UP_FRONT_BYTES they are copied at its start (short rows: the copies overlap; 256^2     \
+ * float64), else each call's one or two rows just before it (long rows: they stay in L1).    \
+ * In pde_kernel_bench.c the adjoint took 12-23 % less time at 256^2, 512^2 and 2000^2, the  \
+ * same at 1000^2.  (A buffer of its own: placed after the scratches, the copies gained half  \
+ * as much.)                                                                                  \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last iteration q it has finished and waiting before  \
  * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
