@@ -317,11 +317,9 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
 def test_adjoint_run_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype, nx, monkeypatch):
     """n adjoint steps in one pass, with each next step's receiver residuals injected between;
     on several threads, each running its share of the steps behind the one before.  The pass
-    copies the stored lap rows before reading them: all of a row iteration's at its start for
-    narrow blocks (17 columns), each call's just before it for wide ones (700; float32 with one
-    step still up front).  Its stencil pass runs in pieces of 64 columns, prefetching the next
-    copy's row between them, unless a call's rows are too long (700 columns, 3 shots, 8 float64
-    steps on one thread)."""
+    reads the stored lap rows in place, its stencil pass running in pieces of 64 columns with
+    prefetches between them, unless a call's rows are too long (700 columns, 3 shots, 8 float64
+    steps on one thread): then it copies each call's rows just before the call."""
     from odecli.pde import leapfrog
 
     monkeypatch.setattr(leapfrog, "_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs

@@ -52,12 +52,12 @@
 #define HROWS 8
 #define RUN_LAG 2 /* rows each step runs ahead of the next in leapfrog_adjoint_run */
 #define LINE 64 /* bytes in a cache line: copies' rows are whole lines */
-#define COPY_UP_FRONT_BYTES (16 << 10) /* see leapfrog_adjoint_run */
 #define PREFETCH_MAX_BYTES (96 << 10) /* see leapfrog_adjoint_run */
+#define PREFETCH_ITERATION_BYTES (16 << 10) /* see prefetch_row */
 #define PREFETCH_COLUMNS 64 /* columns of the stencil pass between prefetches */
 /* Step j's fused pass reads step j+1's lap at block row qj - 2, which is that step's own row of
- * the same row iteration (so the row copied up front for it) only with a lag of 2 rows. */
-_Static_assert(RUN_LAG == 2, "leapfrog_adjoint_run copies each step's lap row for its row iteration");
+ * the same row iteration (prefetched as such a row iteration ahead) only with a lag of 2 rows. */
+_Static_assert(RUN_LAG == 2, "prefetch_row takes the fused pass's row for the next step's own");
 #define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
 #define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
 #define LAPT(J)                                                                       \
@@ -421,22 +421,23 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
     restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
                                                                                               \
-/* The stored row that the first copy after call (step j, shot b) of row iteration q reads,   \
- * or NULL if that copy reads none: see leapfrog_adjoint_run.  Up front, step j's row of      \
- * iteration q + 1.  Just in time, the calls after the first step's mostly find their h made  \
- * and copy only the fused pass's row (step j+1's row, RUN_LAG above theirs; for shot b, B    \
- * calls later), and the last two steps' calls are followed by step j0's copies of iteration  \
- * q + 1, its own row and the fused pass's. */                                                \
+/* The stored row for call (step j, shot b) of row iteration q to prefetch, or NULL: see      \
+ * leapfrog_adjoint_run.  Calls after the first step's mostly find their h made and read only \
+ * the fused pass's row (the next step's own, RUN_LAG rows above theirs), and the last two    \
+ * steps' calls are followed by step j0's of iteration q + 1, which reads its own row and the \
+ * fused pass's.  A call prefetches the row the next call (the next step's, for shot b B      \
+ * calls later) reads; but with at most PREFETCH_ITERATION_BYTES of rows a row iteration, a   \
+ * call is over before its prefetches land (128^2: 15 % slower), so (ahead) each call         \
+ * prefetches its own step's row of iteration q + 1. */                                       \
 static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, long ls, long b, \
-                                                long j, long j0, long j1, long q,            \
-                                                int up_front)                                \
+                                                long j, long j0, long j1, long q, int ahead) \
 {                                                                                             \
     long step = j, row = q + 1 - j * RUN_LAG;                                                 \
-    if (!up_front && j + 2 < j1)                                                              \
+    if (!ahead && j + 2 < j1)                                                                 \
         step = j + 2, row = q - (j + 1) * RUN_LAG - 2;                                        \
-    else if (!up_front && j + 2 == j1)                                                        \
+    else if (!ahead && j + 2 == j1)                                                           \
         step = j0, row = q + 1 - j0 * RUN_LAG;                                                \
-    else if (!up_front)                                                                       \
+    else if (!ahead)                                                                          \
         step = j0 + 1, row = q + 1 - j0 * RUN_LAG - 2;                                        \
     if (step >= j1 || row < 0 || row >= ny)                                                   \
         return NULL;                                                                          \
@@ -459,22 +460,19 @@ static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, lo
  * On exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf   \
  * for odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls'     \
  * order.  scratch: n B adjoint scratches (one per step and shot).                            \
- * copies: 2 n B rows of nx rounded up to whole cache lines (leapfrog.lap_row_stride), where  \
- * the stored lap rows are copied (memcpy) before the stencil loop reads them: a copy streams  \
- * them from memory with many loads in flight, where the loop fetched them a line at a time    \
- * among a dozen other streams.  When a row iteration's n B rows take at most                \
- * COPY_UP_FRONT_BYTES they are copied at its start (short rows: the copies overlap; 256^2     \
- * float64), else each call's one or two rows just before it (long rows: they stay in L1).    \
- * In pde_kernel_bench.c the adjoint took 12-23 % less time at 256^2, 512^2 and 2000^2, the  \
- * same at 1000^2.  (A buffer of its own: placed after the scratches, the copies gained half  \
- * as much.)                                                                                  \
- * While its stencil pass runs, each call prefetches the row the next copy will read (see     \
- * prefetch_row), when the rows this call copies per row iteration take at most              \
- * PREFETCH_MAX_BYTES: the copy then reads it from cache, and the memory reads overlap the    \
- * arithmetic.  Forward + gradient took 11 % less time at 256^2, 3-4 % less at 512^2 and      \
- * 1000^2, and 9-13 % less in float32 from 256^2 to 2000^2 (pde_kernel_ab.py).  With longer   \
- * rows (2000^2 float64, 128 KB a row iteration) the pass's rows no longer fit the 1 MB L2    \
- * cache of the machine measured, and prefetching made the adjoint 3-6 % slower.               \
+ * The stored lap rows come from memory (the forward streamed them past the caches), and the  \
+ * stencil loop, left to fetch them a line at a time among a dozen other streams, spent 0.7   \
+ * ns a point on them, where a plain stream reads a double in 0.2.  So when a call's rows     \
+ * take at most PREFETCH_MAX_BYTES a row iteration, its stencil pass prefetches the rows the  \
+ * next reads (prefetch_row), and each call reads its rows from cache, the memory reads       \
+ * overlapping the arithmetic.  Longer rows no longer fit, with the pass's other rows, in the  \
+ * 1 MB L2 cache of the machine measured, and prefetches made the adjoint 3-9 % slower; their  \
+ * rows are copied (memcpy) into copies just before each call, which streams them with many   \
+ * loads in flight.  copies: 2 n B rows of nx rounded up to whole cache lines                 \
+ * (leapfrog.lap_row_stride).  (A buffer of its own: placed after the scratches, the copies   \
+ * gained half as much.)  In pde_kernel_bench.c against the copies alone, the adjoint took    \
+ * 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2; the copies had taken 12-23 %  \
+ * off at 256^2, 512^2 and 2000^2.                                                            \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last iteration q it has finished and waiting before  \
  * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
@@ -493,20 +491,15 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
 {                                                                                             \
     const long w = nx + 4, plane = (ny + 4) * w, R1 = ny + 4, ring = (HROWS + 1) * (nx + 8);   \
     const long per_line = LINE / sizeof(T), cs = (nx + per_line - 1) / per_line * per_line;   \
-    /* up front: row j B + b for step j's shot b; else rows 2 j0 B and 2 j0 B + 1 of this call */\
-    const int up_front = n * B * cs * (long)sizeof(T) <= COPY_UP_FRONT_BYTES;                 \
-    const int prefetching = (j1 - j0) * B * cs * (long)sizeof(T) <= PREFETCH_MAX_BYTES;        \
-    T *const own_now = copies + 2 * j0 * B * cs, *const next_now = own_now + cs;              \
+    const long rows_bytes = (j1 - j0) * B * cs * (long)sizeof(T); /* a row iteration's */     \
+    const int prefetching = rows_bytes <= PREFETCH_MAX_BYTES;                                 \
+    const int ahead_row = rows_bytes <= PREFETCH_ITERATION_BYTES;                             \
+    T *const own = copies + 2 * j0 * B * cs, *const next = own + cs; /* this call's copies */ \
     const unsigned fp_mode = flush_subnormals();                                              \
     for (long q = -4; q < R1 + (n - 1) * RUN_LAG; ++q) {                                      \
         if (ahead) /* steps j0.. read what step j0-1 (another thread) makes in iteration q */ \
             for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; ++spins)       \
                 if (spins > 256) sched_yield();                                               \
-        for (long j = j0; j < j1 && up_front; ++j) { /* block row q - j RUN_LAG of step j */  \
-            const long i = q - j * RUN_LAG;                                                   \
-            for (long b = 0; b < B && i >= 0 && i < ny; ++b)                                  \
-                memcpy(copies + (j * B + b) * cs, lap[j] + (b * ny + i) * ls, sizeof(T) * nx); \
-        }                                                                                     \
         int h_made = 0; /* whether step j-1 made step j's h and gradient terms this round */ \
         for (long j = j0; j < j1; ++j) {                                                      \
             const long qj = q - j * RUN_LAG;                                                  \
@@ -521,20 +514,22 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
             T *g = (j % 2 == 0) ? A : Bf, *a = (j % 2 == 0) ? Bf : A;                         \
             for (long b = 0; b < B; ++b) {                                                    \
                 T *ab = a + b * plane;                                                        \
-                T *own = up_front ? copies + (j * B + b) * cs : own_now;                      \
-                T *next = up_front ? copies + ((j + 1) * B + b) * cs : next_now;              \
-                if (!up_front && qj >= 0 && qj < ny && !h_made) /* step j's block row qj */   \
-                    memcpy(own, lap[j] + (b * ny + qj) * ls, sizeof(T) * nx);                 \
-                if (!up_front && fuse) /* step j+1's block row qj - 2, for the fused pass */  \
-                    memcpy(next, lap[j + 1] + (b * ny + qj - 2) * ls, sizeof(T) * nx);        \
-                adjoint_iteration_##SUFFIX(qj, ny, nx, 0, R1, own, 0,                         \
-                                           c2dt2, sponge, span, g + b * plane, ab, iy2, ix2,  \
-                                           grad_c2, scratch + (j * B + b) * ring, h_made,     \
-                                           fuse ? next : NULL,                                \
+                /* step j's rows, and step j+1's for the fused pass: in place, or copied */   \
+                const T *mine = lap[j] + b * ny * ls;                                         \
+                const T *theirs = fuse ? lap[j + 1] + b * ny * ls : NULL;                     \
+                if (!prefetching && qj >= 0 && qj < ny && !h_made) /* block row qj */         \
+                    memcpy(own, mine + qj * ls, sizeof(T) * nx);                              \
+                if (!prefetching && fuse) /* block row qj - 2 */                              \
+                    memcpy(next, theirs + (qj - 2) * ls, sizeof(T) * nx);                     \
+                adjoint_iteration_##SUFFIX(qj, ny, nx, 0, R1, prefetching ? mine : own,       \
+                                           prefetching ? ls : 0, c2dt2, sponge, span,         \
+                                           g + b * plane, ab, iy2, ix2, grad_c2,              \
+                                           scratch + (j * B + b) * ring, h_made,              \
+                                           !fuse ? NULL : prefetching ? theirs : next,        \
                                            fuse ? scratch + ((j + 1) * B + b) * ring : NULL,  \
                                            prefetching ? prefetch_row_##SUFFIX(lap, ny, ls, b, j, \
                                                                                j0, j1, q,    \
-                                                                               up_front)     \
+                                                                               ahead_row)    \
                                                        : NULL);                               \
                 if (j + 1 < n && qj >= 0) {                                                   \
                     const int64_t *ptr = rec_ptr[j], *ix = rec_ix[j];                         \
