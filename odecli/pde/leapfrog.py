@@ -293,8 +293,9 @@ class Kernels:
         self._pipelined(self._adjoint_run, n, fixed)
 
     def _lap_copies(self, steps: int) -> Tensor:
-        """Two rows per step and shot, of whole cache lines: where an adjoint pass copies the
-        stored lap rows it is about to read (torch allocates on 64-byte lines)."""
+        """Two rows per step and shot, of whole cache lines: where an adjoint pass whose rows
+        are too long to prefetch copies the stored lap rows it is about to read (torch allocates
+        on 64-byte lines)."""
         size = 2 * steps * self.shape[0] * lap_row_stride(self._nx, self.dtype)
         if self._copies.numel() < size:
             self._copies = torch.empty(size, dtype=self.dtype)
