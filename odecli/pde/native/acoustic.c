@@ -463,9 +463,9 @@ static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, lo
  * The stored lap rows come from memory (the forward streamed them past the caches), and the  \
  * stencil loop, left to fetch them a line at a time among a dozen other streams, spent 0.7   \
  * ns a point on them, where a plain stream reads a double in 0.2.  So when a call's rows     \
- * take at most PREFETCH_MAX_BYTES a row iteration, its stencil pass prefetches the rows the  \
- * next reads (prefetch_row), and each call reads its rows from cache, the memory reads       \
- * overlapping the arithmetic.  Longer rows no longer fit, with the pass's other rows, in the  \
+ * take at most PREFETCH_MAX_BYTES a row iteration, its stencil pass prefetches the rows a    \
+ * later call reads (prefetch_row), and each call reads its rows in place, from cache, the    \
+ * memory reads overlapping the arithmetic.  Longer rows no longer fit, with the pass's other rows, in the  \
  * 1 MB L2 cache of the machine measured, and prefetches made the adjoint 3-9 % slower; their  \
  * rows are copied (memcpy) into copies just before each call, which streams them with many   \
  * loads in flight.  copies: 2 n B rows of nx rounded up to whole cache lines                 \
