@@ -460,19 +460,19 @@ static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, lo
  * On exit the adjoint of u_{k-n+1} is in A for even n (and that of u_{k-n+2} in Bf), in Bf   \
  * for odd n.  Shots are interleaved row by row, so grad_c2 sums over shots in the calls'     \
  * order.  scratch: n B adjoint scratches (one per step and shot).                            \
- * The stored lap rows come from memory (the forward streamed them past the caches), and the  \
- * stencil loop, left to fetch them a line at a time among a dozen other streams, spent 0.7   \
- * ns a point on them, where a plain stream reads a double in 0.2.  So when a call's rows     \
- * take at most PREFETCH_MAX_BYTES a row iteration, its stencil pass prefetches the rows a    \
- * later call reads (prefetch_row), and each call reads its rows in place, from cache, the    \
- * memory reads overlapping the arithmetic.  Longer rows no longer fit, with the pass's other rows, in the  \
- * 1 MB L2 cache of the machine measured, and prefetches made the adjoint 3-9 % slower; their  \
- * rows are copied (memcpy) into copies just before each call, which streams them with many   \
- * loads in flight.  copies: 2 n B rows of nx rounded up to whole cache lines                 \
- * (leapfrog.lap_row_stride).  (A buffer of its own: placed after the scratches, the copies   \
- * gained half as much.)  In pde_kernel_bench.c against the copies alone, the adjoint took    \
- * 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2; the copies had taken 12-23 %  \
- * off at 256^2, 512^2 and 2000^2.                                                            \
+ * The stored lap rows come from memory (the forward streamed them past the caches), and      \
+ * the stencil loop, left to fetch them a line at a time among a dozen other streams, spent   \
+ * 0.7 ns a point on them, where a plain stream reads a double in 0.2.  So when a call's      \
+ * rows take at most PREFETCH_MAX_BYTES a row iteration, its stencil pass prefetches the      \
+ * rows a later call reads (prefetch_row), and each call reads its rows in place, from        \
+ * cache, the memory reads overlapping the arithmetic.  Longer rows no longer fit, with the   \
+ * pass's other rows, in the 1 MB L2 cache of the machine measured, and prefetches made the   \
+ * adjoint 3-9 % slower; their rows are copied (memcpy) into copies just before each call,    \
+ * which streams them with many loads in flight.  copies: 2 n B rows of nx rounded up to      \
+ * whole cache lines (leapfrog.lap_row_stride).  (A buffer of its own: placed after the       \
+ * scratches, the copies gained half as much.)  In pde_kernel_bench.c against the copies      \
+ * alone, the adjoint took 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2;      \
+ * the copies had taken 12-23 % off at 256^2, 512^2 and 2000^2.                               \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last iteration q it has finished and waiting before  \
  * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
