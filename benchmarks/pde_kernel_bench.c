@@ -41,7 +41,7 @@ int main(int argc, char **argv)
     }
     const long ny = atol(argv[1]), nx = atol(argv[2]), n = STEPS;
     const long w = nx + 4, plane = (ny + 4) * w, ls = (nx + 7) & ~7L; /* rows of whole lines */
-    const long ring = 9 * (nx + 8), stores = getenv("STORES") ? atol(getenv("STORES")) : 1;
+    const long ring = (HROWS + 1) * (nx + 8), stores = getenv("STORES") ? atol(getenv("STORES")) : 1;
     double *A = aligned_alloc(64, sizeof(double) * 2 * plane), *Bf = A + plane;
     double *c2 = aligned_alloc(64, sizeof(double) * 3 * ny * nx), *sp = c2 + ny * nx, *gc = sp + ny * nx;
     double *laps = aligned_alloc(64, sizeof(double) * stores * n * ny * ls);

@@ -39,7 +39,6 @@ from odecli.pde.stencils import laplacian4
 
 RING = 2
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
-_SCRATCH_ROWS = 9  # HROWS + 1 in acoustic.c: the adjoint's ring of h rows and a zero row
 _LINE_BYTES = 64  # a cache line
 
 
@@ -99,6 +98,21 @@ def kernels_flush_subnormals() -> bool:
     acoustic.c sets FTZ/DAZ for each call on x86, where each operation on a subnormal costs a
     microcode assist; other CPUs keep them."""
     return bool(_kernel_named("acoustic_flushes_subnormals")())
+
+
+@functools.lru_cache(maxsize=1)
+def _scratch_row_count() -> int:
+    """Rows in one adjoint scratch (the h rows of a step's ring and a zero row), as the compiled
+    kernels count them."""
+    lib_fn = _kernel_named("acoustic_scratch_rows")
+    lib_fn.restype = ctypes.c_long
+    return int(lib_fn())
+
+
+def _scratch_width(nx: int) -> int:
+    """Elements in one adjoint scratch for blocks ``nx`` wide (rows of nx + 8: 4 zero columns
+    each side)."""
+    return _scratch_row_count() * (nx + 4 * RING)
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
@@ -254,7 +268,7 @@ class Kernels:
         self._check(g, a)
         rows = self._check_laps(lap)
         if scratch.dim() != 2 or scratch.shape[0] < len(self._adj_rows) \
-                or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING) \
+                or scratch.shape[1] != _scratch_width(self._nx) \
                 or tuple(grad_c2.shape) != self._grad_shape:
             raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
         if g.data_ptr() == a.data_ptr():
@@ -273,7 +287,7 @@ class Kernels:
         self._check(a, b)
         rows = self._check_laps(laps, n)
         if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] < n * self.shape[0] \
-                or scratch.shape[1] != _SCRATCH_ROWS * (self._nx + 4 * RING):
+                or scratch.shape[1] != _scratch_width(self._nx):
             raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
         if a.data_ptr() == b.data_ptr():
             raise ValueError("step_adjoint_run: a and b must be different buffers")
@@ -463,12 +477,12 @@ def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
 def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
     """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``, per thread."""
     threads = max(1, min(threads, c2dt2.shape[0] + 2 * RING))
-    return c2dt2.new_zeros((threads, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
+    return c2dt2.new_zeros((threads, _scratch_width(c2dt2.shape[1])))
 
 
 def run_scratch(c2dt2: Tensor, shots: int, steps: int) -> Tensor:
     """The zeroed work rows :func:`step_adjoint_run` needs: one ring of h rows per step and shot."""
-    return c2dt2.new_zeros((steps * shots, _SCRATCH_ROWS * (c2dt2.shape[1] + 4 * RING)))
+    return c2dt2.new_zeros((steps * shots, _scratch_width(c2dt2.shape[1])))
 
 
 def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:

@@ -48,8 +48,13 @@
       + (((r)[(j) + 2 - (s)] + (r)[(j) + 2 + (s)]) * k1y))                            \
      + (((r)[(j) + 2 - 2 * (s)] + (r)[(j) + 2 + 2 * (s)]) * k2y))
 
-/* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
-#define HROWS 8
+/* h rows in an adjoint step's ring: the stencil's five, so that a slot is written again one row
+ * iteration after its last read, while its lines are still in cache.  With 8 a slot was written
+ * again four iterations after its last read, when its lines had likely left the cache (writing
+ * such a line reads it first): the adjoint took 0-12 % longer in pde_kernel_bench.c from 256^2
+ * to 2000^2, forward + gradient 1-5 % longer (pde_kernel_ab.py).  Results do not depend on
+ * HROWS. */
+#define HROWS 5
 #define RUN_LAG 2 /* rows each step runs ahead of the next in leapfrog_adjoint_run */
 #define LINE 64 /* bytes in a cache line: copies' rows are whole lines */
 #define PREFETCH_MAX_BYTES (96 << 10) /* see leapfrog_adjoint_run */
@@ -60,6 +65,7 @@
 _Static_assert(RUN_LAG == 2, "prefetch_row takes the fused pass's row for the next step's own");
 #define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
 #define HROW(q) (((q) < 0 || (q) >= ny) ? scratch + HROWS * hw : scratch + ((q) % HROWS) * hw)
+/* the adjoint's stencil pass: the same sums as LAP, over five separate h rows */
 #define LAPT(J)                                                                       \
     (((((hc[(J) + 2] * kc) + ((hc[(J) + 1] + hc[(J) + 3]) * k1x))                     \
        + ((hc[(J)] + hc[(J) + 4]) * k2x))                                             \
@@ -130,6 +136,10 @@ static inline void restore_fp_mode(unsigned caller) { (void)caller; }
 /* Whether this build flushes (1) or keeps (0) subnormals, so callers follow the compiled rule
  * instead of repeating the preprocessor's test. */
 int acoustic_flushes_subnormals(void) { return FLUSHES_SUBNORMALS; }
+
+/* Rows in one adjoint scratch (HROWS h rows and a zero row), so that callers size scratches by
+ * the compiled kernel instead of repeating HROWS. */
+long acoustic_scratch_rows(void) { return HROWS + 1; }
 
 #define COEFFS(T)                                                                     \
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
