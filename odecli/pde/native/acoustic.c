@@ -57,7 +57,7 @@
 #define HROWS 5
 #define RUN_LAG 2 /* rows each step runs ahead of the next in leapfrog_adjoint_run */
 #define LINE 64 /* bytes in a cache line: copies' rows are whole lines */
-#define PREFETCH_MAX_BYTES (96 << 10) /* see leapfrog_adjoint_run */
+#define PREFETCH_MAX_BYTES (112 << 10) /* see leapfrog_adjoint_run: 8 steps of 1750 doubles */
 #define PREFETCH_ITERATION_BYTES (16 << 10) /* see prefetch_row */
 #define PREFETCH_COLUMNS 64 /* columns of the stencil pass between prefetches */
 /* Step j's fused pass reads step j+1's lap at block row qj - 2, which is that step's own row of
@@ -477,12 +477,13 @@ static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, lo
  * rows a later call reads (prefetch_row), and each call reads its rows in place, from        \
  * cache, the memory reads overlapping the arithmetic.  Longer rows no longer fit, with the   \
  * pass's other rows, in the 1 MB L2 cache of the machine measured, and prefetches made the   \
- * adjoint 3-9 % slower; their rows are copied (memcpy) into copies just before each call,    \
- * which streams them with many loads in flight.  copies: 2 n B rows of nx rounded up to      \
- * whole cache lines (leapfrog.lap_row_stride).  (A buffer of its own: placed after the       \
- * scratches, the copies gained half as much.)  In pde_kernel_bench.c against the copies      \
- * alone, the adjoint took 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2;      \
- * the copies had taken 12-23 % off at 256^2, 512^2 and 2000^2.                               \
+ * adjoint 3-9 % slower (2000 and 3000 float64 columns; at 1800 the two tie); their rows are  \
+ * copied (memcpy) into copies just before each call, which streams them with many loads in  \
+ * flight.  copies: 2 n B rows of nx rounded up to whole cache lines                          \
+ * (leapfrog.lap_row_stride).  (A buffer of its own: placed after the scratches, the copies   \
+ * gained half as much.)  In pde_kernel_bench.c against the copies alone, the adjoint took    \
+ * 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2; the copies had taken 12-23 %  \
+ * off at 256^2, 512^2 and 2000^2.                                                            \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last iteration q it has finished and waiting before  \
  * iteration q until the call of the steps before it (*ahead) has finished q.  Rows of a step \
