@@ -437,17 +437,18 @@ void leapfrog_adjoint_##SUFFIX(long B, long ny, long nx, long R0, long R1,      
  * steps' calls are followed by step j0's of iteration q + 1, which reads its own row and the \
  * fused pass's.  A call prefetches the row the next call (the next step's, for shot b B      \
  * calls later) reads; but with at most PREFETCH_ITERATION_BYTES of rows a row iteration, a   \
- * call is over before its prefetches land (128^2: 15 % slower), so (ahead) each call         \
- * prefetches its own step's row of iteration q + 1. */                                       \
+ * call is over before its prefetches land (128^2: 15 % slower), so (whole_iteration) each    \
+ * call prefetches its own step's row of iteration q + 1. */                                  \
 static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, long ls, long b, \
-                                                long j, long j0, long j1, long q, int ahead) \
+                                                long j, long j0, long j1, long q,             \
+                                                int whole_iteration)                          \
 {                                                                                             \
     long step = j, row = q + 1 - j * RUN_LAG;                                                 \
-    if (!ahead && j + 2 < j1)                                                                 \
+    if (!whole_iteration && j + 2 < j1)                                                       \
         step = j + 2, row = q - (j + 1) * RUN_LAG - 2;                                        \
-    else if (!ahead && j + 2 == j1)                                                           \
+    else if (!whole_iteration && j + 2 == j1)                                                 \
         step = j0, row = q + 1 - j0 * RUN_LAG;                                                \
-    else if (!ahead)                                                                          \
+    else if (!whole_iteration)                                                                \
         step = j0 + 1, row = q + 1 - j0 * RUN_LAG - 2;                                        \
     if (step >= j1 || row < 0 || row >= ny)                                                   \
         return NULL;                                                                          \
@@ -504,7 +505,7 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
     const long per_line = LINE / sizeof(T), cs = (nx + per_line - 1) / per_line * per_line;   \
     const long rows_bytes = (j1 - j0) * B * cs * (long)sizeof(T); /* a row iteration's */     \
     const int prefetching = rows_bytes <= PREFETCH_MAX_BYTES;                                 \
-    const int ahead_row = rows_bytes <= PREFETCH_ITERATION_BYTES;                             \
+    const int whole_iteration = rows_bytes <= PREFETCH_ITERATION_BYTES;                       \
     T *const own = copies + 2 * j0 * B * cs, *const next = own + cs; /* this call's copies */ \
     const unsigned fp_mode = flush_subnormals();                                              \
     for (long q = -4; q < R1 + (n - 1) * RUN_LAG; ++q) {                                      \
@@ -540,7 +541,7 @@ void leapfrog_adjoint_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                                            fuse ? scratch + ((j + 1) * B + b) * ring : NULL,  \
                                            prefetching ? prefetch_row_##SUFFIX(lap, ny, ls, b, j, \
                                                                                j0, j1, q,    \
-                                                                               ahead_row)    \
+                                                                               whole_iteration) \
                                                        : NULL);                               \
                 if (j + 1 < n && qj >= 0) {                                                   \
                     const int64_t *ptr = rec_ptr[j], *ix = rec_ix[j];                         \
