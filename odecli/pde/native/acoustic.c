@@ -480,7 +480,9 @@ static inline const char *prefetch_row_##SUFFIX(const T *const *lap, long ny, lo
  * pass's other rows, in the 1 MB L2 cache of the machine measured, and prefetches made the   \
  * adjoint 3-9 % slower (2000 and 3000 float64 columns; at 1800 the two tie); their rows are  \
  * copied (memcpy) into copies just before each call, which streams them with many loads in  \
- * flight.  copies: 2 n B rows of nx rounded up to whole cache lines                          \
+ * flight.  (Column strips, so that a pass's rows fit in L2, were slower at 512^2-2000^2:     \
+ * benchmarks/RESULTS.md, "PDE: the adjoint pass in column strips".)                         \
+ * copies: 2 n B rows of nx rounded up to whole cache lines                                   \
  * (leapfrog.lap_row_stride).  (A buffer of its own: placed after the scratches, the copies   \
  * gained half as much.)  In pde_kernel_bench.c against the copies alone, the adjoint took    \
  * 20-30 % less time at 256^2 and 512^2, 10-15 % less at 1000^2; the copies had taken 12-23 %  \
