@@ -6,9 +6,8 @@ one process, and whether their gradients agree bit for bit.
     python benchmarks/pde_kernel_ab.py /tmp/old.c --size 1000 --rounds 6 --dtype float32
 
 The pde_bench problem (400 steps).  ``OTHER`` is another ``acoustic.c`` with the same kernel
-signatures (one from before ``acoustic_scratch_rows``, 2026-12-04, needs
-``long acoustic_scratch_rows(void) { return 9; }`` appended); it and this checkout's are built
-as odecli builds them, and every round runs both, in alternating order, so that the two see
+signatures (since the adjoint became the forward pass, 2026-12-04: ``leapfrog_forward_run``
+with its ``grad`` argument); it and this checkout's are built as odecli builds them, and every round runs both, in alternating order, so that the two see
 the same machine load (this VM's speed drifts by 1.7x within minutes: separate processes
 minutes apart are not comparable).  Prints the fastest and median of each, and the whole
 gradient's rate against the forward's (fastest / fastest).
@@ -67,7 +66,6 @@ def main() -> None:
     for r in range(args.rounds + 1):  # round 0 warms both up
         for v in ("other", "this") if r % 2 else ("this", "other"):
             current[0] = v
-            leapfrog._scratch_row_count.cache_clear()  # the versions may size scratches differently
             t0 = time.perf_counter()
             with torch.no_grad():
                 P.prop.forward(c)

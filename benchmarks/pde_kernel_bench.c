@@ -1,7 +1,7 @@
 /* Time the acoustic C kernels alone, outside Python: ns per grid-point step of an 8-step
- * adjoint pass and of an 8-step forward pass (float64, one thread, one shot), and a hash of
- * every output bit, so two versions of odecli/pde/native/acoustic.c can be compared for speed
- * and for bit-for-bit identical results:
+ * adjoint pass, of an 8-step forward pass and of one that stores each step's lap (float64, one
+ * thread, one shot), and a hash of every output bit, so two versions of
+ * odecli/pde/native/acoustic.c can be compared for speed and for bit-for-bit identical results:
  *
  *   git show HEAD~1:odecli/pde/native/acoustic.c > /tmp/old.c
  *   F="-O3 -march=native -ffp-contract=off -fno-math-errno -fPIC"   # odecli.native's flags
@@ -10,10 +10,11 @@
  *   for i in 1 2 3; do /tmp/old 256 256; /tmp/new 256 256; done   # alternate: the VM drifts
  *   /tmp/old 37 53 hash; /tmp/new 37 53 hash                        # must print the same hash
  *
+ * (Versions from before 2026-12-04's adjoint in the forward's form have other signatures.)
  * STORES=50 cycles the adjoint through 50 stores of 8 laps each, so that (as in a gradient,
- * whose store is written long before it is read) the laps come from memory, not cache.
- * The fields are random; the sponge is 10 cells wide on every side.  Each time is the best of
- * 7 rounds of about 6e7 point-steps.
+ * whose store is written long before it is read) the laps come from memory, not cache; the
+ * storing forward writes them in the same cycle.  The fields are random; the sponge is 10
+ * cells wide on every side.  Each time is the best of 7 rounds of about 6e7 point-steps.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -41,16 +42,12 @@ int main(int argc, char **argv)
     }
     const long ny = atol(argv[1]), nx = atol(argv[2]), n = STEPS;
     const long w = nx + 4, plane = (ny + 4) * w, ls = (nx + 7) & ~7L; /* rows of whole lines */
-    const long ring = (HROWS + 1) * (nx + 8), stores = getenv("STORES") ? atol(getenv("STORES")) : 1;
+    const long stores = getenv("STORES") ? atol(getenv("STORES")) : 1;
     double *A = aligned_alloc(64, sizeof(double) * 2 * plane), *Bf = A + plane;
     double *c2 = aligned_alloc(64, sizeof(double) * 3 * ny * nx), *sp = c2 + ny * nx, *gc = sp + ny * nx;
     double *laps = aligned_alloc(64, sizeof(double) * stores * n * ny * ls);
-    double *scratch = calloc((n + 1) * ring, sizeof(double));
-    double *copies = aligned_alloc(64, sizeof(double) * 2 * n * ls); /* the adjoint pass's lap rows */
-    int64_t *span = malloc(sizeof(int64_t) * 2 * ny), *no_rec = calloc(ny + 5, sizeof(int64_t));
-    const int64_t *rec_ptr[STEPS], *rec_ix[STEPS];
-    const double *rec_val[STEPS], *lap[STEPS];
-    long nrec[STEPS];
+    int64_t *span = malloc(sizeof(int64_t) * 2 * ny);
+    double *lap[STEPS];
     double *f[STEPS + 2];
 
     srand(1);
@@ -66,41 +63,36 @@ int main(int argc, char **argv)
         }
     }
     for (long k = 0; k < stores * n * ny * ls; ++k) laps[k] = uniform();
-    for (int j = 0; j < n; ++j) {
-        rec_ptr[j] = rec_ix[j] = no_rec;
-        rec_val[j] = A;
-        nrec[j] = 0;
-        lap[j] = laps + j * ny * ls;
-    }
+    for (int j = 0; j < n; ++j) lap[j] = laps + (n - 1 - j) * ny * ls; /* the adjoint reads the last first */
     for (int j = 0; j < n + 2; ++j) f[j] = (j % 2) ? Bf : A;
 
-    if (argc > 3) { /* one pass, single steps whole and in two pieces, then hash every bit */
-        leapfrog_adjoint_run_f64(1, ny, nx, n, 0, n, NULL, NULL, lap, ls, c2, sp, span, A, Bf,
-                                 0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val, copies);
-        leapfrog_adjoint_f64(1, ny, nx, 0, ny + 4, lap[1], ls, c2, sp, span, A, Bf, 0.01, 0.01, gc, scratch);
-        leapfrog_adjoint_f64(1, ny, nx, 0, ny / 2, lap[2], ls, c2, sp, span, Bf, A, 0.01, 0.01, gc, scratch);
-        leapfrog_adjoint_f64(1, ny, nx, ny / 2, ny + 4, lap[2], ls, c2, sp, span, Bf, A, 0.01, 0.01, gc,
-                             scratch + ring);
+    if (argc > 3) { /* an adjoint pass, a forward pass that stores, then hash every bit */
         leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL, NULL,
-                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0);
-        uint64_t h = 1469598103934665603ULL; /* FNV-1a over A, Bf and grad_c2 */
+                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, gc);
+        leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL, NULL,
+                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, NULL);
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a over A, Bf, grad_c2 and the laps */
         const unsigned char *p = (const unsigned char *)A, *q = (const unsigned char *)gc;
         for (size_t k = 0; k < sizeof(double) * 2 * plane; ++k) h = (h ^ p[k]) * 1099511628211ULL;
         for (size_t k = 0; k < sizeof(double) * ny * nx; ++k) h = (h ^ q[k]) * 1099511628211ULL;
+        for (long j = 0; j < n; ++j)
+            for (long i = 0; i < ny; ++i)
+                for (size_t k = 0; k < sizeof(double) * nx; ++k)
+                    h = (h ^ ((const unsigned char *)(lap[j] + i * ls))[k]) * 1099511628211ULL;
         printf("%ldx%ld hash %016llx\n", ny, nx, (unsigned long long)h);
         return 0;
     }
 
     long reps = 60000000 / (ny * nx * n);
     reps = reps < 3 ? 3 : reps;
-    double adjoint = 1e9, forward = 1e9;
+    double adjoint = 1e9, forward = 1e9, storing = 1e9;
     for (int round = 0; round < 7; ++round) {
         double t0 = now();
         for (long k = 0; k < reps; ++k) {
-            const double *cold[STEPS];
-            for (int j = 0; j < n; ++j) cold[j] = laps + ((k % stores) * n + j) * ny * ls;
-            leapfrog_adjoint_run_f64(1, ny, nx, n, 0, n, NULL, NULL, cold, ls, c2, sp, span, A, Bf,
-                                     0.01, 0.01, gc, scratch, rec_ptr, rec_ix, nrec, rec_val, copies);
+            double *cold[STEPS];
+            for (int j = 0; j < n; ++j) cold[j] = laps + ((k % stores) * n + n - 1 - j) * ny * ls;
+            leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, cold, ls, gc);
         }
         const double ta = (now() - t0) / reps / (ny * nx * n) * 1e9;
         adjoint = ta < adjoint ? ta : adjoint;
@@ -108,12 +100,23 @@ int main(int argc, char **argv)
         t0 = now();
         for (long k = 0; k < reps; ++k)
             leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
-                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0);
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL);
         const double tf = (now() - t0) / reps / (ny * nx * n) * 1e9;
         forward = tf < forward ? tf : forward;
         for (long k = 0; k < 2 * plane; ++k) A[k] = 1e-3 * uniform();
+        t0 = now();
+        for (long k = 0; k < reps; ++k) {
+            double *out[STEPS];
+            for (int j = 0; j < n; ++j) out[j] = laps + ((k % stores) * n + j) * ny * ls;
+            leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, out, ls, NULL);
+        }
+        const double ts = (now() - t0) / reps / (ny * nx * n) * 1e9;
+        storing = ts < storing ? ts : storing;
+        for (long k = 0; k < 2 * plane; ++k) A[k] = 1e-3 * uniform();
     }
-    printf("%ldx%ld  adjoint %.2f ns/pt  forward %.2f ns/pt  adjoint/forward %.2f\n", ny, nx, adjoint,
-           forward, adjoint / forward);
+    printf("%ldx%ld  adjoint %.2f  forward %.2f  storing forward %.2f ns/pt  "
+           "forward / (storing forward + adjoint) %.3f\n",
+           ny, nx, adjoint, forward, storing, forward / (storing + adjoint));
     return 0;
 }

@@ -4,11 +4,11 @@
     python benchmarks/pde_pass_bench.py --size 2000 --steps 40 --threads 2 --per-pass 1 2 8
     python benchmarks/pde_pass_bench.py --forward --size 1000 --per-pass 1 8
 
-One rank, the pde_bench problem.  The time loop's adjoint ``steps_per_pass`` (or, with
---forward, ``FORWARD_STEPS_PER_PASS``) is set to each value of --per-pass in turn, alternated
-over --rounds.  Backward: each entry is the faster of two evaluations' backward calls (the
-forward is not timed).  Forward: the fastest of three no-gradient forwards.  1 per pass is
-single steps, split by rows when --threads > 1.  Prints ms and the ratio to the first value.
+One rank, the pde_bench problem.  The time loop's ``STEPS_PER_PASS`` (forward and adjoint
+passes alike) is set to each value of --per-pass in turn, alternated over --rounds.
+Backward: each entry is the faster of two evaluations' backward calls (the forward is not
+timed).  Forward: the fastest of three no-gradient forwards.  1 per pass is single steps (the
+forward's split by rows when --threads > 1).  Prints ms and the ratio to the first value.
 """
 
 from __future__ import annotations
@@ -63,15 +63,14 @@ def main() -> None:
     for _ in range(args.rounds):
         for n in args.per_pass:
             times.clear()
+            acoustic_native.STEPS_PER_PASS = n
             if args.forward:
-                acoustic_native.FORWARD_STEPS_PER_PASS = n
                 for _ in range(3):
                     t0 = time.perf_counter()
                     with torch.no_grad():
                         problem.prop.forward(model)
                     times.append(time.perf_counter() - t0)
             else:
-                acoustic_native.steps_per_pass = lambda field_bytes, n=n: n
                 problem.evaluate(None)
                 problem.evaluate(None)
             rows[n].append(min(times))

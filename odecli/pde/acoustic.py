@@ -136,6 +136,7 @@ class AcousticPropagator:
         e = RING * (every - 1)
         self.ext = tuple(e if peer is not None else 0 for peer in (d.north, d.south, d.west, d.east))
         self.ring = tuple(RING + x for x in self.ext)
+        self.ext_receivers = None
         if not e:
             self.ext_sponge, self.ext_geom, self.ext_src_gain = self.sponge, self.rgeom, self.src_gain
             return
@@ -148,6 +149,7 @@ class AcousticPropagator:
         self.ext_sponge = None if self.sponge is None else self.extend(self.sponge)
         self.ext_src_gain = None if self.ext_sponge is None else self.ext_sponge[src.src_iy, src.src_ix]
         rn, _, rw, _ = self.ring
+        self.ext_receivers = (src.rec_ids, src.rec_iy + RING, src.rec_ix + RING)
         self.ext_geom = replace(g, src_shot=src.src_shot, src_amp=src.src_amp,
                                 src_iy=src.src_iy + RING, src_ix=src.src_ix + RING,
                                 rec_iy=g.rec_iy + rn, rec_ix=g.rec_ix + rw)
@@ -170,6 +172,15 @@ class AcousticPropagator:
         if self.fused and not ok:
             raise RuntimeError(f"fused acoustic kernel unavailable: {why}")
         return ok
+
+    def _fused_gradient_defined(self, c2dt2: torch.Tensor) -> bool:
+        """Whether the fused adjoint can give this gradient: it divides by ``c2dt2``, so a wave
+        speed of exactly 0 anywhere sends the evaluation to the reference path (on every rank,
+        which must all take the same path)."""
+        if not c2dt2.requires_grad:
+            return True
+        stalled = float(bool((c2dt2 == 0).any()))
+        return (self.comm.allreduce_scalar(stalled, "max") if self.comm.size > 1 else stalled) == 0
 
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""
@@ -217,11 +228,11 @@ class AcousticPropagator:
         path no gradient flows through it).
         """
         c2dt2 = (c * c) * (self.dt * self.dt)
-        if self._use_fused(c2dt2):
+        if self._use_fused(c2dt2) and self._fused_gradient_defined(c2dt2):
             loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
                         self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain, self.decomp,
                         self.comm, self.timer, self.workspace, self.threads, self.every, self.ring,
-                        self.exchange_plans)
+                        self.exchange_plans, self.ext_receivers)
             traces, u = propagate(loop, self.extend(c2dt2).contiguous(), self.geom.nshots)
             rn, _, rw, _ = self.ring
             ny, nx = c2dt2.shape

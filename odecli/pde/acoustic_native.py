@@ -4,11 +4,13 @@ The whole propagation is one autograd operation of ``c2dt2``.  Forward, two ring
 buffers are recycled (each new field overwrites the one two steps back), so no step allocates;
 the state at the start of every time segment is kept.  Backward, each segment is recomputed from
 its start, storing every step's ``lap4(u)`` (the last segment's store is kept from the forward:
-the gradient of ``c2dt2`` needs nothing else of u), then the adjoint steps run through it in
-reverse: receiver residuals are injected as adjoint sources, ghost gradients go back to their
-owners (the halo exchange's adjoint), and one C pass per run of 2-8 steps between halo
-exchanges (:func:`steps_per_pass`; the steps shared out over the kernel threads) advances both
-adjoint fields and accumulates the gradient of ``c2dt2``.
+the gradient of ``c2dt2`` needs nothing else of u), then the adjoint runs through it in reverse
+as the forward step itself: ``mu = c2dt2 G lambda`` (``lambda`` the adjoint of u) steps back in
+time with the receivers' residuals as sources, in passes of up to 8 steps between halo
+exchanges (shared out over the kernel threads) that also sum ``mu lap4(u)``, the gradient of
+``c2dt2`` times ``c2dt2`` (acoustic.c has the derivation).  Being a forward step, it exchanges
+ghosts as the forward does; the redundant steps of an extended block get the neighbours'
+residuals there too, so each rank's owned block holds the whole adjoint.
 Against autograd over per-step ops this saves the graph, the zero-filled index gradients, the
 gradient accumulations and every per-step allocation.  Memory: ``2 (segments - 1)`` start
 fields plus the longest segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
@@ -20,15 +22,13 @@ import ctypes
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from odecli.parallel.ops import GhostExchange
-from odecli.parallel.strips import Boxes
-from odecli.pde.leapfrog import (FORWARD_STEPS_PER_PASS, RING, Kernels, RowPoints, lap_row_stride,
-                                 new_lap_store, receiver_rows, run_scratch, steps_per_pass)
+from odecli.pde.leapfrog import (RING, STEPS_PER_PASS, Kernels, RowPoints, lap_row_stride,
+                                 new_lap_store)
 from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer
 
@@ -39,7 +39,6 @@ class Workspace:
 
     def __init__(self) -> None:
         self._free: list[Tensor] = []
-        self._pending: Tensor | None = None
 
     def take(self, like: Tensor, shape: tuple[int, ...]) -> Tensor:
         for i, t in enumerate(self._free):
@@ -50,14 +49,6 @@ class Workspace:
 
     def give(self, t: Tensor) -> None:
         self._free.append(t)
-
-    def pending(self, like: Tensor) -> Tensor:
-        """A zeroed field like ``like`` for what neighbours send back (kept zero between uses)."""
-        p = self._pending
-        if p is None or p.shape != like.shape or p.dtype != like.dtype:
-            self._pending = p = torch.zeros_like(like)
-        return p
-
 
 @dataclass
 class Loop:
@@ -88,6 +79,9 @@ class Loop:
     every: int = 1  # steps between halo exchanges
     ring: tuple[int, int, int, int] = (RING,) * 4  # ghost cells north, south, west, east of the owned block
     plans: dict = field(default_factory=dict)  # exchanges and strips planned per field shape
+    # the receivers in the stepped block, (global ids, ringed rows, ringed columns), where it
+    # extends into neighbours' blocks (None: the owned receivers of geom)
+    adjoint_receivers: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def nt(self) -> int:
@@ -106,109 +100,30 @@ class Loop:
         """Refresh the ghosts the next K steps read: all of u_next's and the extension of u (read
         as u_prev, pointwise)."""
         t0 = time.perf_counter()
-        self._plan(u, adjoint=False)([u_next, u])
+        self._plan(u)([u_next, u])
         self._clock(t0)
 
-    def exchange_adjoint(self, a_next: Tensor, a_after: Tensor) -> Tensor | None:
-        """Adjoint of :meth:`exchange`, before the adjoint of the step that made ``a_next``'s field.
+    def owned_gradient(self, grad_sum: Tensor, c2dt2: Tensor) -> Tensor:
+        """The gradient of ``c2dt2`` from the adjoint's ``sum mu * lap4(u)``: that sum divided by
+        ``c2dt2`` on the owned block, zero on the extension (whose owner has the whole sum)."""
+        rn, rs, rw, re = (r - RING for r in self.ring)
+        ny, nx = c2dt2.shape
+        grad = torch.zeros_like(c2dt2)
+        owned = (slice(rn, ny - rs), slice(rw, nx - re))
+        grad[owned] = grad_sum[owned] / c2dt2[owned]
+        return grad
 
-        ``a_next`` is the adjoint of u_next: its ghosts go to their owners and are zeroed.  u's
-        extension was read only by the step after, as u_prev: its adjoint there, ``G G a_after``,
-        goes to the owners too, and ``a_after``'s extension is zeroed so the kernel adds nothing
-        there.  Returns what the neighbours sent for u's edge (for :meth:`settle` to subtract
-        once the kernel has made the adjoint of u), or None without an extension.
-        """
-        t0 = time.perf_counter()
-        sent = None
-        if self.extension:
-            sent = self.workspace.pending(a_after)
-            frames, weight = self._ghost_frames(a_after)
-            frames.move(sent, a_after, weight)
-        self._plan(a_next, adjoint=True)([a_next, a_next if sent is None else sent])
-        self._clock(t0)
-        return sent
-
-    def settle(self, a: Tensor, sent: Tensor) -> None:
-        """Subtract the neighbours' ``G G a_after`` from the owned edge of ``a`` (the adjoint of
-        u), and clear ``sent`` for the next exchange."""
-        self.edges(a).move(a, sent, subtract=True)
-
-    def take_sent(self, sent: Tensor) -> Tensor:
-        """What the neighbours sent for the owned edge, ``(shots, cells)`` in the order of
-        :meth:`edge_cells`, cleared from ``sent`` (a view of a buffer reused by the next call)."""
-        return torch.from_numpy(self.edges(sent).pack([sent], clear=True)).view(sent.shape[0], -1)
-
-    def _ghost_frames(self, like: Tensor) -> tuple[Boxes, np.ndarray | None]:
-        """The extension's strips outside the owned block of fields like ``like``, and the
-        sponge squared over the ringed field (None without a sponge): ``G G a`` there is
-        u_prev's adjoint."""
-        shape = tuple(like.shape)
-        key = ("frames", shape, like.dtype)
-        if key not in self.plans:
-            weight = None
-            if self.sponge is not None:
-                weight = np.zeros(shape[-2:], dtype=like.numpy().dtype)
-                weight[RING:-RING, RING:-RING] = (self.sponge * self.sponge).numpy()
-            boxes = [(0, (..., rows, cols)) for rows, cols
-                     in _frame(self.ring, shape, self.extension, self._sides(), outside=True)]
-            self.plans[key] = (Boxes(shape, like.dtype, boxes), weight)
-        return self.plans[key]
-
-    def edges(self, like: Tensor) -> Boxes:
-        """The owned edge band of fields like ``like`` that neighbours send u_prev's adjoint
-        for, box by box in the order of :meth:`edge_cells`."""
-        shape = tuple(like.shape)
-        key = ("edges", shape, like.dtype)
-        if key not in self.plans:
-            boxes = [(0, (..., rows, cols)) for rows, cols
-                     in _frame(self.ring, shape, self.extension, self._sides(), outside=False)]
-            self.plans[key] = Boxes(shape, like.dtype, boxes)
-        return self.plans[key]
-
-    def edge_cells(self, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        """Ringed (row, column) indices of the owned edge band that :meth:`settle` updates."""
-        rows, cols = [], []
-        for r, c in _frame(self.ring, shape, self.extension, self._sides(), outside=False):
-            iy, ix = torch.meshgrid(torch.arange(r.start, r.stop), torch.arange(c.start, c.stop),
-                                    indexing="ij")
-            rows.append(iy.reshape(-1))
-            cols.append(ix.reshape(-1))
-        return torch.cat(rows), torch.cat(cols)
-
-    def _plan(self, like: Tensor, adjoint: bool) -> GhostExchange:
-        """The exchange of (u_next, u) or its adjoint for fields like ``like``, planned once."""
-        key = (tuple(like.shape), like.dtype, adjoint)
+    def _plan(self, like: Tensor) -> GhostExchange:
+        """The exchange of (u_next, u) for fields like ``like``, planned once."""
+        key = (tuple(like.shape), like.dtype)
         if key not in self.plans:
             self.plans[key] = GhostExchange(tuple(like.shape), like.dtype, self.decomp, self.comm,
-                                            self.ring, (RING * self.every, self.extension), adjoint)
+                                            self.ring, (RING * self.every, self.extension))
         return self.plans[key]
-
-    def _sides(self) -> tuple[bool, bool, bool, bool]:
-        d = self.decomp
-        return (d.north is not None, d.south is not None, d.west is not None, d.east is not None)
 
     def _clock(self, t0: float) -> None:
         if self.timer is not None:
             self.timer.add(time.perf_counter() - t0)
-
-
-def _frame(ring: tuple[int, int, int, int], shape: tuple[int, ...], depth: int,
-           sides: tuple[bool, bool, bool, bool], outside: bool) -> list[tuple[slice, slice]]:
-    """Non-overlapping (rows, cols) slices of the band ``depth`` cells wide just outside (ghosts)
-    or just inside (owned edge) the owned block of a ringed field, on the sides with a neighbour."""
-    rn, rs, rw, re = ring
-    ny, nx = shape[-2] - rn - rs, shape[-1] - rw - re
-    dn, ds, dw, de = (depth if s else 0 for s in sides)
-    if outside:
-        y0, y1, x0, x1 = rn - dn, rn + ny + ds, rw - dw, rw + nx + de
-        bands = [(slice(y0, rn), slice(x0, x1)), (slice(rn + ny, y1), slice(x0, x1)),
-                 (slice(rn, rn + ny), slice(x0, rw)), (slice(rn, rn + ny), slice(rw + nx, x1))]
-    else:
-        top, bottom = rn + min(dn, ny), max(rn + min(dn, ny), rn + ny - ds)
-        left, right = rw + min(dw, nx), max(rw + min(dw, nx), rw + nx - de)
-        bands = [(slice(rn, top), slice(rw, rw + nx)), (slice(bottom, rn + ny), slice(rw, rw + nx)),
-                 (slice(top, bottom), slice(rw, left)), (slice(top, bottom), slice(right, rw + nx))]
-    return [(r, c) for r, c in bands if r.stop > r.start and c.stop > c.start]
 
 
 def propagate(loop: Loop, c2dt2: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
@@ -248,13 +163,13 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
     """Steps ``t0 .. t1-1`` from ``(p, u)``, each new field overwriting ``p``'s buffer (so both
     are used up), recording the receivers into ``traces[k]`` (``(nt, shots, receivers)``) when
     given, and with ``store`` the ``lap4(u_{t0+i})`` of step ``t0+i`` into ``store[i]``.
-    Runs of steps up to the next exchange go in passes of up to FORWARD_STEPS_PER_PASS."""
+    Runs of steps up to the next exchange go in passes of up to STEPS_PER_PASS."""
     record = pts.receivers if traces is not None and pts.receivers.numel() else None
     touch = record is not None or pts.sources.numel() > 0
     k = t0
     while k < t1:
         n = 1  # steps k .. k+n-1, up to the next exchange
-        while n < FORWARD_STEPS_PER_PASS and k + n < t1 and not loop.exchanges_after(k + n - 1):
+        while n < STEPS_PER_PASS and k + n < t1 and not loop.exchanges_after(k + n - 1):
             n += 1
         if n > 1:
             outs = [(p, u)[j % 2] for j in range(n)]
@@ -311,53 +226,58 @@ class _Propagation(torch.autograd.Function):
         if g_traces is None:
             loop.workspace.give(ctx.store_base)
             return None, None, None
-        kern, pts = ctx.kern, ctx.pts
+        kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
-        # adjoint of u_{k+1} and the one the step after received (that step read u_{k+1} as u_prev)
-        a_u, a_later = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
-        grad_c2 = torch.zeros_like(c2dt2)
-        # several steps per pass where no halo exchange sits between them (shared out over the
-        # kernel threads), single steps split by rows where one must run alone
-        per_pass = steps_per_pass(a_u.numel() * a_u.element_size())
-        scratch = run_scratch(c2dt2, shape[0], max(per_pass, loop.threads))
-        g = loop.geom
-        order, row_ptr, columns = receiver_rows(g.rec_iy, g.rec_ix, shape[1])
-        residuals = g_traces.permute(2, 0, 1).contiguous()  # (nt, shots, receivers)
-        in_order = residuals[:, :, order].contiguous()  # the same, in the pass's order
-        if loop.extension:  # receivers plus the owned edge cells neighbours send to
-            edge_iy, edge_ix = loop.edge_cells(shape)
-            both = receiver_rows(torch.cat([g.rec_iy, edge_iy]), torch.cat([g.rec_ix, edge_ix]), shape[1])
+        flat, rows, values = _adjoint_sources(loop, g_traces, c2dt2, shape)
+        # mu of the field after u_k and of u_k itself, starting from the last step's residuals
+        mu_after, mu = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
+        if flat.numel():
+            kern.points(mu, flat, _row(values, 0))
+        grad_sum = torch.zeros_like(c2dt2)
+        nt = loop.nt
         for s in reversed(range(len(loop.segments))):
             t0, t1 = loop.segments[s]
             if s < len(loop.segments) - 1:  # recompute this segment's laps from its start
-                _steps(loop, kern, pts, *ctx.starts[s], t0, t1, None, store)
+                _steps(loop, kern, ctx.pts, *ctx.starts[s], t0, t1, None, store)
             k = t1 - 1
             while k >= t0:
-                if g.nrec_local:
-                    kern.points(a_u, pts.receivers, _row(residuals, k))
-                pending = loop.exchange_adjoint(a_u, a_later) if loop.exchanges_after(k) else None
-                n = 1  # steps k .. k-n+1 in this pass: up to the next exchange or segment start
-                while n < per_pass and k - n >= t0 and not loop.exchanges_after(k - n):
+                if loop.comm.size > 1 and (k == nt - 1 or loop.exchanges_after(k)):
+                    loop.exchange(mu, mu_after)  # the ghosts the next K adjoint steps read
+                n = 1  # adjoint steps k .. k-n+1: up to the next exchange or segment start
+                while n < STEPS_PER_PASS and k - n >= t0 and not loop.exchanges_after(k - n):
                     n += 1
-                if n > 1:
-                    # the residuals of step k-j go in after step k-j+1; what the neighbours sent
-                    # for u_k's edge is subtracted between steps k and k-1, with them
-                    injections = [((row_ptr, columns), in_order[k - j]) for j in range(1, n)]
-                    if pending is not None:
-                        sent = loop.take_sent(pending)
-                        merged = torch.cat([residuals[k - 1], sent.neg_()], dim=1)[:, both[0]]
-                        injections[0] = (both[1:], merged)
-                    kern.adjoint_run(store[k - n + 1 - t0:k + 1 - t0], a_u, a_later, grad_c2,
-                                     scratch, injections)
-                    if n % 2:  # a_later holds the adjoint of u_{k-n+1}, a_u that of u_{k-n+2}
-                        a_u, a_later = a_later, a_u
-                    k -= n
-                    continue
-                kern.adjoint(store[k - t0], a_u, a_later, grad_c2, scratch)
-                if pending is not None:
-                    loop.settle(a_later, pending)
-                a_u, a_later = a_later, a_u  # a_later now holds the adjoint of u_k
-                k -= 1
+                outs = [(mu_after, mu)[j % 2] for j in range(n)]
+                kern.adjoint_pass([mu_after, mu, *outs], store[k - n + 1 - t0:k + 1 - t0], grad_sum,
+                                  rows, _address(values, nt - k))
+                mu_after, mu = ([mu_after, mu, *outs])[-2:]
+                k -= n
         loop.workspace.give(ctx.store_base)
         ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
-        return grad_c2, None, None
+        return loop.owned_gradient(grad_sum, c2dt2), None, None
+
+
+def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
+                     ) -> tuple[Tensor, RowPoints | None, Tensor]:
+    """The receivers as sources of the adjoint in the forward's form: ``mu = c2dt2 G lambda``
+    gets ``c2dt2 G r`` where the adjoint lambda gets the residual ``r``.  Returns their flat
+    indices into the fields (shots by receivers), the same sorted by row, and the values
+    ``(nt + 1, shots * receivers)``, row ``m`` for time ``nt - 1 - m`` (the order the backward
+    meets them) and a last row of zeros (after the first step, which has no residual before it).
+    Receivers in a neighbour's block inside the stepped extension are sources here too, so
+    the redundant steps there repeat the neighbour's: their residuals come from an all-reduce."""
+    g = loop.geom
+    if loop.adjoint_receivers is None:
+        residuals, iy, ix = g_traces, g.rec_iy, g.rec_ix
+    else:
+        ids, iy, ix = loop.adjoint_receivers
+        every = loop.comm.allreduce_array(g.scatter_traces(g_traces.detach()).numpy())
+        residuals = torch.from_numpy(every)[:, ids, :]
+    shots, rows, cols = shape
+    weight = c2dt2[iy - RING, ix - RING]
+    if loop.sponge is not None:
+        weight = weight * loop.sponge[iy - RING, ix - RING]
+    values = c2dt2.new_zeros((loop.nt + 1, shots, iy.numel()))
+    values[:-1] = (residuals * weight[None, :, None]).permute(2, 0, 1).flip(0)
+    flat = ((torch.arange(shots)[:, None] * (rows * cols) + (iy * cols + ix)[None, :])
+            .reshape(-1).to(torch.int64).contiguous())
+    return flat, RowPoints(flat, shape) if flat.numel() else None, values.reshape(loop.nt + 1, -1)

@@ -10,17 +10,20 @@ storing a damped copy of ``u`` each step, is what Cerjan damping of both time le
 with one array less to write.
 
 :func:`reference_step` is the readable PyTorch version (any device; autograd differentiates it).
-:func:`step_forward` and :func:`step_adjoint` call the fused C kernels (:mod:`odecli.pde.native`):
-one pass over the grid each, instead of about twenty full-size temporaries, and no padding
-copy.  The forward kernel reproduces the reference bit for bit; the adjoint matches autograd of
-the reference to round-off (tests).  :class:`Kernels` binds the kernels to one problem's fixed
-arrays; it is what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls.  Its passes
-(:meth:`Kernels.forward_run`, :func:`step_adjoint_run`) make several steps in one sweep over
-the grid, each step a few rows behind the one before, so a step reads its inputs from cache;
-several threads share a pass's steps out.  Results are bit for bit those of single steps.
-For the gradient the forward also stores each step's ``lap4(u)`` (``(B, ny, nx)``, no ring),
-so the adjoint step needs one stencil, of its own field, instead of two; :func:`new_lap_store`
-pads the store's rows to whole cache lines.
+:func:`step_forward` calls the fused C kernel (:mod:`odecli.pde.native`): one pass over the
+grid, instead of about twenty full-size temporaries, and no padding copy; it reproduces the
+reference bit for bit.  :class:`Kernels` binds the kernels to one problem's fixed arrays; it is
+what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls.  Its passes
+(:meth:`Kernels.forward_run`) make several steps in one sweep over the grid, each step a few
+rows behind the one before, so a step reads its inputs from cache; several threads share a
+pass's steps out.  Results are bit for bit those of single steps.
+
+For the gradient the forward also stores each step's ``lap4(u)`` (``(B, ny, nx)``, no ring;
+:func:`new_lap_store` pads its rows to whole cache lines).  The adjoint is then the same pass
+(:meth:`Kernels.adjoint_pass`): ``mu = c2dt2 G lambda``, ``lambda`` the adjoint of ``u``, obeys
+the forward step backward in time with the receivers' residuals as sources, and the gradient
+of ``c2dt2`` is ``sum mu lap4(u) / c2dt2`` (acoustic.c has the derivation).  It matches
+autograd of the reference to round-off (tests).
 """
 
 from __future__ import annotations
@@ -100,21 +103,6 @@ def kernels_flush_subnormals() -> bool:
     return bool(_kernel_named("acoustic_flushes_subnormals")())
 
 
-@functools.lru_cache(maxsize=1)
-def _scratch_row_count() -> int:
-    """Rows in one adjoint scratch (the h rows of a step's ring and a zero row), as the compiled
-    kernels count them."""
-    lib_fn = _kernel_named("acoustic_scratch_rows")
-    lib_fn.restype = ctypes.c_long
-    return int(lib_fn())
-
-
-def _scratch_width(nx: int) -> int:
-    """Elements in one adjoint scratch for blocks ``nx`` wide (rows of nx + 8: 4 zero columns
-    each side)."""
-    return _scratch_row_count() * (nx + 4 * RING)
-
-
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
@@ -171,13 +159,9 @@ class Kernels:
         self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
         self.threads = threads
         self._fwd_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny, threads)]
-        self._adj_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny + 2 * RING, threads)]
         self._forward = _kernel("forward", self.dtype)
-        self._adjoint = _kernel("adjoint", self.dtype)
-        self._adjoint_run = _kernel("adjoint_run", self.dtype)
         self._forward_run = _kernel("forward_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
-        self._copies = torch.empty(0, dtype=self.dtype)  # adjoint_run's copies of the lap rows it reads
 
     def _check(self, *fields: Tensor) -> None:
         for f in fields:
@@ -235,7 +219,7 @@ class Kernels:
         source order) and the receivers are read into ``traces + j * receivers.stride``; with
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
         Bit for bit the same as :meth:`forward` then :meth:`points` per step.  Several threads
-        share the steps out as :meth:`adjoint_run` does."""
+        share the steps out (:meth:`_pipelined`)."""
         n = len(fields) - 2
         self._check(*set(fields))  # the outputs recycle two buffers: check each once
         if n < 1:
@@ -246,7 +230,32 @@ class Kernels:
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if sources is None else sources.args(source_values)),
                  *(none if receivers is None else receivers.args(traces)),
-                 None if laps is None else self._lap_addresses(laps, range(n)), rows)
+                 None if laps is None else self._lap_addresses(laps, range(n)), rows, None)
+        self._pipelined(self._forward_run, n, fixed)
+
+    def adjoint_pass(self, fields: list[Tensor], laps: Tensor, grad_sum: Tensor,
+                     residuals: RowPoints | None, values: int) -> None:
+        """Adjoint steps in the forward's form, ``fields = [mu_after, mu, out_1, ..., out_n]``
+        as in :meth:`forward_run` (``mu = c2dt2 G lambda``, ``lambda`` the adjoint of the
+        field): step j reads ``laps[n - 1 - j]`` (``laps`` ``(n, B, ny, nx)`` in time order, as
+        the forward stored them) and adds ``mu * lap4`` of its ``mu`` into ``grad_sum``; after
+        it the residuals get ``values + j * residuals.stride`` (an address: rows of ``stride``
+        numbers, ``c2dt2 G r`` for residuals ``r``), as sources do in :meth:`forward_run`.
+        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``."""
+        n = len(fields) - 2
+        self._check(*set(fields))
+        if n < 1 or laps.shape[0] != n:
+            raise ValueError(f"leapfrog: adjoint_pass with {laps.shape[0]} laps needs mu_after, mu and "
+                             f"{laps.shape[0]} outputs, got {n}")
+        if tuple(grad_sum.shape) != self._grad_shape or grad_sum.dtype != self.dtype \
+                or not grad_sum.is_contiguous():
+            raise ValueError("leapfrog: grad_sum must be a contiguous array like c2dt2")
+        rows = self._check_laps(laps, n)
+        none = (None, None, None, None, ctypes.c_long(0))
+        fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
+                 self._c2, self._sponge, self._span, self._iy2, self._ix2,
+                 *(none if residuals is None else residuals.args(values)), *none,
+                 self._lap_addresses(laps, range(n - 1, -1, -1)), rows, _ptr(grad_sum))
         self._pipelined(self._forward_run, n, fixed)
 
     def _pipelined(self, kernel, n: int, fixed: tuple) -> None:
@@ -262,58 +271,6 @@ class Kernels:
         _run_pieces([functools.partial(kernel, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
                                        ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
                      for t, (j0, j1) in enumerate(parts)])
-
-    def adjoint(self, lap: Tensor, g: Tensor, a: Tensor, grad_c2: Tensor, scratch: Tensor) -> None:
-        """:func:`step_adjoint`; ``scratch`` has (at least) one zeroed row set per piece of rows."""
-        self._check(g, a)
-        rows = self._check_laps(lap)
-        if scratch.dim() != 2 or scratch.shape[0] < len(self._adj_rows) \
-                or scratch.shape[1] != _scratch_width(self._nx) \
-                or tuple(grad_c2.shape) != self._grad_shape:
-            raise ValueError("step_adjoint: scratch or grad_c2 has the wrong size")
-        if g.data_ptr() == a.data_ptr():
-            raise ValueError("step_adjoint: g and a must be different buffers")
-        fixed = (_ptr(lap), rows, self._c2, self._sponge, self._span, _ptr(g), _ptr(a), self._iy2,
-                 self._ix2, _ptr(grad_c2))
-        _run_pieces([functools.partial(self._adjoint, *self._dims, r0, r1, *fixed, _ptr(scratch[k]))
-                     for k, (r0, r1) in enumerate(self._adj_rows)])
-
-    def adjoint_run(self, laps: Tensor, a: Tensor, b: Tensor, grad_c2: Tensor, scratch: Tensor,
-                    injections: list[tuple[tuple[Tensor, Tensor], Tensor]]) -> None:
-        """:func:`step_adjoint_run`, but ``laps`` ``(n, B, ny, nx)`` in time order, as the
-        forward stored them (the pass starts from ``laps[n - 1]``); each injection's values must
-        be contiguous ``(shots, nrec)``."""
-        n = laps.shape[0]
-        self._check(a, b)
-        rows = self._check_laps(laps, n)
-        if tuple(grad_c2.shape) != self._grad_shape or scratch.shape[0] < n * self.shape[0] \
-                or scratch.shape[1] != _scratch_width(self._nx):
-            raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
-        if a.data_ptr() == b.data_ptr():
-            raise ValueError("step_adjoint_run: a and b must be different buffers")
-        if len(injections) != n - 1:
-            raise ValueError(f"step_adjoint_run: {n} steps need {n - 1} injections, got {len(injections)}")
-        for (row_ptr, columns), values in injections:
-            if row_ptr.shape != (self.shape[1] + 1,) or not values.is_contiguous() \
-                    or tuple(values.shape) != (self.shape[0], columns.numel()):
-                raise ValueError("step_adjoint_run: receivers or values have the wrong size")
-        pointers = ctypes.c_void_p * max(1, n - 1)
-        fixed = (self._lap_addresses(laps, range(n - 1, -1, -1)), rows, self._c2, self._sponge,
-                 self._span, _ptr(a), _ptr(b), self._iy2, self._ix2, _ptr(grad_c2), _ptr(scratch),
-                 pointers(*(r[0].data_ptr() for r, _ in injections)),
-                 pointers(*(r[1].data_ptr() for r, _ in injections)),
-                 (ctypes.c_long * max(1, n - 1))(*(r[1].numel() for r, _ in injections)),
-                 pointers(*(v.data_ptr() for _, v in injections)), _ptr(self._lap_copies(n)))
-        self._pipelined(self._adjoint_run, n, fixed)
-
-    def _lap_copies(self, steps: int) -> Tensor:
-        """Two rows per step and shot, of whole cache lines: where an adjoint pass whose rows
-        are too long to prefetch copies the stored lap rows it is about to read (torch allocates
-        on 64-byte lines)."""
-        size = 2 * steps * self.shape[0] * lap_row_stride(self._nx, self.dtype)
-        if self._copies.numel() < size:
-            self._copies = torch.empty(size, dtype=self.dtype)
-        return self._copies
 
     def points(self, field: Tensor, add: Tensor, values: ctypes.c_void_p, get: Tensor | None = None,
                out: ctypes.c_void_p | None = None) -> None:
@@ -352,35 +309,10 @@ def step_forward(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None
     ``spans``: :func:`sponge_spans` of ``sponge`` (computed here when not given).  ``threads``
     split the rows (the kernel releases the GIL; results do not depend on the split).  With
     ``lap`` (``(B, ny, nx)``), the step also writes there the ``lap4(u)`` it used, which is
-    what :func:`step_adjoint` reads.
+    what :meth:`Kernels.adjoint_pass` reads.
     """
     check_layout(u, c2dt2, sponge, u_prev, out)
     return Kernels(u, c2dt2, sponge, dy, dx, spans, threads).forward(u, u_prev, out, lap)
-
-
-def step_adjoint(lap: Tensor, c2dt2: Tensor, sponge: Tensor | None, g: Tensor, a: Tensor,
-                 dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
-                 spans: Tensor | None = None) -> None:
-    """Adjoint of :func:`step_forward` at field ``u``, in place (the C source has the exact map).
-
-    ``lap`` is the ``lap4(u)`` the forward step stored.  On entry ``g`` is the adjoint of
-    ``u_next`` (only read) and ``a`` the ``g`` of the step after this one (zeros for the last
-    step); on exit ``a`` is the adjoint of ``u``, and ``grad_c2`` has this step's share added.
-    ``scratch``: :func:`adjoint_scratch` (zeroed once, reusable across steps); its first
-    dimension is the number of threads the rows are split over.
-    """
-    check_layout(g, c2dt2, sponge, a)
-    Kernels(g, c2dt2, sponge, dy, dx, spans, scratch.shape[0]).adjoint(lap, g, a, grad_c2, scratch)
-
-
-def receiver_rows(rec_iy: Tensor, rec_ix: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Receivers (ringed coordinates) sorted by row, for :func:`step_adjoint_run`.
-
-    Returns ``(order, row_ptr, columns)``: residuals are passed as ``values[:, order]``, and
-    the receivers of ringed row ``q`` are ``row_ptr[q] .. row_ptr[q + 1] - 1`` of that order.
-    """
-    order, row_ptr = _by_row(rec_iy, rows)
-    return order, row_ptr, rec_ix[order].to(torch.int64).contiguous()
 
 
 def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
@@ -391,47 +323,11 @@ def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
     return order, row_ptr
 
 
-def step_adjoint_run(laps: list[Tensor], c2dt2: Tensor, sponge: Tensor | None, a: Tensor, b: Tensor,
-                     dy: float, dx: float, grad_c2: Tensor, scratch: Tensor,
-                     injections: list[tuple[tuple[Tensor, Tensor], Tensor]],
-                     spans: Tensor | None = None, threads: int = 1) -> None:
-    """Adjoint steps k, k-1, ..., k-n+1 in one pass: n :func:`step_adjoint` calls, bit for bit,
-    ``laps`` being the stored ``lap4`` of u_k, u_{k-1}, ..., u_{k-n+1}.  With ``threads`` > 1
-    the steps are shared out, each thread's steps following the ones before row by row.
-
-    After the step at ``laps[j]``, ``injections[j] = ((row_ptr, columns), values)`` adds the
-    residuals of the next step, ``values`` (shots, nrec) in the order of :func:`receiver_rows`,
-    at its receivers.  On entry ``a`` is step k's ``g`` and ``b`` its ``a``.  On exit the
-    adjoint of u_{k-n+1} is in ``a`` for even n and in ``b`` for odd n, and the other holds
-    that of u_{k-n+2} (for n = 1: ``b`` as after one call, ``a`` unchanged).
-    ``scratch``: :func:`run_scratch`.  The pass loads c2dt2, the sponge, grad_c2 and both
-    adjoint fields once for all n steps and reads each step's adjoint input from cache, which
-    is what makes it faster: only the stored laps then stream from memory.
-    """
-    check_layout(a, c2dt2, sponge, b)
-    if scratch.shape[0] < len(laps) * a.shape[0]:
-        raise ValueError("step_adjoint_run: scratch or grad_c2 has the wrong size")
-    Kernels(a, c2dt2, sponge, dy, dx, spans, threads).adjoint_run(
-        torch.stack(laps[::-1]), a, b, grad_c2, scratch, [(r, v.contiguous()) for r, v in injections])
-
-
-# Forward steps per Kernels.forward_run pass (one thread).  Measured on the 2-core EPYC VM
-# (benchmarks/RESULTS.md, "Then: forward passes of 8 steps"): 8 beat 1, 2 and 4 from 256^2
-# (in cache) to 2000^2, because each step reads u and u_prev from cache instead of memory.
-FORWARD_STEPS_PER_PASS = 8
-
-
-def steps_per_pass(field_bytes: int) -> int:
-    """Adjoint steps per :func:`step_adjoint_run` pass for fields of ``field_bytes``.
-
-    Each further step of a pass saves a load of both adjoint fields, c2dt2 and grad_c2.  With
-    the current kernels (the adjoint reads the stored lap4, one stencil per step) 8 steps beat
-    pairs from 256^2 float32 (256 KB) to 768^2 on the Intel AVX-512 VM, on one and two threads:
-    the backward took 6-36 % less time (benchmarks/RESULTS.md, "PDE: 8 adjoint steps per pass
-    from 256 KB fields").  At 128^2 the two were level; pairs stay there, as the first
-    measurement (EPYC VM, older two-stencil adjoint) found them best for fields in cache.
-    """
-    return 2 if field_bytes < 256 << 10 else 8
+# Steps per Kernels.forward_run and Kernels.adjoint_pass pass (one thread).  Measured for the
+# forward on the 2-core EPYC VM (benchmarks/RESULTS.md, "Then: forward passes of 8 steps"): 8
+# beat 1, 2 and 4 from 256^2 (in cache) to 2000^2, because each step reads u and u_prev from
+# cache instead of memory; the adjoint pass is the same loop.
+STEPS_PER_PASS = 8
 
 
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
@@ -472,17 +368,6 @@ def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
     if spans.shape != (sponge.shape[0], 2) or spans.dtype != torch.int64 or not spans.is_contiguous():
         raise ValueError("leapfrog: spans must be sponge_spans(sponge)")
     return spans
-
-
-def adjoint_scratch(c2dt2: Tensor, threads: int = 1) -> Tensor:
-    """The zeroed work rows :func:`step_adjoint` needs for a block like ``c2dt2``, per thread."""
-    threads = max(1, min(threads, c2dt2.shape[0] + 2 * RING))
-    return c2dt2.new_zeros((threads, _scratch_width(c2dt2.shape[1])))
-
-
-def run_scratch(c2dt2: Tensor, shots: int, steps: int) -> Tensor:
-    """The zeroed work rows :func:`step_adjoint_run` needs: one ring of h rows per step and shot."""
-    return c2dt2.new_zeros((steps * shots, _scratch_width(c2dt2.shape[1])))
 
 
 def check_layout(u: Tensor, c2dt2: Tensor, sponge: Tensor | None, *fields: Tensor | None) -> None:

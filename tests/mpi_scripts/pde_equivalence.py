@@ -116,7 +116,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 5:
         import odecli.pde.acoustic_native as acoustic_native
 
-        acoustic_native.steps_per_pass = lambda field_bytes: int(sys.argv[5])
+        acoustic_native.STEPS_PER_PASS = int(sys.argv[5])
     res = compute(pg, every, threads)
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)
