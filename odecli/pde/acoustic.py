@@ -179,8 +179,10 @@ class AcousticPropagator:
         which must all take the same path)."""
         if not c2dt2.requires_grad:
             return True
-        stalled = float(bool((c2dt2 == 0).any()))
-        return (self.comm.allreduce_scalar(stalled, "max") if self.comm.size > 1 else stalled) == 0
+        zero_speed = float(bool((c2dt2 == 0).any()))
+        if self.comm.size > 1:
+            zero_speed = self.comm.allreduce_scalar(zero_speed, "max")
+        return zero_speed == 0
 
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""

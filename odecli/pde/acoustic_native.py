@@ -50,6 +50,7 @@ class Workspace:
     def give(self, t: Tensor) -> None:
         self._free.append(t)
 
+
 @dataclass
 class Loop:
     """Everything the time loop needs besides ``c2dt2``.

@@ -34,7 +34,7 @@
  * leapfrog_forward_run with grad is the adjoint pass: it reads the stored lap(u_n) where the
  * forward writes it and adds mu_{n+1} lap(u_n) into grad.  Against the hand-transposed adjoint
  * it replaced (a scratch ring for c2dt2 G lambda, a second stencil pass), forward + gradient
- * took 10-20 % less time (benchmarks/RESULTS.md, "PDE: the adjoint as a forward step").  Its
+ * took 4-17 % less time (benchmarks/RESULTS.md, "PDE: the adjoint as a forward step").  Its
  * gradient equals autograd's of the reference to round-off, not bit for bit, and it needs
  * c2dt2 != 0 wherever the gradient is taken.
  */
@@ -278,9 +278,9 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * receivers lie in block rows.  With lap (else NULL), step j writes lap(f[j+1]) into lap[j].  \
  * Results are bit for bit those of n leapfrog_forward calls.                                 \
  * With grad (else NULL) the pass is the adjoint's (see the top of this file): step j reads   \
- * lap[j] instead, row by row in place while the row two below comes into cache (a stream    \
- * among a dozen others, it cost 0.7 ns a point read on demand, where a plain stream reads a   \
- * double in 0.2), and adds f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.    \
+ * lap[j] instead, row by row in place while the row two below comes into cache (read on      \
+ * demand, among a dozen other streams, the pass took 1.5 ns a point at 1000^2 against 1.1),  \
+ * and adds f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.                   \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last row iteration q it has finished and waiting     \
  * before iteration q until the call of the steps before it (*ahead) has finished q.  Rows of \
