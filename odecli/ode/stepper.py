@@ -12,7 +12,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-import torch
 from torch import Tensor
 
 from odecli.ode.interpolation import Interpolant, dop853_dense, hermite, polynomial

@@ -190,7 +190,6 @@ class Problem:
         return "wave speed" if self.spec["equation"] == "acoustic2d" else "conductivity"
 
     def _limit_text(self) -> str:
-        dy, dx = self.grid.dy, self.grid.dx
         if self.spec["equation"] == "acoustic2d":
             return (f"CFL limit c*dt*sqrt(1/dx^2+1/dy^2) <= {acoustic_cfl_limit(1, 1) * math.sqrt(2):.4f} "
                     f"(leapfrog, 4th-order space), i.e. c <= {self.limit:.6g} at dt={self.dt:g}")

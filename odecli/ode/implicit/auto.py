@@ -61,7 +61,6 @@ class AutoStepper:
         use_explicit = ~stiff & active
         any_stiff, any_explicit = torch.stack([use_stiff.any(), use_explicit.any()]).tolist()
         n_attempts = state["n_attempts"] + active
-        out: dict[str, Tensor | int] = {}
 
         if any_stiff:
             r = self.stiff_method.masked_step(rhs, t, y, f0, h, rtol, atol, state, use_stiff)

@@ -27,7 +27,6 @@ counts Newton evaluations, the final ``f(t + h, y1)`` and one forward pass per J
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
