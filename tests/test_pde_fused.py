@@ -337,14 +337,14 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
         assert torch.equal(one, many)
 
 
-@pytest.mark.parametrize("steps,threads", [(1, 1), (2, 1), (3, 1), (8, 1), (2, 2), (5, 2), (8, 3)])
+@pytest.mark.parametrize("steps,threads", [(1, 1), (1, 3), (2, 1), (3, 1), (8, 1), (2, 2), (5, 2), (8, 3)])
 @pytest.mark.parametrize("with_sponge", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("nx", [17, 700])
 def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype, nx, monkeypatch):
     """n adjoint steps in one pass, each next step's residuals injected between them as the
     forward injects sources; on several threads, each running its share of the steps behind the
-    one before.  The pass reads the stored lap rows in place, in pieces of 64 columns with
+    one before (a single step: its rows split over them).  The pass reads the stored lap rows in place, in pieces of 64 columns with
     prefetches between them (700 columns: many pieces, and damped bands wider than one)."""
     from odecli.pde import leapfrog
 

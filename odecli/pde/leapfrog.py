@@ -197,13 +197,15 @@ class Kernels:
         base = laps.data_ptr()
         return (ctypes.c_void_p * len(steps))(*(base + j * size for j in steps))
 
-    def forward(self, u: Tensor, u_prev: Tensor, out: Tensor, lap: Tensor | None = None) -> Tensor:
+    def forward(self, u: Tensor, u_prev: Tensor, out: Tensor, lap: Tensor | None = None,
+                grad_sum: Tensor | None = None) -> Tensor:
         """:func:`step_forward` into ``out`` (which may be ``u_prev``), and ``lap4(u)`` into
-        ``lap`` when given."""
+        ``lap`` when given; with ``grad_sum`` too, an adjoint step instead, that reads ``lap``
+        (see :meth:`adjoint_pass`).  The rows are split over the threads."""
         self._check(u, u_prev, out)
         rows = ctypes.c_long(0) if lap is None else self._check_laps(lap)
         fixed = (_ptr(u), _ptr(u_prev), self._c2, self._sponge, self._span, self._iy2, self._ix2,
-                 _ptr(out), _ptr(lap), rows)
+                 _ptr(out), _ptr(lap), rows, _ptr(grad_sum))
         if len(self._fwd_rows) == 1:
             self._forward(*self._dims, *self._fwd_rows[0], *fixed)
         else:
@@ -241,7 +243,8 @@ class Kernels:
         the forward stored them) and adds ``mu * lap4`` of its ``mu`` into ``grad_sum``; after
         it the residuals get ``values + j * residuals.stride`` (an address: rows of ``stride``
         numbers, ``c2dt2 G r`` for residuals ``r``), as sources do in :meth:`forward_run`.
-        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``."""
+        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``.  A single step is split by rows
+        over the threads instead, as :meth:`forward` splits one, with the same results."""
         n = len(fields) - 2
         self._check(*set(fields))
         if n < 1 or laps.shape[0] != n:
@@ -251,6 +254,11 @@ class Kernels:
                 or not grad_sum.is_contiguous():
             raise ValueError("leapfrog: grad_sum must be a contiguous array like c2dt2")
         rows = self._check_laps(laps, n)
+        if n == 1 and len(self._fwd_rows) > 1:
+            self.forward(fields[1], fields[0], fields[2], laps[0], grad_sum)
+            if residuals is not None:
+                self.points(fields[2], residuals.flat, ctypes.c_void_p(values))
+            return
         none = (None, None, None, None, ctypes.c_long(0))
         fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
@@ -291,6 +299,7 @@ class RowPoints:
         rows = (flat % (shape[1] * shape[2])) // shape[2]
         if flat.numel() and (int(rows.min()) < RING or int(rows.max()) >= shape[1] - RING):
             raise ValueError("leapfrog: points must lie in block rows, not in the ring")
+        self.flat = flat.to(torch.int64).contiguous()  # in the order of the values
         order, self.row_ptr = _by_row(rows, shape[1])
         self.at = flat[order].to(torch.int64).contiguous()
         self.index = order.to(torch.int64).contiguous()

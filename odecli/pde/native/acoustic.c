@@ -235,12 +235,13 @@ static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, co
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
  * the rows between threads; the first and last piece own the ring rows above and below);     \
- * with lap (else NULL), their lap(u) too, in rows ls >= nx elements apart. */               \
+ * with lap (else NULL), their lap(u) too, in rows ls >= nx elements apart; with lap and grad  \
+ * (else NULL), an adjoint step instead, as in leapfrog_forward_run. */                      \
 void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,                   \
                                const T *restrict up, const T *u_prev,                        \
                                const T *restrict c2dt2, const T *restrict sponge,            \
                                const int64_t *restrict span, double iy2, double ix2,         \
-                               T *u_next, T *restrict lap, long ls)                          \
+                               T *u_next, T *restrict lap, long ls, T *restrict grad)        \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
@@ -255,12 +256,16 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
             const T *restrict g = sponge ? sponge + i * nx : NULL;                            \
             T *out = u_next + row + 2;                                                        \
             T *restrict lp = lap ? lap + (b * ny + i) * ls : NULL;                            \
-            FORWARD_ROW(i, SUFFIX);                                                           \
+            if (grad)                                                                         \
+                adjoint_row_##SUFFIX(i, nx, r, p, cc, g, sponge, span, out, lp, grad + i * nx,\
+                                     iy2, ix2, i + 2 < i1 ? (const char *)(lp + 2 * ls) : NULL);\
+            else                                                                              \
+                FORWARD_ROW(i, SUFFIX);                                                       \
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
                            i1 == ny ? ny + 4 : i1 + 2);                                       \
     }                                                                                         \
-    if (lap)                                                                                  \
+    if (lap && !grad)                                                                         \
         stream_fence();                                                                       \
     restore_fp_mode(fp_mode);                                                                 \
 }                                                                                             \
