@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import copy
+import ctypes
 import platform
 import sys
 import tempfile

@@ -25,11 +25,11 @@ def reference():
 
 # exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
 # (a source sits on the 2x2 corner, so extended blocks carry a neighbour's source; on 4x1 the
-# middle ranks have neighbours on both sides).
-# Two kernel threads: the two steps of a pass on two threads, and single steps (at a segment's
-# start, after an exchange) split by rows, the neighbours' share settled after them.
-# Three adjoint steps per pass between exchanges every 4 steps: odd passes, and single steps
-# after an exchange.
+# middle ranks have neighbours on both sides; receivers near a block edge lie in a neighbour's
+# extended block, whose redundant adjoint steps must inject their residuals too).
+# Two kernel threads: the steps of a pass shared out over two threads, and single steps (at a
+# segment's start, before an exchange) split by rows.  Passes of three steps between exchanges
+# every 4 steps: odd passes, and single steps next to an exchange, forward and adjoint.
 @pytest.mark.parametrize("n,grid,every,threads,per_pass",
                          [(2, "2x1", 1, 0, 0), (2, "1x2", 1, 0, 0), (4, "2x2", 1, 0, 0),
                           (2, "1x2", 4, 0, 0), (4, "2x2", 3, 0, 0), (4, "4x1", 4, 0, 0),
