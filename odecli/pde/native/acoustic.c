@@ -63,6 +63,7 @@
 #define LINE 64 /* bytes in a cache line */
 #define PREFETCH_COLUMNS 64 /* columns of the stencil pass between prefetches */
 #define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
+
 /* Copy a row of the store (bytes, a multiple of the element size, dst element-aligned) with
  * streaming stores for its whole 64-byte lines (plain copies of the partial lines at either
  * end), so writing it costs no read of it from memory.  Bits are copied, whatever the type.
