@@ -58,10 +58,11 @@ class Loop:
     With ``every = K > 1`` on several ranks, neighbours exchange every K steps instead of every
     step: fields carry ``RING * K`` ghost cells on sides with a neighbour, and each rank steps
     its block extended by ``RING * (K - 1)`` cells there (``c2dt2``, the sponge and the sources
-    cover the extension).  Each step spoils ``RING`` more cells from the outside in, so the
-    owned block is exact after K steps, when the next exchange refreshes the ghosts of both
-    time levels, packed in one message per neighbour.  The redundant steps repeat the
-    neighbour's arithmetic, so results are bit for bit those of exchanging every step.
+    cover the extension, and in the adjoint the receivers).  Each step spoils ``RING`` more
+    cells from the outside in, so the owned block is exact after K steps, when the next
+    exchange refreshes the ghosts of both time levels, packed in one message per neighbour.
+    The redundant steps repeat the neighbour's arithmetic, so results are bit for bit those of
+    exchanging every step.
     """
 
     segments: list[tuple[int, int]]
