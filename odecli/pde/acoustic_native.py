@@ -236,11 +236,11 @@ class _Propagation(torch.autograd.Function):
             return None, None, None
         kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
-        flat, rows, values = _adjoint_sources(loop, g_traces, c2dt2, shape)
+        rows, values = _adjoint_sources(loop, g_traces, c2dt2, shape)
         # mu of the field after u_k and of u_k itself, starting from the last step's residuals
         mu_after, mu = (loop.workspace.take("adjoint", c2dt2, shape).zero_() for _ in range(2))
-        if flat.numel():
-            kern.points(mu, flat, _row(values, 0))
+        if rows is not None:
+            kern.points(mu, rows.flat, _row(values, 0))
         grad_sum = torch.zeros_like(c2dt2)
         nt = loop.nt
         for s in reversed(range(len(loop.segments))):
@@ -267,10 +267,10 @@ class _Propagation(torch.autograd.Function):
 
 
 def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
-                     ) -> tuple[Tensor, RowPoints | None, Tensor]:
+                     ) -> tuple[RowPoints | None, Tensor]:
     """The receivers as sources of the adjoint in the forward's form: ``mu = c2dt2 G lambda``
-    gets ``c2dt2 G r`` where the adjoint lambda gets the residual ``r``.  Returns their flat
-    indices into the fields (shots by receivers), the same sorted by row, and the values
+    gets ``c2dt2 G r`` where the adjoint lambda gets the residual ``r``.  Returns them as points
+    of the fields, shots by receivers (None without receivers), and the values
     ``(nt + 1, shots * receivers)``, row ``m`` for time ``nt - 1 - m`` (the order the backward
     meets them) and a last row of zeros (after the first step, which has no residual before it).
     Receivers in a neighbour's block inside the stepped extension are sources here too, so
@@ -280,8 +280,8 @@ def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[i
         residuals, iy, ix = g_traces, g.rec_iy, g.rec_ix
     else:
         ids, iy, ix = loop.adjoint_receivers
-        every = loop.comm.allreduce_array(g.scatter_traces(g_traces.detach()).numpy())
-        residuals = torch.from_numpy(every)[:, ids, :]
+        summed = loop.comm.allreduce_array(g.scatter_traces(g_traces.detach()).numpy())
+        residuals = torch.from_numpy(summed)[:, ids, :]
     shots, rows, cols = shape
     weight = c2dt2[iy - RING, ix - RING]
     if loop.sponge is not None:
@@ -290,4 +290,4 @@ def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[i
     values[:-1] = (residuals * weight[None, :, None]).permute(2, 0, 1).flip(0)
     flat = ((torch.arange(shots)[:, None] * (rows * cols) + (iy * cols + ix)[None, :])
             .reshape(-1).to(torch.int64).contiguous())
-    return flat, RowPoints(flat, shape) if flat.numel() else None, values.reshape(loop.nt + 1, -1)
+    return RowPoints(flat, shape) if flat.numel() else None, values.reshape(loop.nt + 1, -1)
