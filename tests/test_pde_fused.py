@@ -109,10 +109,22 @@ def test_forward_without_autograd_recycles_buffers_but_not_results():
     assert torch.equal(recycled, tracked.detach())
 
 
-@pytest.mark.parametrize("nx", [13, 53])  # 53: the stored laps' rows stream whole cache lines
-@pytest.mark.parametrize("with_sponge", [False, True])
+def _edge_sponge(ny: int, nx: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """G < 1 on i + 1 columns at the left of row i and 2i + 3 at its right, exactly 1 between:
+    damped and plain runs of every length up to 19, ending anywhere in a vector of lanes."""
+    sponge = torch.ones(ny, nx, dtype=dtype)
+    for i in range(ny):
+        sponge[i, : i + 1] = torch.rand(i + 1, generator=gen, dtype=dtype)
+        sponge[i, max(nx - 2 * i - 3, 0):] = torch.rand(min(2 * i + 3, nx), generator=gen, dtype=dtype)
+    return sponge
+
+
+# 53: the stored laps' rows stream whole cache lines; 16, 33, 53 with the sponge at the edges:
+# the vector runs of 8 (float64) or 16 (float32) columns start and end at every offset.
+@pytest.mark.parametrize("nx", [13, 16, 33, 53])
+@pytest.mark.parametrize("sponge_kind", ["none", "everywhere", "edges"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype, nx):
+def test_step_kernels_against_the_reference_and_its_autograd(sponge_kind, dtype, nx):
     """Forward bit for bit; the adjoint step, in the forward's form, equals autograd's
     vector-Jacobian product."""
     gen = torch.Generator().manual_seed(3)
@@ -121,7 +133,8 @@ def test_step_kernels_against_the_reference_and_its_autograd(with_sponge, dtype,
     u = rnd(b, ny + 4, nx + 4).requires_grad_()  # a full ring: as a neighbour-filled field
     u_prev = rnd(b, ny + 4, nx + 4).requires_grad_()
     c2dt2 = (0.1 + rnd(ny, nx).abs() * 0.1).requires_grad_()
-    sponge = torch.rand(ny, nx, generator=gen, dtype=dtype) if with_sponge else None
+    sponge = {"none": None, "everywhere": torch.rand(ny, nx, generator=gen, dtype=dtype),
+              "edges": _edge_sponge(ny, nx, gen, dtype)}[sponge_kind]
     expected = reference_step(u, u_prev, c2dt2, sponge, dy, dx)
     out = step_forward(u.detach(), u_prev.detach(), c2dt2.detach(), sponge, dy, dx,
                        torch.empty_like(u))
