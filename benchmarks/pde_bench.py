@@ -15,7 +15,9 @@ out=a) on 400 MB arrays, 16 / 32 bytes per point for float32 / float64), a plain
 leapfrog loop (no autograd, no sponge: the floor of what eager PyTorch can do) and Deepwave's
 scalar propagator when ``import deepwave`` works.  ``--kernels reference`` runs odecli with
 ODECLI_NATIVE=0 (the PyTorch reference step that CUDA uses).  Timings are the median of
---repeats calls after one warm-up call; every RATIO line compares numbers from this run.
+--repeats calls after one warm-up call, forward and forward+gradient timed in turn; the one-rank
+gradient step rate / forward rate is the median over those pairs.  Every RATIO line compares
+numbers from this run.
 Weak scaling also times each rank count's ranks on independent one-rank problems at once (no
 messages): on a shared VM that, not 100 %, is the ceiling for the efficiency.
 """
@@ -84,26 +86,30 @@ def worker(args) -> None:
 
     import resource
 
-    rows = {}
-    for name, fn in (("forward", fwd), ("forward+gradient", fb)):
-        fn()  # warm-up
-        times, comms = [], []
-        for _ in range(args.repeats):
+    fns = {"forward": fwd, "forward+gradient": fb}
+    fwd()  # warm-ups; the forward's peak memory is read before any gradient has run
+    comm.barrier()
+    rss_fwd = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    fb()
+    # The two are timed in turn, repeat by repeat, so that both see the same phases of a shared
+    # machine (whose speed drifts by 10 % over minutes): their ratio is then steadier.
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    comms: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(args.repeats):
+        for name, fn in fns.items():
             comm.barrier()
             P.timer.reset()
             t0 = time.perf_counter()
             fn()
             comm.barrier()
-            times.append(time.perf_counter() - t0)
-            comms.append(P.timer.comm_s)
-        t = statistics.median(times)
-        cfrac = comm.allreduce_scalar(statistics.median(comms) / t, op="sum") / comm.size
-        tmax = comm.allreduce_scalar(t, op="max")
-        fastest = comm.allreduce_scalar(min(times), op="max")  # the least disturbed repeat
-        rows[name] = {"time_s": tmax, "min_s": fastest, "comm_fraction": cfrac}
-        if name == "forward":
-            comm.barrier()
-            rss_fwd = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            times[name].append(comm.allreduce_scalar(time.perf_counter() - t0, op="max"))
+            comms[name].append(P.timer.comm_s)
+    rows = {}
+    for name in fns:
+        t = statistics.median(times[name])
+        cfrac = comm.allreduce_scalar(statistics.median(comms[name]) / t, op="sum") / comm.size
+        rows[name] = {"time_s": t, "min_s": min(times[name]),  # min: the least disturbed repeat
+                      "times_s": times[name], "comm_fraction": cfrac}
     rss = comm.allreduce_scalar(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, op="max")
     if comm.rank == 0:
         print("RESULT " + json.dumps({"n": args.n, "steps": args.steps, "ranks": comm.size,
@@ -317,6 +323,11 @@ def main() -> None:
                 report(res, kernel, pts, base, args.ranks[0], r)
                 if r == 1:
                     one_rank[kernel] = {k: v["time_s"] for k, v in res["rows"].items()}
+                    pairs = zip(res["rows"]["forward"]["times_s"], res["rows"]["forward+gradient"]["times_s"])
+                    rates = sorted(f / fb for f, fb in pairs)
+                    print(f"RATIO odecli {kernel} 1 rank: gradient step rate / forward rate "
+                          f"{statistics.median(rates):.3f}, median of {len(rates)} interleaved pairs "
+                          f"({rates[0]:.3f}-{rates[-1]:.3f})")
         if args.no_peers:
             continue
         t = plain_loop(n, args.steps, args.dtype, args.threads)
