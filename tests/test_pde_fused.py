@@ -357,8 +357,9 @@ def test_row_split_over_threads_changes_nothing(threads, with_sponge):
 def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_sponge, dtype, nx, monkeypatch):
     """n adjoint steps in one pass, each next step's residuals injected between them as the
     forward injects sources; on several threads, each running its share of the steps behind the
-    one before (a single step: its rows split over them).  The pass reads the stored lap rows in place, in pieces of 64 columns with
-    prefetches between them (700 columns: many pieces, and damped bands wider than one)."""
+    one before (a single step: its rows split over them).  The pass reads the stored lap rows in
+    place, vectors of columns at a time, each prefetching a line of a later row (700 columns:
+    long vector runs, damped bands of several vectors and scalar tails)."""
     from odecli.pde import leapfrog
 
     monkeypatch.setattr(leapfrog, "_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs

@@ -61,7 +61,6 @@
      + (((r)[(j) + 2 - 2 * (s)] + (r)[(j) + 2 + 2 * (s)]) * k2y))
 
 #define LINE 64 /* bytes in a cache line */
-#define PREFETCH_COLUMNS 64 /* columns of the stencil pass between prefetches */
 #define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
 
 /* Copy a row of the store (bytes, a multiple of the element size, dst element-aligned) with
@@ -133,18 +132,33 @@ int acoustic_flushes_subnormals(void) { return FLUSHES_SUBNORMALS; }
     const T kc = (T)(C0 * (ix2 + iy2)), k1x = (T)(C1 * ix2), k2x = (T)(C2 * ix2);     \
     const T k1y = (T)(C1 * iy2), k2y = (T)(C2 * iy2)
 
-/* AVX-512 runs of the loop bodies below (FWD_*): out[j] for j in [j, j1) a vector of L
+/* Prefetch the lines of columns [j, j1) of the row at pf (unless NULL), for the scalar loop
+ * that follows, and return j. */
+static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
+{
+    if (pf)
+        for (long k = j; k < j1; k += LINE / (long)size)
+            __builtin_prefetch(pf + k * size, 0, 3);
+    if (pf && j < j1)
+        __builtin_prefetch(pf + (j1 - 1) * size, 0, 3);
+    return j;
+}
+
+/* AVX-512 runs of the loop bodies below (FWD_*): out[j] for j in [j, j1), a vector of L
  * columns at a time, with the sponge where g is not NULL, lap_out[j] = lap (else NULL) and
- * grad[j] += u[j] * lap_in[j] (else NULL); the return value is where the scalar loop takes
- * over (fewer than L columns from j1).  The same operations in the same order as the scalar
- * bodies, so the results are bit for bit theirs.  Why: the five columns j-2 .. j+2 of the
- * centre row, read as five unaligned vectors, cross cache lines on most loads, and the loads
- * (12 per vector) bound the loop.  Here the centre row is read once, a vector per step, and
- * the four shifted vectors are built from it and its neighbours by valign in registers (7
- * loads per vector): forward, storing forward and adjoint passes took 13-17 % less time
- * (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers").  Loads stay within
- * the columns the scalar loop reads: the lanes of the vectors on either side that the run
- * does not use are masked off. */
+ * grad[j] += u[j] * lap_in[j] (else NULL); each vector prefetches the line of the row at pf
+ * (else NULL) under its columns.  Returns where the scalar loop takes over (fewer than L
+ * columns from j1), whose lines it has prefetched.  The same operations in the same order as
+ * the scalar bodies, so the results are bit for bit theirs.
+ * Why: the scalar bodies, vectorized by GCC, read columns j-2 .. j+2 of the centre row as five
+ * unaligned vectors, most of which cross a cache line, and those loads (12 per vector) bound
+ * the loop.  Here each iteration loads one new vector of the centre row and builds the four
+ * shifted ones from it and its neighbours with valign, in registers (7 loads per vector).  In
+ * C at 1000^2 the forward went from 0.62-0.67 to 0.51-0.54 ns a point and step, the storing
+ * forward from 0.78-0.97 to 0.65-0.82; the adjoint, bound by its read of the store, gained
+ * less (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers").  Loads stay
+ * within the columns the scalar loop reads: the lanes of the vectors on either side that a
+ * run does not use are masked off. */
 #if defined(__AVX512F__)
 #define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, MASK, LOAD, MASKZ_LOAD, STORE, SET1, ADD, SUB, MUL,  \
                           SHIFT)                                                              \
@@ -152,16 +166,18 @@ static inline __attribute__((always_inline)) long                               
 vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,                 \
                     const T *restrict cc, const T *restrict g, T *out, T kc_, T k1x_, T k2x_, \
                     T k1y_, T k2y_, T *restrict lap_out, const T *restrict lap_in,            \
-                    T *restrict grad)                                                         \
+                    T *restrict grad, const char *pf)                                         \
 {                                                                                             \
     if (j1 - j < (L))                                                                         \
-        return j;                                                                             \
+        return prefetch_tail(pf, j, j1, sizeof(T));                                           \
     const V kc = SET1(kc_), k1x = SET1(k1x_), k2x = SET1(k2x_);                               \
     const V k1y = SET1(k1y_), k2y = SET1(k2y_);                                               \
     const T *c = r + 2; /* the centre: column j of the block is c[j] */                       \
     V before = MASKZ_LOAD((MASK)3 << ((L) - 2), c + j - (L)); /* c[j-2], c[j-1] */            \
     V centre = LOAD(c + j);                                                                   \
     for (; j + (L) <= j1; j += (L)) {                                                         \
+        if (pf) /* a vector of L columns is a line of the row at pf */                        \
+            __builtin_prefetch(pf + j * sizeof(T), 0, 3);                                     \
         const V after = j + 2 * (L) <= j1 ? LOAD(c + j + (L))                                 \
                                           : MASKZ_LOAD((MASK)3, c + j + (L)); /* c[j+L], c[j+L+1] */ \
         const V m2 = SHIFT(centre, before, (L) - 2), m1 = SHIFT(centre, before, (L) - 1);     \
@@ -184,7 +200,7 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
         before = centre;                                                                      \
         centre = after;                                                                       \
     }                                                                                         \
-    return j;                                                                                 \
+    return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
 #define SHIFT_PD(hi, lo, k) \
     _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(hi), _mm512_castpd_si512(lo), (k)))
@@ -200,58 +216,39 @@ DEFINE_VECTOR_RUN(float, f32, __m512, 16, __mmask16, _mm512_loadu_ps, _mm512_mas
 #define DEFINE_VECTOR_RUN(T, SUFFIX)                                                          \
 static inline long vector_run_##SUFFIX(long j, long j1, long w, const T *r, const T *p,       \
                                        const T *cc, const T *g, T *out, T kc, T k1x, T k2x,   \
-                                       T k1y, T k2y, T *lap_out, const T *lap_in, T *grad)    \
+                                       T k1y, T k2y, T *lap_out, const T *lap_in, T *grad,    \
+                                       const char *pf)                                        \
 {                                                                                             \
-    (void)j1, (void)w, (void)r, (void)p, (void)cc, (void)g, (void)out, (void)kc, (void)k1x;   \
+    (void)w, (void)r, (void)p, (void)cc, (void)g, (void)out, (void)kc, (void)k1x;             \
     (void)k2x, (void)k1y, (void)k2y, (void)lap_out, (void)lap_in, (void)grad;                 \
-    return j;                                                                                 \
+    return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
 DEFINE_VECTOR_RUN(double, f64)
 DEFINE_VECTOR_RUN(float, f32)
 #endif
 
 /* vector_run over [j0, j1) (sponge gg, else NULL) with the local names of the kernels below */
-#define VECTOR_RUN(j0, j1, gg, LAP_OUT, LAP_IN, GRAD)                                 \
+#define VECTOR_RUN(j0, j1, gg, LAP_OUT, LAP_IN, GRAD, PF)                             \
     _Generic((out), double *: vector_run_f64, float *: vector_run_f32)(               \
-        (j0), (j1), w, r, p, cc, (gg), out, kc, k1x, k2x, k1y, k2y, LAP_OUT, LAP_IN, GRAD)
+        (j0), (j1), w, r, p, cc, (gg), out, kc, k1x, k2x, k1y, k2y, LAP_OUT, LAP_IN,  \
+        GRAD, PF)
 
 /* Run BODY(j) for j in [0, nx), with the sponge on [0, lo) and [hi, nx) and without it on
  * [lo, hi): DAMPED and PLAIN are the two versions of the loop body, and the vector runs
- * write LAP_OUT, read LAP_IN and add into GRAD as those bodies do (NULL: not). */
-#define SPLIT_ROW(i, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD)                            \
+ * write LAP_OUT, read LAP_IN and add into GRAD as those bodies do (NULL: not).  PF (else
+ * NULL): a row brought into cache while the arithmetic runs, a line per vector of columns,
+ * instead of all at once when it is next read. */
+#define SPLIT_ROW(i, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                        \
     do {                                                                              \
         const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
         const long hi = sponge ? (long)span[2 * (i) + 1] : nx;                        \
-        SPLIT_RANGE(0, nx, lo, hi, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD);             \
-    } while (0)
-
-/* SPLIT_ROW's three loops over the columns [c0, c1) alone, the plain run being [lo, hi) */
-#define SPLIT_RANGE(c0, c1, lo, hi, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD)             \
-    do {                                                                              \
-        const long top = (hi) > (lo) ? (hi) : (lo);                                   \
-        const long a0 = (lo) < (c0) ? (c0) : (lo) < (c1) ? (lo) : (c1);               \
-        const long a1 = top < (c0) ? (c0) : top < (c1) ? top : (c1);                  \
-        for (long j = VECTOR_RUN((c0), a0, g, LAP_OUT, LAP_IN, GRAD); j < a0; ++j)    \
+        const long top = hi > lo ? hi : lo;                                           \
+        for (long j = VECTOR_RUN(0, lo, g, LAP_OUT, LAP_IN, GRAD, PF); j < lo; ++j)   \
             DAMPED(j);                                                                \
-        for (long j = VECTOR_RUN(a0, a1, NULL, LAP_OUT, LAP_IN, GRAD); j < a1; ++j)   \
+        for (long j = VECTOR_RUN(lo, hi, NULL, LAP_OUT, LAP_IN, GRAD, PF); j < hi; ++j) \
             PLAIN(j);                                                                 \
-        for (long j = VECTOR_RUN(a1, (c1), g, LAP_OUT, LAP_IN, GRAD); j < (c1); ++j)  \
+        for (long j = VECTOR_RUN(top, nx, g, LAP_OUT, LAP_IN, GRAD, PF); j < nx; ++j) \
             DAMPED(j);                                                                \
-    } while (0)
-
-/* SPLIT_ROW in pieces of PREFETCH_COLUMNS columns, each followed by prefetches of as many
- * bytes of the row at pf (the bytes of nx elements in all): that row comes into cache while
- * the arithmetic runs, a few lines at a time, instead of all at once when it is next read. */
-#define SPLIT_ROW_PREFETCHING(i, DAMPED, PLAIN, pf, LAP_OUT, LAP_IN, GRAD)            \
-    do {                                                                              \
-        const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
-        const long hi = sponge ? (long)span[2 * (i) + 1] : nx;                        \
-        for (long c0 = 0; c0 < nx; c0 += PREFETCH_COLUMNS) {                          \
-            const long c1 = c0 + PREFETCH_COLUMNS < nx ? c0 + PREFETCH_COLUMNS : nx;  \
-            SPLIT_RANGE(c0, c1, lo, hi, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD);        \
-            for (long k = c0 * (long)sizeof(real); k < c1 * (long)sizeof(real); k += LINE) \
-                __builtin_prefetch((pf) + k, 0, 3);                                   \
-        }                                                                                     \
     } while (0)
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
@@ -284,12 +281,12 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     COEFFS(T);                                                                                \
     if (ls > STREAM_ROW_MAX) {                                                                \
         T *restrict buf = lp;                                                                 \
-        SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL);                         \
+        SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                         \
         return;                                                                               \
     }                                                                                         \
     T row[ls];                                                                                \
     T *restrict buf = row;                                                                    \
-    SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL);                             \
+    SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                             \
     for (long j = nx; j < ls; ++j)                                                            \
         row[j] = 0;                                                                           \
     stream_row(lp, buf, sizeof(T) * nx, sizeof(T) * ls);                                      \
@@ -308,10 +305,7 @@ static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, co
     typedef T real;                                                                           \
     const long w = nx + 4;                                                                    \
     COEFFS(T);                                                                                \
-    if (pf)                                                                                   \
-        SPLIT_ROW_PREFETCHING(i, FWD_DAMPED_SUM, FWD_PLAIN_SUM, pf, NULL, l, gc);             \
-    else                                                                                      \
-        SPLIT_ROW(i, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc);                             \
+    SPLIT_ROW(i, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);                             \
 }                                                                                             \
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
@@ -485,7 +479,7 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         if (lp)                                                                       \
             forward_row_lap_##SUFFIX(i, nx, ls, r, p, cc, g, sponge, span, out, lp, iy2, ix2); \
         else                                                                          \
-            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL);                            \
+            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);                            \
     } while (0)
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
