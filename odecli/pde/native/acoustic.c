@@ -61,6 +61,7 @@
      + (((r)[(j) + 2 - 2 * (s)] + (r)[(j) + 2 + 2 * (s)]) * k2y))
 
 #define LINE 64 /* bytes in a cache line */
+#define PREFETCH_AHEAD 3072 /* bytes of the store the adjoint prefetches ahead of its reads */
 #define FRUN_LAG 2 /* block rows each step runs ahead of the next in leapfrog_forward_run */
 
 /* Copy a row of the store (bytes, a multiple of the element size, dst element-aligned) with
@@ -294,16 +295,21 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
                                                                                               \
 /* Block row i of an adjoint step in the forward's form (leapfrog_forward_run with grad): the  \
  * step, and gc += u * l at each point, l being the row of the stored lap the matching forward \
- * step used.  pf (else NULL): a row brought into cache while the arithmetic runs. */         \
+ * step used.  The store's bytes PREFETCH_AHEAD past each vector's come into cache while the   \
+ * arithmetic runs: the rest of this row, then the start of the next, which the step reads in  \
+ * the next row iteration.  (Read on demand, among a dozen other streams, the pass took 1.5 ns \
+ * a point and step at 1000^2 against 1.1; two rows ahead, 1.00-1.09 against 0.88-0.94 for     \
+ * 3 KB ahead, and 2, 2.5, 3.5 and 4 KB did no better: benchmarks/RESULTS.md.) */              \
 static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, const T *p,     \
                                         const T *restrict cc, const T *restrict g,           \
                                         const T *restrict sponge,                            \
                                         const int64_t *restrict span, T *out,                \
                                         const T *restrict l, T *restrict gc, double iy2,     \
-                                        double ix2, const char *pf)                          \
+                                        double ix2)                                          \
 {                                                                                             \
     typedef T real;                                                                           \
     const long w = nx + 4;                                                                    \
+    const char *pf = (const char *)l + PREFETCH_AHEAD; /* never faults, even past the store */ \
     COEFFS(T);                                                                                \
     SPLIT_ROW(i, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);                             \
 }                                                                                             \
@@ -333,7 +339,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
             T *restrict lp = lap ? lap + (b * ny + i) * ls : NULL;                            \
             if (grad)                                                                         \
                 adjoint_row_##SUFFIX(i, nx, r, p, cc, g, sponge, span, out, lp, grad + i * nx,\
-                                     iy2, ix2, i + 2 < i1 ? (const char *)(lp + 2 * ls) : NULL);\
+                                     iy2, ix2);                                               \
             else                                                                              \
                 FORWARD_ROW(i, SUFFIX);                                                       \
         }                                                                                     \
@@ -358,9 +364,8 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * receivers lie in block rows.  With lap (else NULL), step j writes lap(f[j+1]) into lap[j].  \
  * Results are bit for bit those of n leapfrog_forward calls.                                 \
  * With grad (else NULL) the pass is the adjoint's (see the top of this file): step j reads   \
- * lap[j] instead, row by row in place while the row two below comes into cache (read on      \
- * demand, among a dozen other streams, the pass took 1.5 ns a point at 1000^2 against 1.1),  \
- * and adds f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.                   \
+ * lap[j] instead, row by row in place, prefetching ahead (adjoint_row), and adds             \
+ * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.                            \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last row iteration q it has finished and waiting     \
  * before iteration q until the call of the steps before it (*ahead) has finished q.  Rows of \
@@ -400,8 +405,7 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 T *restrict lp = lap ? lap[j] + (b * ny + i) * ls : NULL;                     \
                 if (grad)                                                                     \
                     adjoint_row_##SUFFIX(i, nx, r, p, cc, g, sponge, span, out, lp,           \
-                                         grad + i * nx, iy2, ix2,                             \
-                                         i + 2 < ny ? (const char *)(lp + 2 * ls) : NULL);    \
+                                         grad + i * nx, iy2, ix2);                            \
                 else                                                                          \
                     FORWARD_ROW(i, SUFFIX);                                                   \
                 un[row] = un[row + 1] = un[row + nx + 2] = un[row + nx + 3] = 0;              \
