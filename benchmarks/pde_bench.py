@@ -342,8 +342,7 @@ def main() -> None:
         fused = one_rank.get("fused")
         if fused:
             fwd, fb = fused["forward"], fused["forward+gradient"]
-            print(f"RATIO odecli fused 1 rank: forward {pts / fwd / 1e9 / bound:.2f} of the triad bound; "
-                  f"gradient step rate / forward rate {fwd / fb:.3f}")
+            print(f"RATIO odecli fused 1 rank: forward {pts / fwd / 1e9 / bound:.2f} of the triad bound")
             if dw:
                 print(f"RATIO odecli fused / deepwave throughput: forward {dw['forward'] / fwd:.2f}x, "
                       f"forward+gradient {dw['forward+gradient'] / fb:.2f}x")
