@@ -358,7 +358,7 @@ def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_spong
     """n adjoint steps in one pass, each next step's residuals injected between them as the
     forward injects sources; on several threads, each running its share of the steps behind the
     one before (a single step: its rows split over them).  The pass reads the stored lap rows in
-    place, vectors of columns at a time, each prefetching a line of a later row (700 columns:
+    place, vectors of columns at a time, each prefetching a line 3 KB further on (700 columns:
     long vector runs, damped bands of several vectors and scalar tails)."""
     from odecli.pde import leapfrog
 

@@ -282,12 +282,12 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     COEFFS(T);                                                                                \
     if (ls > STREAM_ROW_MAX) {                                                                \
         T *restrict buf = lp;                                                                 \
-        SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                         \
+        SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                   \
         return;                                                                               \
     }                                                                                         \
     T row[ls];                                                                                \
     T *restrict buf = row;                                                                    \
-    SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                             \
+    SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                       \
     for (long j = nx; j < ls; ++j)                                                            \
         row[j] = 0;                                                                           \
     stream_row(lp, buf, sizeof(T) * nx, sizeof(T) * ls);                                      \
@@ -324,7 +324,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
                                const int64_t *restrict span, double iy2, double ix2,         \
                                T *u_next, T *restrict lap, long ls, T *restrict grad)        \
 {                                                                                             \
-    typedef T real; /* for the loop bodies below */                                           \
+    typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
     const unsigned fp_mode = flush_subnormals();                                              \
     COEFFS(T);                                                                                \
@@ -483,7 +483,7 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         if (lp)                                                                       \
             forward_row_lap_##SUFFIX(i, nx, ls, r, p, cc, g, sponge, span, out, lp, iy2, ix2); \
         else                                                                          \
-            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);                            \
+            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);      \
     } while (0)
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
