@@ -234,22 +234,37 @@ DEFINE_VECTOR_RUN(float, f32)
         (j0), (j1), w, r, p, cc, (gg), out, kc, k1x, k2x, k1y, k2y, LAP_OUT, LAP_IN,  \
         GRAD, PF)
 
+/* BODY(j) for j in [a, b): a vector run, then the scalar loop (without AVX-512, with PF, in
+ * runs of PREFETCH_RUN_COLUMNS columns, each prefetching its lines before its loop). */
+#if defined(__AVX512F__)
+#define RUN_BAND(a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                          \
+    for (long j = VECTOR_RUN((a), (b), gg, LAP_OUT, LAP_IN, GRAD, PF); j < (b); ++j)  \
+        BODY(j);
+#else
+/* prefetching a whole band before its loop made the adjoint 5-10 % slower at 1000^2 than these
+ * runs (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers") */
+#define PREFETCH_RUN_COLUMNS 64L
+#define RUN_BAND(a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                          \
+    for (long c0 = (a), piece = (PF) ? PREFETCH_RUN_COLUMNS : (b) - (a); c0 < (b);   \
+         c0 += piece) {                                                               \
+        const long c1 = (b) - c0 > piece ? c0 + piece : (b);                          \
+        for (long j = VECTOR_RUN(c0, c1, gg, LAP_OUT, LAP_IN, GRAD, PF); j < c1; ++j) \
+            BODY(j);                                                                  \
+    }
+#endif
+
 /* Run BODY(j) for j in [0, nx), with the sponge on [0, lo) and [hi, nx) and without it on
  * [lo, hi): DAMPED and PLAIN are the two versions of the loop body, and the vector runs
  * write LAP_OUT, read LAP_IN and add into GRAD as those bodies do (NULL: not).  PF (else
- * NULL): a row brought into cache while the arithmetic runs, a line per vector of columns,
- * instead of all at once when it is next read. */
+ * NULL): a row brought into cache while the arithmetic runs, a line per vector of columns
+ * (or per piece of PREFETCH_RUN_COLUMNS), instead of all at once when it is next read. */
 #define SPLIT_ROW(i, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                        \
     do {                                                                              \
         const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
         const long hi = sponge ? (long)span[2 * (i) + 1] : nx;                        \
-        const long top = hi > lo ? hi : lo;                                           \
-        for (long j = VECTOR_RUN(0, lo, g, LAP_OUT, LAP_IN, GRAD, PF); j < lo; ++j)   \
-            DAMPED(j);                                                                \
-        for (long j = VECTOR_RUN(lo, hi, NULL, LAP_OUT, LAP_IN, GRAD, PF); j < hi; ++j) \
-            PLAIN(j);                                                                 \
-        for (long j = VECTOR_RUN(top, nx, g, LAP_OUT, LAP_IN, GRAD, PF); j < nx; ++j) \
-            DAMPED(j);                                                                \
+        RUN_BAND(0, lo, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                         \
+        RUN_BAND(lo, hi, NULL, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                      \
+        RUN_BAND(hi > lo ? hi : lo, nx, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)         \
     } while (0)
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
