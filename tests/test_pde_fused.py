@@ -169,14 +169,15 @@ def test_step_kernels_against_the_reference_and_its_autograd(sponge_kind, dtype,
                                    msg=lambda m: f"grad {name}: {m}")
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512f is x86's")
-def test_kernels_built_without_avx512_still_match(tmp_path):
-    """Where the CPU lacks AVX-512 the kernels' scalar loops do every column (acoustic.c): built
-    that way here, through a compiler that adds -mno-avx512f, the step-kernel and adjoint-pass
-    tests above pass as they do on the vector runs."""
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx2 is x86's")
+@pytest.mark.parametrize("without", ["-mno-avx512f", "-mno-avx2"])
+def test_kernels_built_without_avx512_or_avx2_still_match(tmp_path, without):
+    """Where the CPU lacks AVX-512 the kernels run 256-bit vector runs, and without AVX2 their
+    scalar loops do every column (acoustic.c): built each way here, through a compiler that adds
+    the flag, the step-kernel and adjoint-pass tests above pass as they do on AVX-512."""
     calls = tmp_path / "calls"
     cc = tmp_path / "cc"
-    cc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec "${{REAL_CC:-gcc}}" "$@" -mno-avx512f\n')
+    cc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec "${{REAL_CC:-gcc}}" "$@" {without}\n')
     cc.chmod(0o755)
     env = dict(os.environ, CC=str(cc), ODECLI_CACHE_DIR=str(tmp_path / "cache"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,

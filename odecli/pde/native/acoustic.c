@@ -145,7 +145,7 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
     return j;
 }
 
-/* AVX-512 runs of the loop bodies below (FWD_*): out[j] for j in [j, j1), a vector of L
+/* AVX-512 or AVX2 runs of the loop bodies below (FWD_*): out[j] for j in [j, j1), a vector of L
  * columns at a time, with the sponge where g is not NULL, lap_out[j] = lap (else NULL) and
  * grad[j] += u[j] * lap_in[j] (else NULL); each vector prefetches the line of the row at pf
  * (else NULL) under its columns.  Returns where the scalar loop takes over (fewer than L
@@ -154,15 +154,17 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
  * Why: the scalar bodies, vectorized by GCC, read columns j-2 .. j+2 of the centre row as five
  * unaligned vectors, most of which cross a cache line, and those loads (12 per vector) bound
  * the loop.  Here each iteration loads one new vector of the centre row and builds the four
- * shifted ones from it and its neighbours with valign, in registers (7 loads per vector).  In
- * C at 1000^2 the forward went from 0.62-0.67 to 0.51-0.54 ns a point and step, the storing
- * forward from 0.78-0.97 to 0.65-0.82; the adjoint, bound by its read of the store, gained
- * less (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers").  Loads stay
+ * shifted ones from it and its neighbours in registers (7 loads per vector).  In C at 1000^2
+ * the forward went from 0.62-0.67 to 0.51-0.54 ns a point and step, the storing forward from
+ * 0.78-0.97 to 0.65-0.82; the adjoint, bound by its read of the store, gained less.  Built
+ * without AVX-512, the 256-bit runs took the forward from 0.53-0.55 to 0.41-0.42 and the
+ * adjoint from 0.81-0.83 to 0.67-0.73 (benchmarks/RESULTS.md, "PDE: the stencil's row shifts
+ * in registers").  Loads stay
  * within the columns the scalar loop reads: the lanes of the vectors on either side that a
  * run does not use are masked off. */
-#if defined(__AVX512F__)
-#define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, MASK, LOAD, MASKZ_LOAD, STORE, SET1, ADD, SUB, MUL,  \
-                          SHIFT)                                                              \
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, SET1, ADD,     \
+                          SUB, MUL, NEIGHBOURS)                                               \
 static inline __attribute__((always_inline)) long                                             \
 vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,                 \
                     const T *restrict cc, const T *restrict g, T *out, T kc_, T k1x_, T k2x_, \
@@ -174,15 +176,15 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
     const V kc = SET1(kc_), k1x = SET1(k1x_), k2x = SET1(k2x_);                               \
     const V k1y = SET1(k1y_), k2y = SET1(k2y_);                                               \
     const T *c = r + 2; /* the centre: column j of the block is c[j] */                       \
-    V before = MASKZ_LOAD((MASK)3 << ((L) - 2), c + j - (L)); /* c[j-2], c[j-1] */            \
+    V before = LOAD_LAST2(c + j - (L)); /* c[j-2], c[j-1] in its last lanes */                \
     V centre = LOAD(c + j);                                                                   \
     for (; j + (L) <= j1; j += (L)) {                                                         \
         if (pf) /* a vector of L columns is a line of the row at pf */                        \
             __builtin_prefetch(pf + j * sizeof(T), 0, 3);                                     \
         const V after = j + 2 * (L) <= j1 ? LOAD(c + j + (L))                                 \
-                                          : MASKZ_LOAD((MASK)3, c + j + (L)); /* c[j+L], c[j+L+1] */ \
-        const V m2 = SHIFT(centre, before, (L) - 2), m1 = SHIFT(centre, before, (L) - 1);     \
-        const V p1 = SHIFT(after, centre, 1), p2 = SHIFT(after, centre, 2);                   \
+                                          : LOAD_FIRST2(c + j + (L)); /* c[j+L], c[j+L+1] */  \
+        V m2, m1, p1, p2; /* columns j-2, j-1, j+1, j+2 */                                    \
+        NEIGHBOURS(before, centre, after, m2, m1, p1, p2);                                    \
         const V lap = ADD(ADD(ADD(ADD(MUL(centre, kc), MUL(ADD(m1, p1), k1x)),                \
                                       MUL(ADD(m2, p2), k2x)),                                 \
                                   MUL(ADD(LOAD(c + j - w), LOAD(c + j + w)), k1y)),           \
@@ -203,17 +205,55 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
     }                                                                                         \
     return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
+#endif
+
+#if defined(__AVX512F__)
+/* m2, m1, p1, p2: the vectors one and two columns left and right of centre (b, c, a) */
+#define NEIGHBOURS_512(SHIFT, L, b, c, a, m2, m1, p1, p2)                                    \
+    do {                                                                                      \
+        m2 = SHIFT(c, b, (L) - 2), m1 = SHIFT(c, b, (L) - 1);                                 \
+        p1 = SHIFT(a, c, 1), p2 = SHIFT(a, c, 2);                                             \
+    } while (0)
 #define SHIFT_PD(hi, lo, k) \
     _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(hi), _mm512_castpd_si512(lo), (k)))
 #define SHIFT_PS(hi, lo, k) \
     _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(hi), _mm512_castps_si512(lo), (k)))
-DEFINE_VECTOR_RUN(double, f64, __m512d, 8, __mmask8, _mm512_loadu_pd, _mm512_maskz_loadu_pd,
-                  _mm512_storeu_pd, _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd,
-                  SHIFT_PD)
-DEFINE_VECTOR_RUN(float, f32, __m512, 16, __mmask16, _mm512_loadu_ps, _mm512_maskz_loadu_ps,
-                  _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps,
-                  SHIFT_PS)
-#else /* no AVX-512: the scalar loops do every column (GCC vectorizes them) */
+#define NEIGHBOURS_PD(b, c, a, m2, m1, p1, p2) NEIGHBOURS_512(SHIFT_PD, 8, b, c, a, m2, m1, p1, p2)
+#define NEIGHBOURS_PS(b, c, a, m2, m1, p1, p2) NEIGHBOURS_512(SHIFT_PS, 16, b, c, a, m2, m1, p1, p2)
+#define LAST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0xC0, (q))
+#define FIRST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
+#define LAST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
+#define FIRST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
+DEFINE_VECTOR_RUN(double, f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD, _mm512_storeu_pd,
+                  _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, NEIGHBOURS_PD)
+DEFINE_VECTOR_RUN(float, f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS, _mm512_storeu_ps,
+                  _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, NEIGHBOURS_PS)
+#elif defined(__AVX2__)
+/* 256-bit vectors: the shifts cross the two 128-bit halves with vperm2f128, then move within
+ * each half (vshufpd, or vpalignr for 4-byte lanes) */
+#define NEIGHBOURS_PD(b, c, a, m2, m1, p1, p2)                                                \
+    do {                                                                                      \
+        m2 = _mm256_permute2f128_pd(b, c, 0x21), m1 = _mm256_shuffle_pd(m2, c, 0x5);          \
+        p2 = _mm256_permute2f128_pd(c, a, 0x21), p1 = _mm256_shuffle_pd(c, p2, 0x5);          \
+    } while (0)
+#define ALIGNR_PS(hi, lo, bytes) \
+    _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(hi), _mm256_castps_si256(lo), (bytes)))
+#define NEIGHBOURS_PS(b, c, a, m2, m1, p1, p2)                                                \
+    do {                                                                                      \
+        const __m256 left = _mm256_permute2f128_ps(b, c, 0x21);  /* b4..b7, c0..c3 */         \
+        const __m256 right = _mm256_permute2f128_ps(c, a, 0x21); /* c4..c7, a0..a3 */         \
+        m2 = ALIGNR_PS(c, left, 8), m1 = ALIGNR_PS(c, left, 12);                              \
+        p1 = ALIGNR_PS(right, c, 4), p2 = ALIGNR_PS(right, c, 8);                             \
+    } while (0)
+#define LAST2_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(-1, -1, 0, 0))
+#define FIRST2_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(0, 0, -1, -1))
+#define LAST2_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(-1, -1, 0, 0, 0, 0, 0, 0))
+#define FIRST2_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(0, 0, 0, 0, 0, 0, -1, -1))
+DEFINE_VECTOR_RUN(double, f64, __m256d, 4, _mm256_loadu_pd, LAST2_PD, FIRST2_PD, _mm256_storeu_pd,
+                  _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, NEIGHBOURS_PD)
+DEFINE_VECTOR_RUN(float, f32, __m256, 8, _mm256_loadu_ps, LAST2_PS, FIRST2_PS, _mm256_storeu_ps,
+                  _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, NEIGHBOURS_PS)
+#else /* neither: the scalar loops do every column (GCC vectorizes them) */
 #define DEFINE_VECTOR_RUN(T, SUFFIX)                                                          \
 static inline long vector_run_##SUFFIX(long j, long j1, long w, const T *r, const T *p,       \
                                        const T *cc, const T *g, T *out, T kc, T k1x, T k2x,   \
@@ -234,9 +274,9 @@ DEFINE_VECTOR_RUN(float, f32)
         (j0), (j1), w, r, p, cc, (gg), out, kc, k1x, k2x, k1y, k2y, LAP_OUT, LAP_IN,  \
         GRAD, PF)
 
-/* BODY(j) for j in [a, b): a vector run, then the scalar loop (without AVX-512, with PF, in
- * runs of PREFETCH_RUN_COLUMNS columns, each prefetching its lines before its loop). */
-#if defined(__AVX512F__)
+/* BODY(j) for j in [a, b): a vector run, then the scalar loop (without vector runs, with PF,
+ * in runs of PREFETCH_RUN_COLUMNS columns, each prefetching its lines before its loop). */
+#if defined(__AVX512F__) || defined(__AVX2__)
 #define RUN_BAND(a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                          \
     for (long j = VECTOR_RUN((a), (b), gg, LAP_OUT, LAP_IN, GRAD, PF); j < (b); ++j)  \
         BODY(j);
