@@ -162,7 +162,7 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
  * in registers").  Loads stay
  * within the columns the scalar loop reads: the lanes of the vectors on either side that a
  * run does not use are masked off. */
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX2__)
 #define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, SET1, ADD,     \
                           SUB, MUL, NEIGHBOURS)                                               \
 static inline __attribute__((always_inline)) long                                             \
@@ -207,6 +207,33 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
 }
 #endif
 
+#if defined(__AVX2__)
+/* 256-bit vectors: the shifts cross the two 128-bit halves with vperm2f128, then move within
+ * each half (vshufpd, or vpalignr for 4-byte lanes) */
+#define NEIGHBOURS_256_PD(b, c, a, m2, m1, p1, p2)                                                \
+    do {                                                                                      \
+        m2 = _mm256_permute2f128_pd(b, c, 0x21), m1 = _mm256_shuffle_pd(m2, c, 0x5);          \
+        p2 = _mm256_permute2f128_pd(c, a, 0x21), p1 = _mm256_shuffle_pd(c, p2, 0x5);          \
+    } while (0)
+#define ALIGNR_PS(hi, lo, bytes) \
+    _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(hi), _mm256_castps_si256(lo), (bytes)))
+#define NEIGHBOURS_256_PS(b, c, a, m2, m1, p1, p2)                                                \
+    do {                                                                                      \
+        const __m256 left = _mm256_permute2f128_ps(b, c, 0x21);  /* b4..b7, c0..c3 */         \
+        const __m256 right = _mm256_permute2f128_ps(c, a, 0x21); /* c4..c7, a0..a3 */         \
+        m2 = ALIGNR_PS(c, left, 8), m1 = ALIGNR_PS(c, left, 12);                              \
+        p1 = ALIGNR_PS(right, c, 4), p2 = ALIGNR_PS(right, c, 8);                             \
+    } while (0)
+#define LAST2_256_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(-1, -1, 0, 0))
+#define FIRST2_256_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(0, 0, -1, -1))
+#define LAST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(-1, -1, 0, 0, 0, 0, 0, 0))
+#define FIRST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(0, 0, 0, 0, 0, 0, -1, -1))
+DEFINE_VECTOR_RUN(double, 256_f64, __m256d, 4, _mm256_loadu_pd, LAST2_256_PD, FIRST2_256_PD, _mm256_storeu_pd,
+                  _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, NEIGHBOURS_256_PD)
+DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRST2_256_PS, _mm256_storeu_ps,
+                  _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, NEIGHBOURS_256_PS)
+#endif
+
 #if defined(__AVX512F__)
 /* m2, m1, p1, p2: the vectors one and two columns left and right of centre (b, c, a) */
 #define NEIGHBOURS_512(SHIFT, L, b, c, a, m2, m1, p1, p2)                                    \
@@ -224,38 +251,15 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
 #define FIRST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
 #define LAST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
 #define FIRST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
-DEFINE_VECTOR_RUN(double, f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD, _mm512_storeu_pd,
+DEFINE_VECTOR_RUN(double, 512_f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD, _mm512_storeu_pd,
                   _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, NEIGHBOURS_PD)
-DEFINE_VECTOR_RUN(float, f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS, _mm512_storeu_ps,
+DEFINE_VECTOR_RUN(float, 512_f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS, _mm512_storeu_ps,
                   _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, NEIGHBOURS_PS)
-#elif defined(__AVX2__)
-/* 256-bit vectors: the shifts cross the two 128-bit halves with vperm2f128, then move within
- * each half (vshufpd, or vpalignr for 4-byte lanes) */
-#define NEIGHBOURS_PD(b, c, a, m2, m1, p1, p2)                                                \
-    do {                                                                                      \
-        m2 = _mm256_permute2f128_pd(b, c, 0x21), m1 = _mm256_shuffle_pd(m2, c, 0x5);          \
-        p2 = _mm256_permute2f128_pd(c, a, 0x21), p1 = _mm256_shuffle_pd(c, p2, 0x5);          \
-    } while (0)
-#define ALIGNR_PS(hi, lo, bytes) \
-    _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(hi), _mm256_castps_si256(lo), (bytes)))
-#define NEIGHBOURS_PS(b, c, a, m2, m1, p1, p2)                                                \
-    do {                                                                                      \
-        const __m256 left = _mm256_permute2f128_ps(b, c, 0x21);  /* b4..b7, c0..c3 */         \
-        const __m256 right = _mm256_permute2f128_ps(c, a, 0x21); /* c4..c7, a0..a3 */         \
-        m2 = ALIGNR_PS(c, left, 8), m1 = ALIGNR_PS(c, left, 12);                              \
-        p1 = ALIGNR_PS(right, c, 4), p2 = ALIGNR_PS(right, c, 8);                             \
-    } while (0)
-#define LAST2_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(-1, -1, 0, 0))
-#define FIRST2_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(0, 0, -1, -1))
-#define LAST2_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(-1, -1, 0, 0, 0, 0, 0, 0))
-#define FIRST2_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(0, 0, 0, 0, 0, 0, -1, -1))
-DEFINE_VECTOR_RUN(double, f64, __m256d, 4, _mm256_loadu_pd, LAST2_PD, FIRST2_PD, _mm256_storeu_pd,
-                  _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, NEIGHBOURS_PD)
-DEFINE_VECTOR_RUN(float, f32, __m256, 8, _mm256_loadu_ps, LAST2_PS, FIRST2_PS, _mm256_storeu_ps,
-                  _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, NEIGHBOURS_PS)
-#else /* neither: the scalar loops do every column (GCC vectorizes them) */
-#define DEFINE_VECTOR_RUN(T, SUFFIX)                                                          \
-static inline long vector_run_##SUFFIX(long j, long j1, long w, const T *r, const T *p,       \
+#endif
+
+#if !defined(__AVX2__) /* the scalar loops do every column (GCC vectorizes them) */
+#define DEFINE_SCALAR_RUN(T, SUFFIX)                                                          \
+static inline long scalar_run_##SUFFIX(long j, long j1, long w, const T *r, const T *p,       \
                                        const T *cc, const T *g, T *out, T kc, T k1x, T k2x,   \
                                        T k1y, T k2y, T *lap_out, const T *lap_in, T *grad,    \
                                        const char *pf)                                        \
@@ -264,47 +268,71 @@ static inline long vector_run_##SUFFIX(long j, long j1, long w, const T *r, cons
     (void)k2x, (void)k1y, (void)k2y, (void)lap_out, (void)lap_in, (void)grad;                 \
     return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
-DEFINE_VECTOR_RUN(double, f64)
-DEFINE_VECTOR_RUN(float, f32)
+DEFINE_SCALAR_RUN(double, f64)
+DEFINE_SCALAR_RUN(float, f32)
 #endif
 
-/* vector_run over [j0, j1) (sponge gg, else NULL) with the local names of the kernels below */
-#define VECTOR_RUN(j0, j1, gg, LAP_OUT, LAP_IN, GRAD, PF)                             \
-    _Generic((out), double *: vector_run_f64, float *: vector_run_f32)(               \
+/* The run each kind of pass takes.  The adjoint takes the 256-bit runs even where AVX-512 is
+ * there: on the Zen 5 VM they made it 9-18 % faster than the 512-bit ones (0.69-0.72 against
+ * 0.75-0.82 ns a point and step at 1000^2, 0.55-0.56 against 0.67-0.69 at 512^2, laps from
+ * memory), while the forward and the storing forward are faster on the 512-bit ones
+ * (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers"). */
+#if defined(__AVX512F__)
+#define FORWARD_RUN_F64 vector_run_512_f64
+#define FORWARD_RUN_F32 vector_run_512_f32
+#elif defined(__AVX2__)
+#define FORWARD_RUN_F64 vector_run_256_f64
+#define FORWARD_RUN_F32 vector_run_256_f32
+#else
+#define FORWARD_RUN_F64 scalar_run_f64
+#define FORWARD_RUN_F32 scalar_run_f32
+#endif
+#if defined(__AVX2__)
+#define ADJOINT_RUN_F64 vector_run_256_f64
+#define ADJOINT_RUN_F32 vector_run_256_f32
+#else
+#define ADJOINT_RUN_F64 scalar_run_f64
+#define ADJOINT_RUN_F32 scalar_run_f32
+#endif
+
+/* KIND's run (FORWARD or ADJOINT) over [j0, j1) (sponge gg, else NULL) with the local names
+ * of the kernels below */
+#define VECTOR_RUN(KIND, j0, j1, gg, LAP_OUT, LAP_IN, GRAD, PF)                       \
+    _Generic((out), double *: KIND##_RUN_F64, float *: KIND##_RUN_F32)(               \
         (j0), (j1), w, r, p, cc, (gg), out, kc, k1x, k2x, k1y, k2y, LAP_OUT, LAP_IN,  \
         GRAD, PF)
 
 /* BODY(j) for j in [a, b): a vector run, then the scalar loop (without vector runs, with PF,
  * in runs of PREFETCH_RUN_COLUMNS columns, each prefetching its lines before its loop). */
-#if defined(__AVX512F__) || defined(__AVX2__)
-#define RUN_BAND(a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                          \
-    for (long j = VECTOR_RUN((a), (b), gg, LAP_OUT, LAP_IN, GRAD, PF); j < (b); ++j)  \
+#if defined(__AVX2__)
+#define RUN_BAND(KIND, a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                    \
+    for (long j = VECTOR_RUN(KIND, (a), (b), gg, LAP_OUT, LAP_IN, GRAD, PF); j < (b); ++j) \
         BODY(j);
 #else
 /* prefetching a whole band before its loop made the adjoint 5-10 % slower at 1000^2 than these
  * runs (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers") */
 #define PREFETCH_RUN_COLUMNS 64L
-#define RUN_BAND(a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                          \
+#define RUN_BAND(KIND, a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                    \
     for (long c0 = (a), piece = (PF) ? PREFETCH_RUN_COLUMNS : (b) - (a); c0 < (b);   \
          c0 += piece) {                                                               \
         const long c1 = (b) - c0 > piece ? c0 + piece : (b);                          \
-        for (long j = VECTOR_RUN(c0, c1, gg, LAP_OUT, LAP_IN, GRAD, PF); j < c1; ++j) \
+        for (long j = VECTOR_RUN(KIND, c0, c1, gg, LAP_OUT, LAP_IN, GRAD, PF); j < c1; ++j) \
             BODY(j);                                                                  \
     }
 #endif
 
 /* Run BODY(j) for j in [0, nx), with the sponge on [0, lo) and [hi, nx) and without it on
- * [lo, hi): DAMPED and PLAIN are the two versions of the loop body, and the vector runs
+ * [lo, hi): DAMPED and PLAIN are the two versions of the loop body, and KIND's vector runs
  * write LAP_OUT, read LAP_IN and add into GRAD as those bodies do (NULL: not).  PF (else
  * NULL): a row brought into cache while the arithmetic runs, a line per vector of columns
  * (or per piece of PREFETCH_RUN_COLUMNS), instead of all at once when it is next read. */
-#define SPLIT_ROW(i, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                        \
+#define SPLIT_ROW(i, KIND, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                  \
     do {                                                                              \
         const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
         const long hi = sponge ? (long)span[2 * (i) + 1] : nx;                        \
-        RUN_BAND(0, lo, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                         \
-        RUN_BAND(lo, hi, NULL, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                      \
-        RUN_BAND(hi > lo ? hi : lo, nx, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)         \
+        RUN_BAND(KIND, 0, lo, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                   \
+        RUN_BAND(KIND, lo, hi, NULL, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                \
+        RUN_BAND(KIND, hi > lo ? hi : lo, nx, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)   \
     } while (0)
 
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
@@ -337,12 +365,12 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     COEFFS(T);                                                                                \
     if (ls > STREAM_ROW_MAX) {                                                                \
         T *restrict buf = lp;                                                                 \
-        SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                   \
+        SPLIT_ROW(i, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);          \
         return;                                                                               \
     }                                                                                         \
     T row[ls];                                                                                \
     T *restrict buf = row;                                                                    \
-    SPLIT_ROW(i, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);                       \
+    SPLIT_ROW(i, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);              \
     for (long j = nx; j < ls; ++j)                                                            \
         row[j] = 0;                                                                           \
     stream_row(lp, buf, sizeof(T) * nx, sizeof(T) * ls);                                      \
@@ -366,7 +394,7 @@ static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, co
     const long w = nx + 4;                                                                    \
     const char *pf = (const char *)l + PREFETCH_AHEAD; /* never faults, even past the store */ \
     COEFFS(T);                                                                                \
-    SPLIT_ROW(i, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);                             \
+    SPLIT_ROW(i, ADJOINT, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);                    \
 }                                                                                             \
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
@@ -538,7 +566,7 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         if (lp)                                                                       \
             forward_row_lap_##SUFFIX(i, nx, ls, r, p, cc, g, sponge, span, out, lp, iy2, ix2); \
         else                                                                          \
-            SPLIT_ROW(i, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);      \
+            SPLIT_ROW(i, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);             \
     } while (0)
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
