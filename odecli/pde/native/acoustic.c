@@ -72,7 +72,8 @@
  * partial line costs a read of it from memory, and rows that do not fill their last line
  * made the forward that stores 20 % slower (270 float64 columns against 272).
  * Callers fence (stream_fence) before the store is read. */
-#define STREAM_ROW_MAX 32768 /* wider rows are stored directly: their buffer would not fit the stack */
+/* wider rows are stored directly: their buffer would not fit the stack */
+#define STREAM_ROW_MAX 32768
 static inline void stream_row(void *restrict dst, const void *restrict src, size_t bytes,
                               size_t room)
 {
@@ -87,7 +88,8 @@ static inline void stream_row(void *restrict dst, const void *restrict src, size
     memcpy(d, s, head);
     for (k = head; k + 64 <= bytes; k += 64) {
         _mm256_stream_si256((__m256i *)(d + k), _mm256_loadu_si256((const __m256i *)(s + k)));
-        _mm256_stream_si256((__m256i *)(d + k + 32), _mm256_loadu_si256((const __m256i *)(s + k + 32)));
+        _mm256_stream_si256((__m256i *)(d + k + 32),
+                            _mm256_loadu_si256((const __m256i *)(s + k + 32)));
     }
     memcpy(d + k, s + k, bytes - k);
 #else
@@ -159,9 +161,8 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
  * 0.78-0.97 to 0.65-0.82; the adjoint, bound by its read of the store, gained less.  Built
  * without AVX-512, the 256-bit runs took the forward from 0.53-0.55 to 0.41-0.42 and the
  * adjoint from 0.81-0.83 to 0.67-0.73 (benchmarks/RESULTS.md, "PDE: the stencil's row shifts
- * in registers").  Loads stay
- * within the columns the scalar loop reads: the lanes of the vectors on either side that a
- * run does not use are masked off. */
+ * in registers").  Loads stay within the columns the scalar loop reads: the lanes of the
+ * vectors on either side that a run does not use are masked off. */
 #if defined(__AVX2__)
 #define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, SET1, ADD,     \
                           SUB, MUL, NEIGHBOURS)                                               \
@@ -210,14 +211,15 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
 #if defined(__AVX2__)
 /* 256-bit vectors: the shifts cross the two 128-bit halves with vperm2f128, then move within
  * each half (vshufpd, or vpalignr for 4-byte lanes) */
-#define NEIGHBOURS_256_PD(b, c, a, m2, m1, p1, p2)                                                \
+#define NEIGHBOURS_256_PD(b, c, a, m2, m1, p1, p2)                                            \
     do {                                                                                      \
         m2 = _mm256_permute2f128_pd(b, c, 0x21), m1 = _mm256_shuffle_pd(m2, c, 0x5);          \
         p2 = _mm256_permute2f128_pd(c, a, 0x21), p1 = _mm256_shuffle_pd(c, p2, 0x5);          \
     } while (0)
-#define ALIGNR_PS(hi, lo, bytes) \
-    _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(hi), _mm256_castps_si256(lo), (bytes)))
-#define NEIGHBOURS_256_PS(b, c, a, m2, m1, p1, p2)                                                \
+#define ALIGNR_PS(hi, lo, bytes)                                                              \
+    _mm256_castsi256_ps(                                                                      \
+        _mm256_alignr_epi8(_mm256_castps_si256(hi), _mm256_castps_si256(lo), (bytes)))
+#define NEIGHBOURS_256_PS(b, c, a, m2, m1, p1, p2)                                            \
     do {                                                                                      \
         const __m256 left = _mm256_permute2f128_ps(b, c, 0x21);  /* b4..b7, c0..c3 */         \
         const __m256 right = _mm256_permute2f128_ps(c, a, 0x21); /* c4..c7, a0..a3 */         \
@@ -228,10 +230,12 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
 #define FIRST2_256_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(0, 0, -1, -1))
 #define LAST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(-1, -1, 0, 0, 0, 0, 0, 0))
 #define FIRST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(0, 0, 0, 0, 0, 0, -1, -1))
-DEFINE_VECTOR_RUN(double, 256_f64, __m256d, 4, _mm256_loadu_pd, LAST2_256_PD, FIRST2_256_PD, _mm256_storeu_pd,
-                  _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, NEIGHBOURS_256_PD)
-DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRST2_256_PS, _mm256_storeu_ps,
-                  _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, NEIGHBOURS_256_PS)
+DEFINE_VECTOR_RUN(double, 256_f64, __m256d, 4, _mm256_loadu_pd, LAST2_256_PD, FIRST2_256_PD,
+                  _mm256_storeu_pd, _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd,
+                  NEIGHBOURS_256_PD)
+DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRST2_256_PS,
+                  _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps,
+                  NEIGHBOURS_256_PS)
 #endif
 
 #if defined(__AVX512F__)
@@ -251,10 +255,12 @@ DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRS
 #define FIRST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
 #define LAST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
 #define FIRST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
-DEFINE_VECTOR_RUN(double, 512_f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD, _mm512_storeu_pd,
-                  _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, NEIGHBOURS_PD)
-DEFINE_VECTOR_RUN(float, 512_f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS, _mm512_storeu_ps,
-                  _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, NEIGHBOURS_PS)
+DEFINE_VECTOR_RUN(double, 512_f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD,
+                  _mm512_storeu_pd, _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd,
+                  NEIGHBOURS_PD)
+DEFINE_VECTOR_RUN(float, 512_f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS,
+                  _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps,
+                  NEIGHBOURS_PS)
 #endif
 
 #if !defined(__AVX2__) /* the scalar loops do every column (GCC vectorizes them) */
