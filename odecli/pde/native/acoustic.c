@@ -206,6 +206,16 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
     }                                                                                         \
     return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
+/* vector_run_W_f64 and vector_run_W_f32 on W-bit vectors (256 or 512), with the masked loads
+ * and the neighbour shifts of each type */
+#define DEFINE_VECTOR_RUNS(W, last2_pd, first2_pd, neighbours_pd, last2_ps, first2_ps,        \
+                           neighbours_ps)                                                     \
+    DEFINE_VECTOR_RUN(double, W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd, last2_pd,      \
+                      first2_pd, _mm##W##_storeu_pd, _mm##W##_set1_pd, _mm##W##_add_pd,       \
+                      _mm##W##_sub_pd, _mm##W##_mul_pd, neighbours_pd)                        \
+    DEFINE_VECTOR_RUN(float, W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps, last2_ps,          \
+                      first2_ps, _mm##W##_storeu_ps, _mm##W##_set1_ps, _mm##W##_add_ps,       \
+                      _mm##W##_sub_ps, _mm##W##_mul_ps, neighbours_ps)
 #endif
 
 #if defined(__AVX2__)
@@ -230,12 +240,8 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
 #define FIRST2_256_PD(q) _mm256_maskload_pd((q), _mm256_set_epi64x(0, 0, -1, -1))
 #define LAST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(-1, -1, 0, 0, 0, 0, 0, 0))
 #define FIRST2_256_PS(q) _mm256_maskload_ps((q), _mm256_set_epi32(0, 0, 0, 0, 0, 0, -1, -1))
-DEFINE_VECTOR_RUN(double, 256_f64, __m256d, 4, _mm256_loadu_pd, LAST2_256_PD, FIRST2_256_PD,
-                  _mm256_storeu_pd, _mm256_set1_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd,
-                  NEIGHBOURS_256_PD)
-DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRST2_256_PS,
-                  _mm256_storeu_ps, _mm256_set1_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps,
-                  NEIGHBOURS_256_PS)
+DEFINE_VECTOR_RUNS(256, LAST2_256_PD, FIRST2_256_PD, NEIGHBOURS_256_PD, LAST2_256_PS,
+                   FIRST2_256_PS, NEIGHBOURS_256_PS)
 #endif
 
 #if defined(__AVX512F__)
@@ -255,12 +261,7 @@ DEFINE_VECTOR_RUN(float, 256_f32, __m256, 8, _mm256_loadu_ps, LAST2_256_PS, FIRS
 #define FIRST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
 #define LAST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
 #define FIRST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
-DEFINE_VECTOR_RUN(double, 512_f64, __m512d, 8, _mm512_loadu_pd, LAST2_PD, FIRST2_PD,
-                  _mm512_storeu_pd, _mm512_set1_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd,
-                  NEIGHBOURS_PD)
-DEFINE_VECTOR_RUN(float, 512_f32, __m512, 16, _mm512_loadu_ps, LAST2_PS, FIRST2_PS,
-                  _mm512_storeu_ps, _mm512_set1_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps,
-                  NEIGHBOURS_PS)
+DEFINE_VECTOR_RUNS(512, LAST2_PD, FIRST2_PD, NEIGHBOURS_PD, LAST2_PS, FIRST2_PS, NEIGHBOURS_PS)
 #endif
 
 #if !defined(__AVX2__) /* the scalar loops do every column (GCC vectorizes them) */
