@@ -235,7 +235,9 @@ class AcousticPropagator:
                         self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain, self.decomp,
                         self.comm, self.timer, self.workspace, self.threads, self.every, self.ring,
                         self.exchange_plans, self.ext_receivers)
-            traces, u = propagate(loop, self.extend(c2dt2).contiguous(), self.geom.nshots)
+            with torch.no_grad():  # the owned block has the whole gradient (Loop.owned_gradient)
+                stepped = self.extend(c2dt2.detach()).contiguous()
+            traces, u = propagate(loop, c2dt2, stepped, self.geom.nshots)
             rn, _, rw, _ = self.ring
             ny, nx = c2dt2.shape
             u = u[..., rn : rn + ny, rw : rw + nx]

@@ -1,16 +1,17 @@
 """The acoustic time loop on the fused C kernels, with a hand-written adjoint time loop.
 
-The whole propagation is one autograd operation of ``c2dt2``.  Forward, two ringed field
-buffers are recycled (each new field overwrites the one two steps back), so no step allocates;
-the state at the start of every time segment is kept.  Backward, each segment is recomputed from
-its start, storing every step's ``lap4(u)`` (the last segment's store is kept from the forward:
-the gradient of ``c2dt2`` needs nothing else of u), then the adjoint runs through it in reverse
-as the forward step itself: ``mu = c2dt2 G lambda`` (``lambda`` the adjoint of u) steps back in
-time with the receivers' residuals as sources, in passes of up to 8 steps between halo
-exchanges (shared out over the kernel threads) that also sum ``mu lap4(u)``, the gradient of
-``c2dt2`` times ``c2dt2`` (acoustic.c has the derivation).  Being a forward step, it exchanges
-ghosts as the forward does; the redundant steps of an extended block get the neighbours'
-residuals there too, so each rank's owned block holds the whole adjoint.
+The whole propagation is one autograd operation of the owned block's ``c2dt2``.  Forward, two
+ringed field buffers are recycled (each new field overwrites the one two steps back), so no step
+allocates; the state at the start of every time segment is kept.  Backward, each segment is
+recomputed from its start, storing every step's ``lap4(u)`` (the last segment's store is kept
+from the forward: the gradient of ``c2dt2`` needs nothing else of u), then the adjoint runs
+through it in reverse as the forward step itself: ``mu = c2dt2 G lambda`` (``lambda`` the
+adjoint of u) steps back in time with the receivers' residuals as sources, in passes of up to 8
+steps between halo exchanges (shared out over the kernel threads) that also sum ``mu lap4(u)``,
+the gradient of ``c2dt2`` times ``c2dt2`` (acoustic.c has the derivation).  Being a forward step,
+it exchanges ghosts as the forward does; the redundant steps of an extended block get the
+neighbours' residuals there too, so each rank's owned block holds the whole adjoint, and its
+gradient stays there (nothing goes back to the neighbours).
 Against autograd over per-step ops this saves the graph, the zero-filled index gradients, the
 gradient accumulations and every per-step allocation.  Memory: ``2 (segments - 1)`` start
 fields plus the longest segment's store, about ``3 sqrt(nt)`` fields with ``sqrt(nt)`` segments.
@@ -109,17 +110,19 @@ class Loop:
         self._plan(u)([u_next, u])
         self._clock(t0)
 
-    def owned_gradient(self, grad_sum: Tensor, c2dt2: Tensor) -> Tensor:
-        """The gradient of ``c2dt2`` from the adjoint's ``sum mu * lap4(u)``, in place: that sum
-        divided by ``c2dt2`` on the owned block, zero on the extension (whose owner has the
-        whole sum).  In place, because at 2000^2 a new array and a copy cost 3 % of a gradient."""
+    def owned_gradient(self, grad_sum: Tensor, stepped: Tensor) -> Tensor:
+        """The gradient of the owned block's ``c2dt2`` from the adjoint's ``sum mu * lap4(u)``
+        over the stepped block (``stepped``: ``c2dt2`` there), in place: that sum divided by
+        ``c2dt2`` on the owned block.  The owned block has the whole gradient, because the
+        adjoint's redundant steps repeat the neighbours' (the extension's terms are the
+        neighbours' to sum), so nothing goes back to them.  Sending the extension's gradient
+        home, as the exchange's own adjoint would, added zeros for 2.5-5 % of a 2-rank gradient
+        at 2000^2 (benchmarks/RESULTS.md, "PDE over MPI: the gradient stays on the owned block").
+        In place, because at 2000^2 a new array and a copy cost 3 % of a gradient."""
         rn, rs, rw, re = (r - RING for r in self.ring)
-        ny, nx = c2dt2.shape
-        grad_sum.div_(c2dt2)
-        for band in ((slice(0, rn), slice(None)), (slice(ny - rs, ny), slice(None)),
-                     (slice(None), slice(0, rw)), (slice(None), slice(nx - re, nx))):
-            grad_sum[band] = 0
-        return grad_sum
+        ny, nx = stepped.shape
+        owned = (slice(rn, ny - rs), slice(rw, nx - re))
+        return grad_sum[owned].div_(stepped[owned])
 
     def _plan(self, like: Tensor) -> GhostExchange:
         """The exchange of (u_next, u) for fields like ``like``, planned once."""
@@ -134,10 +137,12 @@ class Loop:
             self.timer.add(time.perf_counter() - t0)
 
 
-def propagate(loop: Loop, c2dt2: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
+def propagate(loop: Loop, c2dt2: Tensor, stepped: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
     """Receiver traces ``(shots, nrec_local, nt)`` and the final field of the stepped block,
-    ring included (no gradient)."""
-    return _Propagation.apply(c2dt2, loop, nshots)
+    ring included (no gradient), for ``c2dt2`` on the owned block (the gradient is its) and
+    ``stepped``, its values on the stepped block (contiguous, no gradient; ``c2dt2`` itself
+    where the block has no extension)."""
+    return _Propagation.apply(c2dt2, stepped, loop, nshots)
 
 
 class _Points:
@@ -201,7 +206,9 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
 
 class _Propagation(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, c2dt2: Tensor, loop: Loop, nshots: int):
+    def forward(ctx, owned: Tensor, c2dt2: Tensor, loop: Loop, nshots: int):
+        # owned: the operand the gradient is for; its values are read through c2dt2, the
+        # stepped block's (see propagate)
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
         p, u = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
@@ -233,7 +240,7 @@ class _Propagation(torch.autograd.Function):
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
             loop.workspace.give("store", ctx.store_base)
-            return None, None, None
+            return None, None, None, None
         kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
         rows, values = _adjoint_sources(loop, g_traces, c2dt2, shape)
@@ -263,7 +270,7 @@ class _Propagation(torch.autograd.Function):
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)
         ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
-        return loop.owned_gradient(grad_sum, c2dt2), None, None
+        return loop.owned_gradient(grad_sum, c2dt2), None, None, None
 
 
 def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
