@@ -255,13 +255,16 @@ DEFINE_VECTOR_RUNS(256, LAST2_256_PD, FIRST2_256_PD, NEIGHBOURS_256_PD, LAST2_25
     _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(hi), _mm512_castpd_si512(lo), (k)))
 #define SHIFT_PS(hi, lo, k) \
     _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(hi), _mm512_castps_si512(lo), (k)))
-#define NEIGHBOURS_PD(b, c, a, m2, m1, p1, p2) NEIGHBOURS_512(SHIFT_PD, 8, b, c, a, m2, m1, p1, p2)
-#define NEIGHBOURS_PS(b, c, a, m2, m1, p1, p2) NEIGHBOURS_512(SHIFT_PS, 16, b, c, a, m2, m1, p1, p2)
-#define LAST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0xC0, (q))
-#define FIRST2_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
-#define LAST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
-#define FIRST2_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
-DEFINE_VECTOR_RUNS(512, LAST2_PD, FIRST2_PD, NEIGHBOURS_PD, LAST2_PS, FIRST2_PS, NEIGHBOURS_PS)
+#define NEIGHBOURS_512_PD(b, c, a, m2, m1, p1, p2)                                            \
+    NEIGHBOURS_512(SHIFT_PD, 8, b, c, a, m2, m1, p1, p2)
+#define NEIGHBOURS_512_PS(b, c, a, m2, m1, p1, p2)                                            \
+    NEIGHBOURS_512(SHIFT_PS, 16, b, c, a, m2, m1, p1, p2)
+#define LAST2_512_PD(q) _mm512_maskz_loadu_pd((__mmask8)0xC0, (q))
+#define FIRST2_512_PD(q) _mm512_maskz_loadu_pd((__mmask8)0x03, (q))
+#define LAST2_512_PS(q) _mm512_maskz_loadu_ps((__mmask16)0xC000, (q))
+#define FIRST2_512_PS(q) _mm512_maskz_loadu_ps((__mmask16)0x0003, (q))
+DEFINE_VECTOR_RUNS(512, LAST2_512_PD, FIRST2_512_PD, NEIGHBOURS_512_PD, LAST2_512_PS,
+                   FIRST2_512_PS, NEIGHBOURS_512_PS)
 #endif
 
 #if !defined(__AVX2__) /* the scalar loops do every column (GCC vectorizes them) */
