@@ -179,7 +179,8 @@ class AcousticPropagator:
         which must all take the same path)."""
         if not c2dt2.requires_grad:
             return True
-        zero_speed = float(int(c2dt2.count_nonzero()) < c2dt2.numel())  # no mask: 2.5x (c2dt2 == 0).any()
+        # counted in one pass without a mask: 2.5x faster than (c2dt2 == 0).any()
+        zero_speed = float(int(c2dt2.count_nonzero()) < c2dt2.numel())
         if self.comm.size > 1:
             zero_speed = self.comm.allreduce_scalar(zero_speed, "max")
         return zero_speed == 0
