@@ -156,7 +156,7 @@ class AcousticPropagator:
 
     def extend(self, field: torch.Tensor) -> torch.Tensor:
         """A block field ``(ny, nx)`` grown to the stepped block with the neighbours' values
-        (differentiable: gradients in the extension go back to their owners)."""
+        (the sponge, and ``c2dt2`` without a graph: its gradient stays on the owned block)."""
         e = RING * (self.every - 1)
         if not e:
             return field
