@@ -322,8 +322,9 @@ def main() -> None:
                     continue
                 report(res, kernel, pts, base, args.ranks[0], r)
                 if r == 1:
-                    one_rank[kernel] = {k: v["time_s"] for k, v in res["rows"].items()}
-                    pairs = zip(res["rows"]["forward"]["times_s"], res["rows"]["forward+gradient"]["times_s"])
+                    rows = res["rows"]
+                    one_rank[kernel] = {k: v["time_s"] for k, v in rows.items()}
+                    pairs = zip(rows["forward"]["times_s"], rows["forward+gradient"]["times_s"])
                     rates = sorted(f / fb for f, fb in pairs)
                     print(f"RATIO odecli {kernel} 1 rank: gradient step rate / forward rate "
                           f"{statistics.median(rates):.3f}, median of {len(rates)} interleaved pairs "

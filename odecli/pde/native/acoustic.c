@@ -246,15 +246,17 @@ DEFINE_VECTOR_RUNS(256, LAST2_256_PD, FIRST2_256_PD, NEIGHBOURS_256_PD, LAST2_25
 
 #if defined(__AVX512F__)
 /* m2, m1, p1, p2: the vectors one and two columns left and right of centre (b, c, a) */
-#define NEIGHBOURS_512(SHIFT, L, b, c, a, m2, m1, p1, p2)                                    \
+#define NEIGHBOURS_512(SHIFT, L, b, c, a, m2, m1, p1, p2)                                     \
     do {                                                                                      \
         m2 = SHIFT(c, b, (L) - 2), m1 = SHIFT(c, b, (L) - 1);                                 \
         p1 = SHIFT(a, c, 1), p2 = SHIFT(a, c, 2);                                             \
     } while (0)
-#define SHIFT_PD(hi, lo, k) \
-    _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(hi), _mm512_castpd_si512(lo), (k)))
-#define SHIFT_PS(hi, lo, k) \
-    _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(hi), _mm512_castps_si512(lo), (k)))
+#define SHIFT_PD(hi, lo, k)                                                                   \
+    _mm512_castsi512_pd(                                                                      \
+        _mm512_alignr_epi64(_mm512_castpd_si512(hi), _mm512_castpd_si512(lo), (k)))
+#define SHIFT_PS(hi, lo, k)                                                                   \
+    _mm512_castsi512_ps(                                                                      \
+        _mm512_alignr_epi32(_mm512_castps_si512(hi), _mm512_castps_si512(lo), (k)))
 #define NEIGHBOURS_512_PD(b, c, a, m2, m1, p1, p2)                                            \
     NEIGHBOURS_512(SHIFT_PD, 8, b, c, a, m2, m1, p1, p2)
 #define NEIGHBOURS_512_PS(b, c, a, m2, m1, p1, p2)                                            \
