@@ -1,5 +1,5 @@
 """``python -m odecli`` runs the command line."""
 
-from odecli.cli import app
+from odecli.cli import run
 
-app(prog_name="odecli")
+run()

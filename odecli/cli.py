@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -54,9 +55,11 @@ def _clean_errors(command: Callable) -> Callable:
                 prefix = f"[rank {_mpi_rank()}] " if _mpi_rank() else ""
                 stderr.print(f"{prefix}error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            stderr.print("interrupted; no output was written", markup=False)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
+            signum = getattr(exc, "signum", signal.SIGINT)
+            what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            stderr.print(f"{what}; no output was written", markup=False)
+            raise typer.Exit(128 + signum) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             if os.environ.get("ODECLI_DEBUG"):
                 raise
@@ -132,11 +135,11 @@ def solve(
     ode_spec = with_overrides(ode_spec, method=method, rtol=rtol, atol=atol, device=device)
 
     if launched_ranks() > 1:  # under mpirun: the batch is split over the ranks (imports mpi4py only then)
-        raise typer.Exit(solve_cli(ode_spec, target, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))
+        raise typer.Exit(solve_cli(ode_spec, target, force=force, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))
     logger(f"solve {spec} -> {target}: {ode_spec.batch} samples, method {ode_spec.solver.method}")
     with solve_progress(stderr, enabled=not quiet) as progress:
         solution = solve_spec_arrays(ode_spec, progress=progress)
-    write_ode_run(target, ode_spec, solution)
+    write_ode_run(target, ode_spec, solution, replace=force)
     status = solution.status
     failed = int((status != 0).sum())
     steps = solution.stats["n_steps"].astype(float)
@@ -216,7 +219,7 @@ def init(
     text = starter_spec(kind)
     target = output or Path(f"{kind}.yaml")
     check_writable(target, force=force)
-    with atomic_path(target) as tmp:
+    with atomic_path(target, replace=force) as tmp:
         tmp.write_text(text, encoding="utf-8")
     stdout.print(f"wrote {target}", markup=False)
 
@@ -297,3 +300,43 @@ def export(
         raise InputError("--csv: give the folder to write CSV files into, e.g. --csv out/")
     for path in export_csv(run, csv, force=force):
         stdout.print(f"wrote {path}", markup=False, soft_wrap=True)
+
+
+class _ClosedReaderTolerantStdout:
+    """stdout that, once its reader has gone (``odecli ... | head``), sends the rest to
+    /dev/null: the command still finishes its work and writes its files, as it would with its
+    output on a terminal, instead of dying of BrokenPipeError half-way through a fit."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._discard_from_now_on()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._discard_from_now_on()
+
+    def _discard_from_now_on(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def run() -> None:
+    """The ``odecli`` console script: the app, with SIGTERM and SIGHUP unwinding like Ctrl-C
+    (so no temporary output is left behind) and a reader that closes stdout early tolerated."""
+    from odecli.interrupts import install
+
+    install()
+    sys.stdout = _ClosedReaderTolerantStdout(sys.stdout)
+    app(prog_name="odecli")

@@ -1,13 +1,14 @@
 """Atomic file output: write to a temporary file beside the target, rename on success.
 
-A crash, an exception or Ctrl-C mid-write leaves the previous file (or nothing) at the
-output path, never a truncated one. Renaming within one folder is atomic on POSIX.
+A crash, an exception, Ctrl-C or SIGTERM mid-write leaves the previous file (or nothing) at
+the output path, never a truncated one. Renaming within one folder is atomic on POSIX.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -15,27 +16,81 @@ from typing import Iterator
 import h5py
 
 from odecli.errors import InputError
+from odecli.interrupts import raise_if_interrupted
 
 
 def check_writable(path: Path, force: bool = True) -> None:
     """Fail early (before any compute) if ``path`` cannot be written."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
-    if path.exists() and not force:
-        raise InputError(f"{path}: output file exists; pass --force to overwrite it")
     if path.is_dir():
         raise InputError(f"{path}: output path is a folder, expected a file name")
+    if path.exists() and not force:
+        raise InputError(f"{path}: output file exists; pass --force to overwrite it")
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: output path exists and is not a regular file; choose another name")
     if not folder.is_dir():
         raise InputError(f"{path}: output folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{path}: output folder {folder} is not writable")
 
 
+def _new_file_mode(path: Path) -> int:
+    """The permissions ``path`` gets: those of the file it replaces, else what ``open`` would
+    give (0666 less the umask). ``mkstemp`` makes 0600 files, which the rest of a group on a
+    shared cluster could not read."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _move_into_place(tmp: Path, path: Path, replace: bool) -> None:
+    """Rename ``tmp`` to ``path``; without ``replace``, never over a file that appeared there
+    since the run checked (a hard link fails where the name exists). The result is then kept
+    under a free name beside it, and the error says where."""
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        _keep_beside(tmp, path)
+    except OSError:  # a file system without hard links: check, then rename
+        if path.exists():
+            _keep_beside(tmp, path)
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+
+
+def _keep_beside(tmp: Path, path: Path) -> None:
+    kept = _free_name(path)
+    os.replace(tmp, kept)
+    raise InputError(f"{path}: a file of that name appeared while this run was writing; "
+                     f"the result was written to {kept} instead")
+
+
+def _free_name(path: Path) -> Path:
+    """``name-1.ext``, ``name-2.ext``, ... : the first that does not exist."""
+    k = 1
+    while (candidate := path.with_name(f"{path.stem}-{k}{path.suffix}")).exists():
+        k += 1
+    return candidate
+
+
 @contextlib.contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path in the target's folder; move it onto ``path`` only on success."""
-    path = Path(path)
+def atomic_path(path: Path, replace: bool = True) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; move it onto ``path`` only on success.
+
+    ``replace=False`` (an output the user did not allow to be overwritten) keeps a file that
+    another process created at ``path`` during the run. A symbolic link is written through,
+    so the link stays."""
+    path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    mode = _new_file_mode(path)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     except OSError as exc:
@@ -44,7 +99,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
-        os.replace(tmp, path)
+        os.chmod(tmp, mode)
+        raise_if_interrupted()
+        _move_into_place(tmp, path, replace)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise InputError(f"{path}: cannot write output file: {exc.strerror or exc}") from exc
@@ -54,8 +111,8 @@ def atomic_path(path: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_h5(path: Path) -> Iterator[h5py.File]:
+def atomic_h5(path: Path, replace: bool = True) -> Iterator[h5py.File]:
     """Open an HDF5 file for writing that appears at ``path`` only when the block succeeds."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, replace) as tmp:
         with h5py.File(tmp, "w") as handle:
             yield handle

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
     from odecli.ode.solver import Solution
 
 
-def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution) -> None:
-    """Write ``solution`` (tensors or numpy arrays) atomically: the file appears complete or not at all."""
-    with atomic_h5(path) as h5:
+def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution, replace: bool = True) -> None:
+    """Write ``solution`` (tensors or numpy arrays) atomically: the file appears complete or not at all.
+    ``replace=False`` keeps a file that appeared at ``path`` since the caller checked it (atomic_path)."""
+    with atomic_h5(path, replace) as h5:
         h5.attrs["kind"] = "ode"
         h5.attrs["name"] = spec.name
         h5.attrs["states"] = np.array(spec.states, dtype=object)

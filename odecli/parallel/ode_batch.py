@@ -294,12 +294,14 @@ class _HelperWorker(threading.Thread):
 
 def solve_distributed(
     spec: OdeSpec, target: Path, *, on_progress: Callable[[int, int], None] | None = None,
+    replace: bool = True,
 ) -> DistributedResult:
     """Solve ``spec`` over all MPI ranks and write ``target`` (rank 0); collective on COMM_WORLD.
 
     Returns the same :class:`DistributedResult` on every rank. A failure on any rank during the
     solve ends the whole job (see the module docstring); problems every rank sees alike raise the
     the same exception on rank 0 and ``SystemExit`` with its exit code on the others.
+    ``replace=False`` keeps a file that appears at ``target`` during the run (see atomic_path).
     """
     from mpi4py import MPI
 
@@ -310,7 +312,7 @@ def solve_distributed(
     node.Free()
     solve_spec_local, file_device, bounds = _prepare(link, spec, local_rank)
     if link.rank == 0:
-        result = _coordinate(link, solve_spec_local, target, file_device, bounds, on_progress)
+        result = _coordinate(link, solve_spec_local, target, file_device, bounds, on_progress, replace)
     else:
         result = _work(link, solve_spec_local)
     return result
@@ -398,7 +400,7 @@ def _work(link: _Link, spec: OdeSpec) -> DistributedResult:
 
 def _coordinate(
     link: _Link, spec: OdeSpec, target: Path, file_device: str, bounds: tuple[int, int],
-    on_progress: Callable[[int, int], None] | None,
+    on_progress: Callable[[int, int], None] | None, replace: bool,
 ) -> DistributedResult:
     """Rank 0: hand out chunks, write results as they come, account per-rank time; abort on failure."""
     import h5py
@@ -416,7 +418,7 @@ def _coordinate(
     previous_interval = sys.getswitchinterval()
     sys.setswitchinterval(0.001)  # the coordinator gets the GIL back quickly from the helper
     try:
-        with atomic_path(target) as tmp, h5py.File(tmp, "w") as h5:
+        with atomic_path(target, replace) as tmp, h5py.File(tmp, "w") as h5:
             writer = OdeRunStream(h5, spec)
             waiting = set(range(1, size))  # ranks that have not been told to stop
             sends: list[Any] = []
@@ -496,7 +498,7 @@ def _coordinate(
 # ---------------------------------------------------------------------------- CLI glue
 
 
-def solve_cli(spec: OdeSpec, target: Path, *, quiet: bool, stdout: Any, stderr: Any,
+def solve_cli(spec: OdeSpec, target: Path, *, force: bool, quiet: bool, stdout: Any, stderr: Any,
               logger: Callable[[str], None]) -> int:
     """``odecli solve`` under mpirun: solve, print the summary line on rank 0, return the exit code."""
     from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK
@@ -509,7 +511,7 @@ def solve_cli(spec: OdeSpec, target: Path, *, quiet: bool, stdout: Any, stderr: 
     if comm.rank == 0:
         logger(f"solve {spec.file} -> {target}: {spec.batch} samples, method {spec.solver.method}, {comm.size} ranks")
     with _progress_bar(stderr, enabled=comm.rank == 0 and not quiet) as on_progress:
-        result = solve_distributed(spec, target, on_progress=on_progress)
+        result = solve_distributed(spec, target, on_progress=on_progress, replace=force)
     if comm.rank == 0:
         line = (f"{spec.name}: {result.samples} samples, {result.samples - result.failed} succeeded, "
                 f"{result.failed} failed; steps mean {result.steps_mean:.1f} max {result.steps_max}; "
