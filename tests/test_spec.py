@@ -152,6 +152,20 @@ def test_eval_explicit_list_is_shared_by_all_samples():
     assert parse_ode_spec(data, "", "spec.yaml").t_eval == [[0.25, 0.5, 1.0]] * 2
 
 
+def test_eval_times_off_the_span_by_round_off_are_the_spans_ends():
+    # what numpy.arange(0.1, 0.31, 0.1) and its like give: 0.30000000000000004 for 0.3
+    data = minimal()
+    data["time"] = {"start": 0.0, "end": 0.3, "eval": [0.0, 0.1, 0.2, 0.1 + 0.2]}
+    assert 0.1 + 0.2 > 0.3
+    assert parse_ode_spec(data, "", "spec.yaml").t_eval == [[0.0, 0.1, 0.2, 0.3]]
+    data["time"]["eval"] = [0.1, 0.3 + 1e-9]  # a real miss, however small, is still an error
+    with pytest.raises(SpecError, match=r"time.eval\[1\]: 0.300000001 lies outside"):
+        parse_ode_spec(data, "", "spec.yaml")
+    data["time"]["eval"] = [0.1, 0.3, 0.1 + 0.2]  # two times that are one to round-off
+    with pytest.raises(SpecError, match=r"time.eval\[2\]: .* is 0.3 to round-off"):
+        parse_ode_spec(data, "", "spec.yaml")
+
+
 def test_yaml_exponent_floats_without_dot_are_numbers(tmp_path):
     spec = load_ode_spec(write(tmp_path, MINIMAL + "solver: {rtol: 1e-8, atol: 1E-10}\n"))
     assert spec.solver.rtol == 1e-8 and spec.solver.atol == 1e-10

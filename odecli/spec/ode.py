@@ -45,6 +45,7 @@ BUILTIN_METHODS = {
 # Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
 MAX_BATCH = 10_000_000
 MAX_EVAL_POINTS = 20_000_000
+EVAL_SNAP_RTOL = 1e-12  # output times this close (relative to the span) to its ends are taken as the ends
 
 
 @dataclass(frozen=True)
@@ -540,12 +541,28 @@ def _explicit_eval(
             message = f"times must strictly {word} (direction of integration), got {current:g} after {previous:g}"
             report(f"time.eval[{j}]", message)
             return None
-    for j, x in enumerate(times):
-        for i, (a, b) in enumerate(zip(start, end)):
-            if not min(a, b) <= x <= max(a, b):  # type: ignore[operator]
-                report(f"time.eval[{j}]", f"{x:g} lies outside the time span [{a:g}, {b:g}] of sample {i}")
+    per_sample = []
+    for i, (a, b) in enumerate(zip(start, end)):
+        snapped = [_snap_to_span(x, a, b) for x in times]  # type: ignore[arg-type]
+        for j, x in enumerate(snapped):
+            if not min(a, b) <= x <= max(a, b):
+                report(f"time.eval[{j}]", f"{x!r} lies outside the time span [{a!r}, {b!r}] of sample {i}")
                 return None
-    return [list(times) for _ in range(batch)]  # type: ignore[arg-type]
+            if j and x == snapped[j - 1]:
+                report(f"time.eval[{j}]", f"{times[j]!r} is {snapped[j - 1]!r} to round-off (sample {i})")
+                return None
+        per_sample.append(snapped)
+    return per_sample
+
+
+def _snap_to_span(x: float, a: float, b: float) -> float:
+    """``x``, or the span's end it misses by round-off only: a list built by adding steps, as
+    ``numpy.arange`` does, ends at 0.30000000000000004 for a span that ends at 0.3."""
+    tolerance = EVAL_SNAP_RTOL * max(abs(a), abs(b), abs(b - a))
+    for edge in (a, b):
+        if abs(x - edge) <= tolerance:
+            return edge
+    return x
 
 
 def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems) -> SolverSpec | None:
