@@ -41,7 +41,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"device {name!r} requested but CUDA is not available; use cpu or auto")
+        raise InputError(f"solver.device (or --device): {name!r} requested but CUDA is not available; "
+                         f"use cpu or auto")
     try:
         return torch.device(name)
     except RuntimeError:
@@ -71,7 +72,7 @@ def with_overrides(
     for flag, value in (("rtol", rtol), ("atol", atol)):
         if value is not None:
             if not (math.isfinite(value) and value > 0):
-                raise InputError(f"--{flag}: must be > 0, got {value:g}")
+                raise InputError(f"--{flag}: must be a finite number > 0, got {value:g}")
             changes[flag] = value
     if device is not None:
         if device not in ("cpu", "cuda", "auto") and not device.startswith("cuda:"):

@@ -149,11 +149,13 @@ def _validate(
     if not isinstance(data, dict):
         report("", f"top level must be a mapping of keys, got {describe(data)}")
         return None
+    if "kind" in data and data["kind"] != "ode":  # another kind's keys would only add noise
+        hint = "; run it with odecli train-inverse" if data["kind"] == "pde-inverse" else ""
+        report("kind", f"expected 'ode', got {describe(data['kind'])}{hint}")
+        return None
     _check_keys(data, "", TOP_KEYS, report)
     if "kind" not in data:
         report("kind", "required key is missing; expected 'kind: ode'")
-    elif data["kind"] != "ode":
-        report("kind", f"expected 'ode', got {describe(data['kind'])}")
     name = _name(data.get("name"), file, report)
 
     system = _section(data, "system", SYSTEM_KEYS, report)
