@@ -91,7 +91,7 @@ class Problem:
         self.n_local = self.hi - self.lo
         self.device = resolve_device(s.device)
         self.dtype = getattr(torch, s.dtype)
-        self.rhs = build_rhs(ode)
+        self.rhs = build_rhs(ode, self.device)
         self.native_rhs = self._native_rhs()
         self.solve_kwargs = dict(
             method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
