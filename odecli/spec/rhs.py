@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from odecli.errors import SpecError
 from odecli.spec.expr import compile_expression, expression_to_c
@@ -79,6 +80,21 @@ def param_tensors(spec: OdeSpec, dtype: torch.dtype | str, device: torch.device 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     return {name: torch.tensor(values, dtype=dtype, device=device) for name, values in spec.params.items()}
+
+
+@contextmanager
+def python_errors(spec: OdeSpec) -> Iterator[None]:
+    """Turn an exception raised inside the spec's ``python:`` file into a one-line SpecError.
+
+    Wraps a solve: an exception counts as the user's only when its traceback runs through that
+    file, so odecli's own errors pass unchanged. It costs nothing until something is raised.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if spec.python is not None and _user_line(spec, exc) is not None:
+            raise _raised(spec, exc) from exc
+        raise
 
 
 def _probe(spec: OdeSpec, function: Rhs, device: torch.device | str) -> None:
