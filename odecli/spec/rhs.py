@@ -1,7 +1,8 @@
 """Turning a validated OdeSpec into the batched right-hand side ``f(t, y, p) -> dy/dt``.
 
 Kept apart from validation because this is the only place that imports user Python code,
-and it does so at build time (right before a run), never while a spec is being validated.
+and it does so at build time (right before a run, with one probe call), never while a spec
+is being validated.
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def _same(value: Tensor, copy: Tensor) -> bool:
 
 
 def _dtype(tensor: Tensor) -> str:
+    """``float64``, the name ``solver.dtype`` uses, not ``torch.float64``."""
     return str(tensor.dtype).removeprefix("torch.")
 
 
