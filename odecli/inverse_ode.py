@@ -42,6 +42,7 @@ from odecli.pde.checkpoint import checkpoint_path
 from odecli.runner import native_unsupported, resolve_device
 from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
+from odecli.spec.rhs import python_errors
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Problem:
         self.n_local = self.hi - self.lo
         self.device = resolve_device(s.device)
         self.dtype = getattr(torch, s.dtype)
-        self.rhs = build_rhs(ode)
+        self.rhs = build_rhs(ode, self.device)
         self.native_rhs = self._native_rhs()
         self.solve_kwargs = dict(
             method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
@@ -478,18 +479,21 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     cpath = checkpoint_path(output)
     check_writable(output, force or (resume and cpath.exists()))  # a resumed fit replaces an older output
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
-    try:
-        result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
-        if comm.rank == 0:
-            write_fit(output, ode, inv, result)
-            cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
-        comm.barrier()
-    except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
-        if comm.size > 1 and not isinstance(exc, OdecliError):
-            sys.stderr.write(f"error: rank {comm.rank}: {type(exc).__name__}: {exc}\n")
-            sys.stderr.flush()
-            comm.abort(1)
-        raise
+    # Outside the try: on one of several ranks, an error of the user's python: function during
+    # the fit is that rank's alone, so it must still abort every rank, not wait for them.
+    with python_errors(ode):
+        try:
+            result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
+            if comm.rank == 0:
+                write_fit(output, ode, inv, result)
+                cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
+            comm.barrier()
+        except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
+            if comm.size > 1 and not isinstance(exc, OdecliError):
+                sys.stderr.write(f"error: rank {comm.rank}: {type(exc).__name__}: {exc}\n")
+                sys.stderr.flush()
+                comm.abort(1)
+            raise
     failed = int((np.asarray(result.status) != 0).sum())
     if comm.rank == 0 and not quiet:
         print(f"{ode.name}: {result.stop_reason} after {result.iterations} iterations; loss "

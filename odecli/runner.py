@@ -187,6 +187,7 @@ def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
 
     from odecli.ode.solver import solve
     from odecli.spec import build_rhs, param_tensors
+    from odecli.spec.rhs import python_errors
 
     s = spec.solver
     dtype, where = getattr(torch, s.dtype), torch.device(device)
@@ -194,8 +195,9 @@ def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
     t0 = torch.tensor(spec.t_start, dtype=dtype, device=where)
     t1 = torch.tensor(spec.t_end, dtype=dtype, device=where)
     t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=where)
-    solution = solve(build_rhs(spec), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
-                     compile=s.compile, **common)
+    with python_errors(spec):
+        solution = solve(build_rhs(spec, where), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
+                         compile=s.compile, **common)
     # compile: true may switch to the compiled step part way through this solve, or not in it at all.
     solution.extra["engine"] = "torch-compiled" if solution.extra.get("attempts_compiled") else "torch"
     return solution

@@ -345,7 +345,7 @@ def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str,
             # torch (seconds) while another takes chunks from the queue would skew the shares.
             import odecli.ode.solver  # noqa: F401
 
-            build_rhs(spec)  # and the user's file must load on every rank
+            build_rhs(spec, device_name(device))  # the user's function loads and passes its probe on every rank
         else:
             build_c_equations(spec)
         bounds = chunk_bounds(spec, link.size)

@@ -1,7 +1,8 @@
 """Turning a validated OdeSpec into the batched right-hand side ``f(t, y, p) -> dy/dt``.
 
 Kept apart from validation because this is the only place that imports user Python code,
-and it does so at build time (right before a run), never while a spec is being validated.
+and it does so at build time (right before a run, with one probe call), never while a spec
+is being validated.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from odecli.errors import InputError
+from odecli.errors import SpecError
 from odecli.spec.expr import compile_expression, expression_to_c
 from odecli.spec.ode import OdeSpec
 
@@ -21,19 +23,23 @@ if TYPE_CHECKING:  # torch is imported where tensors are made, so checking a spe
     from torch import Tensor
 
 Rhs = Callable[["Tensor", "Tensor", "dict[str, Tensor]"], "Tensor"]
+PYTHON_FIELD = "system.python"
 
 
-def build_rhs(spec: OdeSpec) -> Rhs:
+def build_rhs(spec: OdeSpec, device: torch.device | str = "cpu") -> Rhs:
     """``f(t, y, p)`` with t (batch,), y (batch, n_states), p name -> (batch,); returns (batch, n_states).
 
     Equations are compiled into safe closures; the result always has y's batch shape,
     dtype and device, even for constant right-hand sides. For ``python:`` the user's
-    function is returned as is.
+    function is returned as is, so its calls cost nothing extra, after one probe call on
+    ``device`` has checked its result and that it leaves its arguments alone (:func:`_probe`).
     """
     import torch
 
     if spec.python is not None:
-        return _load_function(spec.python)
+        function = _load_function(spec)
+        _probe(spec, function, device)
+        return function
     assert spec.equations is not None
     names = set(spec.states) | set(spec.params) | {"t"}
     expressions = [
@@ -77,9 +83,103 @@ def param_tensors(spec: OdeSpec, dtype: torch.dtype | str, device: torch.device 
     return {name: torch.tensor(values, dtype=dtype, device=device) for name, values in spec.params.items()}
 
 
-def _load_function(target: str) -> Rhs:
-    """Import ``/abs/path.py:function`` from its file; failures become one-line InputErrors."""
-    file, _, name = target.rpartition(":")
+@contextmanager
+def python_errors(spec: OdeSpec) -> Iterator[None]:
+    """Turn an exception raised inside the spec's ``python:`` file into a one-line SpecError.
+
+    Wraps a solve: an exception counts as the user's only when its traceback runs through that
+    file, so odecli's own errors pass unchanged. It costs nothing until something is raised.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if spec.python is not None and _user_line(spec, exc) is not None:
+            raise _raised(spec, exc) from exc
+        raise
+
+
+def _probe(spec: OdeSpec, function: Rhs, device: torch.device | str) -> None:
+    """Call the user's function once on the spec's initial state, at the solver's dtype.
+
+    A result of the wrong shape would broadcast and an argument modified in place would corrupt
+    the solver's state, both silently, so they fail here, once, before the solve. Any
+    exception of this call is the function's own, a wrong number of arguments included.
+    """
+    import torch
+
+    dtype = getattr(torch, spec.solver.dtype)
+    t = torch.tensor(spec.t_start, dtype=dtype, device=device)
+    y = torch.tensor(spec.initial, dtype=dtype, device=device)
+    p = param_tensors(spec, dtype, device)
+    arguments = {"t": t, "y": y, **{f"p[{name!r}]": value for name, value in p.items()}}
+    copies = {name: value.clone() for name, value in arguments.items()}
+    try:
+        out = function(t, y, p)
+    except Exception as exc:
+        raise _raised(spec, exc) from exc
+    where, shape = _where(spec), tuple(y.shape)
+    if not isinstance(out, torch.Tensor):
+        problem = f"returned {type(out).__name__}, expected a torch.Tensor of shape {shape} (batch, states)"
+    elif tuple(out.shape) != shape:
+        problem = f"returned shape {tuple(out.shape)}, expected {shape} (batch, states)"
+    elif out.dtype != y.dtype or out.device != y.device:
+        problem = f"returned {_dtype(out)} on {out.device}, expected y's {_dtype(y)} on {y.device}"
+    else:
+        changed = [name for name, value in arguments.items() if not _same(value, copies[name])]
+        if not changed:
+            return
+        problem = (f"modified {changed[0]} in place; it must leave its arguments unchanged "
+                   "and return dy/dt as a new tensor")
+    raise SpecError(spec.file, PYTHON_FIELD, f"{where} {problem}")
+
+
+def _same(value: Tensor, copy: Tensor) -> bool:
+    """Equal shapes and values, NaN equal to NaN."""
+    import torch
+
+    return value.shape == copy.shape and bool(torch.isclose(value, copy, rtol=0, atol=0, equal_nan=True).all())
+
+
+def _dtype(tensor: Tensor) -> str:
+    """``float64``, the name ``solver.dtype`` uses, not ``torch.float64``."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def _where(spec: OdeSpec) -> str:
+    """``file.py:function``, the file relative to the spec's folder when it lies inside it."""
+    assert spec.python is not None
+    file, _, name = spec.python.rpartition(":")
+    path, folder = Path(file), Path(spec.file).resolve().parent
+    return f"{path.relative_to(folder) if path.is_relative_to(folder) else path}:{name}"
+
+
+def _user_line(spec: OdeSpec, exc: BaseException) -> int | None:
+    """The innermost line of the user's file in the exception's traceback; None if it has none."""
+    assert spec.python is not None
+    file, line, tb = spec.python.rpartition(":")[0], None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == file:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _raised(spec: OdeSpec, exc: BaseException) -> SpecError:
+    """The one-line error for an exception of the user's function."""
+    return SpecError(spec.file, PYTHON_FIELD, f"{_where(spec)} raised {_exception(spec, exc)}")
+
+
+def _exception(spec: OdeSpec, exc: BaseException) -> str:
+    """``Type: message`` on one line, with the line of the user's file it came from when known."""
+    detail = " ".join(str(exc).split())
+    line = _user_line(spec, exc)
+    return type(exc).__name__ + (f": {detail}" if detail else "") + (f" (line {line})" if line is not None else "")
+
+
+def _load_function(spec: OdeSpec) -> Rhs:
+    """Import the ``python:`` function from its file; failures become one-line SpecErrors."""
+    assert spec.python is not None
+    file, _, name = spec.python.rpartition(":")
     path = Path(file)
     # A stable, path-derived module name: re-building reuses nothing stale and never clashes.
     module_name = "odecli_user_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
@@ -94,9 +194,8 @@ def _load_function(target: str) -> Rhs:
         sys.modules.pop(module_name, None)
         if isinstance(exc, KeyboardInterrupt):
             raise
-        detail = " ".join(str(exc).split())
-        raise InputError(f"{path}: cannot load: {type(exc).__name__}: {detail}") from None
+        raise SpecError(spec.file, PYTHON_FIELD, f"cannot load {_where(spec)}: {_exception(spec, exc)}") from None
     function = getattr(module, name, None)
     if not callable(function):
-        raise InputError(f"{path}: '{name}' is not a function after loading the module")
+        raise SpecError(spec.file, PYTHON_FIELD, f"{_where(spec)} is not a function after loading the module")
     return function
