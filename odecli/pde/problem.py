@@ -22,6 +22,7 @@ from odecli.pde.sources import Geometry, ricker
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import make_unknown
+from odecli.runner import resolve_device
 
 
 def collective(exc: Exception) -> Exception:
@@ -34,14 +35,23 @@ def _dtype(name: str):
     return torch.float64 if name == "float64" else torch.float32
 
 
-def _device(name: str, rank: int):
-    if name.startswith("cuda") and torch.cuda.is_available():
-        if name == "cuda":
-            return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-        return torch.device(name)
-    if name.startswith("cuda"):
-        return torch.device("cpu")
-    return torch.device(name)
+def _device(name: str, rank: int, file: str) -> torch.device:
+    """``compute.device`` as a torch device: ``auto`` is CUDA when present, else the CPU (as in
+    ODE specs), and a plain ``cuda`` spreads the ranks over the GPUs. Asking for a GPU that is not
+    there is the user's error, reported as the ODE path words it, not a silent run on the CPU."""
+    try:
+        device = resolve_device(name)
+    except InputError as exc:
+        raise SpecError(file, "compute.device", str(exc)) from None
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if device.index is None:
+        return torch.device(f"cuda:{rank % count}")
+    if device.index >= count:
+        raise SpecError(file, "compute.device", f"{name} requested but only {count} CUDA "
+                                                f"device(s) are visible")
+    return device
 
 
 def build_wavelet(spec: dict, nt: int, dt: float, base_dir: Path, file: str) -> np.ndarray:
@@ -76,7 +86,7 @@ class Problem:
         self.timer = timer if timer is not None else CommTimer()
         file = spec["file"]
         self.dtype = _dtype(spec["compute"]["dtype"])
-        self.device = _device(spec["compute"]["device"], comm.rank)
+        self.device = self._agreed_device(spec["compute"]["device"], file)
         ny, nx = spec["grid"]["shape"]
         dy, dx = spec["grid"]["spacing"]
         self.grid = grid = Grid(ny, nx, dy, dx)
@@ -139,6 +149,18 @@ class Problem:
         norm = float((self.observed * self.observed).sum()) if spec["loss"]["normalize"] else 1.0
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
+
+    def _agreed_device(self, name: str, file: str) -> torch.device:
+        """The rank's device; if any rank lacks it, every rank raises (none waits for another)."""
+        error = None
+        try:
+            device = _device(name, self.comm.rank, file)
+        except SpecError as exc:
+            error = exc
+        if not self._everywhere(error is None):
+            raise collective(error or SpecError(file, "compute.device",
+                                                f"{name!r} is not available on every rank"))
+        return device
 
     def _exchange_every(self, spec: dict) -> int:
         every = spec["parallel"]["exchange_every"]

@@ -7,6 +7,7 @@ The layout is documented in docs/pde-spec.md.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ UNKNOWN_TYPES = ("grid", "mlp", "scalars")
 TRANSFORMS = ("clamp", "sigmoid", "softplus", "none")
 OPTIMIZERS = ("adam", "lbfgs")
 BOUNDARY_TYPES = ("dirichlet", "neumann")
+DEVICES = ("cpu", "cuda", "auto")  # plus cuda:N; auto: cuda when available, else cpu (as for ODEs)
 SIDES = ("top", "bottom", "left", "right")
 
 _MISSING = object()
@@ -235,8 +237,11 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     segs = cp.get("time_segments", "auto")
     if segs != "auto":
         segs = V.num(cp, "time_segments", "compute", integer=True, minimum=1)
+    device = cp.get("device", "cpu")
+    if device not in DEVICES and not (isinstance(device, str) and re.fullmatch(r"cuda:\d+", device)):
+        raise V.err("compute.device", f"must be one of cpu, cuda, auto or cuda:N; got {device!r}")
     out["compute"] = {"dtype": V.choice(cp, "dtype", "compute", ("float64", "float32"), "float64"),
-                      "device": str(cp.get("device", "cpu")),
+                      "device": device,
                       "time_segments": segs,
                       "threads": V.num(cp, "threads", "compute", 0, integer=True, nonneg=True)}
     if out["optimizer"]["type"] == "lbfgs" and out["unknown"]["transform"] == "clamp":
