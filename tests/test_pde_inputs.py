@@ -1,12 +1,13 @@
-"""Bad pde-inverse input through the command line: a bad `compute.device` is one line naming the
-file and the field, exit 2, the same line from `odecli validate` (where the spec alone shows it)
-and `train-inverse`."""
+"""Bad pde-inverse input through the command line: `compute.device`, physically impossible models
+and a `fixed_border` that leaves nothing to invert are one line naming the file and the field,
+exit 2, the same line from `odecli validate` (where the spec alone shows it) and `train-inverse`."""
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -61,6 +62,18 @@ def _train(spec: Path, tmp_path: Path):
 SPEC_PROBLEMS = [
     (SMALL, "compute.device", "banana", "compute.device: must be one of cpu, cuda, auto or cuda:N; got 'banana'"),
     (SMALL, "compute.device", 5, "compute.device: must be one of cpu, cuda, auto or cuda:N; got 5"),
+    (SMALL, "true_model", {"type": "constant", "value": -2000},
+     "true_model.value: wave speed must be > 0, got -2000"),
+    (SMALL, "true_model", {"type": "constant", "value": 0}, "true_model.value: wave speed must be > 0, got 0"),
+    (SMALL, "true_model", {"type": "layered", "interfaces": [100], "values": [2000, -1]},
+     "true_model.values[1]: wave speed must be > 0, got -1"),
+    (SMALL, "true_model.amplitude", -2500,
+     "true_model.amplitude: wave speed at the centre (background + amplitude) must be > 0, got -500"),
+    (SMALL, "unknown.initial", -5, "unknown.initial: wave speed must be > 0, got -5"),
+    (SMALL, "unknown.bounds", [-100, 2600], "unknown.bounds[0]: a wave speed bound must be >= 0, got -100"),
+    (SMALL, "unknown.fixed_border", 13,
+     "unknown.fixed_border: 13 cells leave no free cell to invert in a 30x26 grid; use at most 12"),
+    (HEAT, "true_model.value", -0.0001, "true_model.value: conductivity must be >= 0, got -0.0001"),
 ]
 
 
@@ -76,7 +89,10 @@ def test_validate_and_train_inverse_report_the_same_line(tmp_path, base, field, 
 
 
 @pytest.mark.parametrize("base,field,value", [
+    (SMALL, "unknown.fixed_border", 12),          # the largest that leaves a free cell
+    (SMALL, "unknown.bounds", [0, 2600]),         # a bound may touch zero
     (SMALL, "compute.device", "cuda:0"),          # valid in a spec, whatever the machine has
+    (HEAT, "unknown.initial", 0.0),               # an insulator is a conductivity
 ])
 def test_the_limits_themselves_are_valid(tmp_path, base, field, value):
     spec = tmp_path / "spec.yaml"
@@ -111,3 +127,19 @@ def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(tmp_path):
         assert _errors(result) == [f"error: {spec}: compute.device: device {device!r} requested but CUDA "
                                    "is not available; use cpu or auto"], result.output
         assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("field", ["true_model", "unknown.initial"])
+def test_a_model_file_with_a_negative_speed_is_named(tmp_path, field):
+    """Only the evaluated field shows it: the run checks it before the first simulation."""
+    speeds = np.full((30, 26), 2000.0)
+    speeds[3, 4] = -7.0
+    np.save(tmp_path / "speeds.npy", speeds)
+    spec = tmp_path / "spec.yaml"
+    raw = _set(SMALL, field, {"type": "file", "path": "speeds.npy"})
+    raw["unknown"].pop("bounds")  # clamping to bounds would lift the initial field's -7
+    spec.write_text(yaml.safe_dump(raw))
+    result = _train(spec, tmp_path)
+    assert result.exit_code == 2, result.output
+    assert _errors(result) == [f"error: {spec}: {field}: wave speed must be > 0 everywhere, got -7 "
+                               "(the field's minimum)"], result.output

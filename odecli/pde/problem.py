@@ -80,6 +80,10 @@ def kernel_threads(requested: int, ranks: int) -> int:
     return requested if requested > 0 else max(1, torch.get_num_threads() // ranks)
 
 
+# The spec field that gives the unknown's starting field, for error messages.
+_UNKNOWN_FIELD = {"grid": "unknown.initial", "mlp": "unknown", "scalars": "unknown.model"}
+
+
 class Problem:
     def __init__(self, spec: dict, comm, timer: CommTimer | None = None) -> None:
         self.spec, self.comm = spec, comm
@@ -224,11 +228,14 @@ class Problem:
 
     def _check_stability(self) -> None:
         file = self.spec["file"]
+        with torch.no_grad():
+            fields = [("true_model", self.true_local),
+                      (_UNKNOWN_FIELD[self.spec["unknown"]["type"]], self.unknown.field())]
+        self._check_sign([(name, f) for name, f in fields if f is not None])
         checks = []
         if self.true_local is not None:
             checks.append(("true_model", self.global_max(self.true_local)))
-        with torch.no_grad():
-            checks.append(("unknown", self.global_max(self.unknown.field())))
+        checks.append(("unknown", self.global_max(fields[1][1])))
         hi = self.unknown.transform.max_value
         if hi is not None:
             checks.append(("unknown.bounds", float(hi)))
@@ -237,6 +244,22 @@ class Problem:
                 raise collective(SpecError(
                     file, "time.dt",
                     f"unstable: {field} reaches {self._what()} {v:.6g}; {self._limit_text()}"))
+
+    def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
+        """Wave speed > 0, conductivity >= 0 over the evaluated fields: the spec's check
+        (odecli.pde.spec) cannot see inside files, and a negative speed would run silently."""
+        acoustic = self.spec["equation"] == "acoustic2d"
+        least = "> 0" if acoustic else ">= 0"
+        for name, field in fields:
+            low = float(field.detach().min())  # NaN if any node is NaN
+            bad = not math.isfinite(low) or ((low <= 0) if acoustic else (low < 0))
+            if self.comm.size > 1:  # a flag, since MPI's min of a NaN is undefined
+                bad = self.comm.allreduce_scalar(float(bad), op="max") > 0
+                low = self.comm.allreduce_scalar(low, op="min")
+            if bad:
+                raise collective(SpecError(self.spec["file"], name,
+                                           f"{self._what()} must be {least} everywhere, "
+                                           f"got {low:g} (the field's minimum)"))
 
     def _observed(self) -> torch.Tensor:
         spec = self.spec
