@@ -54,8 +54,8 @@ def _clean_errors(command: Callable) -> Callable:
                 prefix = f"[rank {_mpi_rank()}] " if _mpi_rank() else ""
                 stderr.print(f"{prefix}error: {exc}", markup=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            stderr.print("interrupted; no output was written", markup=False)
+        except KeyboardInterrupt as exc:  # a library that kept something says so in the message
+            stderr.print(f"interrupted; {str(exc) or 'no output was written'}", markup=False, soft_wrap=True)
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             if os.environ.get("ODECLI_DEBUG"):
@@ -227,8 +227,8 @@ def train_inverse(
     spec: Path = typer.Argument(..., help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output (OUT.ckpt.h5)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file; start over on an earlier run's checkpoint."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     log: Optional[Path] = typer.Option(None, "--log", help="Append the run's start and outcome to this file (rank 0)."),
 ) -> None:

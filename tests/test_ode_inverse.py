@@ -303,3 +303,52 @@ def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path):
         assert len(h5["history/loss"]) == 13
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
     assert res.exit_code == 2 and "output file exists" in res.output  # a finished fit is not redone over itself
+
+
+def _checkpoint_4(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(spec, out, checkpoint): the checkpoint is that of iteration 4 of the 12-iteration L-BFGS fit."""
+    spec = _checkpointed(tmp_path)
+    out = tmp_path / "fit.h5"
+    ode, inv = _spec(spec.read_text(), tmp_path, "fit.yaml")
+    fit_ode(ode, inv, iterations=6, checkpoint=checkpoint_path(out))  # leaves the checkpoint of iteration 4
+    return spec, out, checkpoint_path(out)
+
+
+def test_an_earlier_fits_checkpoint_is_neither_lost_nor_resumed_unasked(tmp_path):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    before = cpath.read_bytes()
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.output.splitlines() == [f"error: {cpath}: a checkpoint of an earlier run exists; pass --resume "
+                                       "to continue it or --force to start over"]
+    assert cpath.read_bytes() == before and not out.exists()
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--force"])
+    assert res.exit_code == 0 and "resuming" not in res.output and "iter    0" in res.output, res.output
+    assert not cpath.exists()
+
+
+def test_ctrl_c_after_a_checkpoint_says_that_it_keeps_the_fit(tmp_path, monkeypatch):
+    from odecli import inverse_checkpoint
+
+    def ctrl_c(iteration: int) -> None:
+        if iteration == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(inverse_checkpoint, "maybe_exit_after_checkpoint", ctrl_c)
+    spec, out = _checkpointed(tmp_path), tmp_path / "fit.h5"
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--quiet"])
+    assert res.exit_code == 130, res.output
+    assert res.output.splitlines() == [f"interrupted; no output was written; {checkpoint_path(out)} keeps the "
+                                       "run up to iteration 4: continue it with --resume"]
+    assert not out.exists()
+
+
+def test_resume_with_fewer_iterations_than_the_checkpoint_says_so(tmp_path):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume", "--iterations", "2"])
+    assert res.exit_code == 0, res.output
+    assert ("note: the checkpoint already has 4 iterations (this run asks for 2); writing the output from it "
+            "as it is") in res.output
+    with h5py.File(out) as h5:
+        assert h5.attrs["iterations"] == 4 and len(h5["history/loss"]) == 5
+    assert not cpath.exists()

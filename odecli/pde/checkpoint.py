@@ -2,25 +2,68 @@
 
 Distributed vectors are gathered to the global grid, so a checkpoint is independent of the rank
 layout (resuming on the same number of ranks reproduces the uninterrupted run exactly).
+
+The rules shared with ODE fits (:mod:`odecli.inverse_checkpoint`) live here too: a checkpoint is
+hours of work, so a run never starts over on one silently (:func:`check_start`), and Ctrl-C says
+where the work is (:func:`note_on_interrupt`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import Iterator
 
 import h5py
 import numpy as np
 import torch
 
 from odecli.errors import InputError
-from odecli.io.atomic import atomic_h5
+from odecli.io.atomic import atomic_h5, check_writable
 from odecli.parallel.ops import gather_global, local_block
 
 
 def checkpoint_path(output: Path) -> Path:
     output = Path(output)
     return output.with_name(output.stem + ".ckpt.h5")
+
+
+def check_start(output: Path, resume: bool, force: bool) -> Path:
+    """Before any compute: the checkpoint path, once it is clear that nothing will be lost.
+
+    An earlier run's checkpoint is continued only with ``--resume`` and discarded only with
+    ``--force`` (a new run would overwrite it at its first checkpoint and delete it at the end).
+    An existing output is replaced with ``--force``, or by a resumed run, which supersedes it."""
+    cpath = checkpoint_path(output)
+    if cpath.exists() and not (resume or force):
+        raise InputError(f"{cpath}: a checkpoint of an earlier run exists; pass --resume to "
+                         "continue it or --force to start over")
+    check_writable(output, force or (resume and cpath.exists()))
+    return cpath
+
+
+def saved_iteration(path: Path) -> int | None:
+    """The iteration a checkpoint holds, or None when there is none (or it cannot be read)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return int(f.attrs["iteration"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def note_on_interrupt(cpath: Path) -> Iterator[None]:
+    """Ctrl-C in the body is re-raised as a KeyboardInterrupt whose message says that the work up
+    to the checkpoint is kept and how to continue it (the CLI prints it), when there is one."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        it = None if str(exc) else saved_iteration(cpath)
+        if it is None:
+            raise
+        raise KeyboardInterrupt(f"no output was written; {cpath} keeps the run up to iteration "
+                                f"{it}: continue it with --resume") from None
 
 
 def _gather(vec, distributed, decomp, comm):
