@@ -375,7 +375,7 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     if log is not None and problem.native_rhs is not None and inv.adjoint != "direct":
         log(f"note: gradients by {inv.adjoint} run in the PyTorch loop; adjoint: direct would run them in "
             "generated C (exact for the discrete solution, and usually far faster)")
-    history: dict[str, list[float]] = {"loss": [], "grad_norm": [], "wall_time_s": [], "n_evals": []}
+    history: dict[str, list[float]] = {name: [] for name in ckpt.HISTORY}
 
     def record(f: float, g: np.ndarray) -> None:
         history["loss"].append(f)
@@ -400,7 +400,7 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
 
     x0 = np.clip(problem.x0, problem.lower, problem.upper)
     if resume and checkpoint is not None and checkpoint.exists():
-        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text)
+        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text, problem.x0.size)
         history.update(saved)
         started -= history["wall_time_s"][-1]  # wall times go on from the interrupted run's
         if log is not None:

@@ -352,3 +352,33 @@ def test_resume_with_fewer_iterations_than_the_checkpoint_says_so(tmp_path):
     with h5py.File(out) as h5:
         assert h5.attrs["iterations"] == 4 and len(h5["history/loss"]) == 5
     assert not cpath.exists()
+
+
+def _replace(h5, name: str, value) -> None:
+    del h5[name]
+    h5[name] = value
+
+
+ODE_DAMAGE = {  # what is done to a good checkpoint -> what the error says about it
+    "missing x": (lambda h5: h5.__delitem__("x"), "missing 'x'"),
+    "missing iteration": (lambda h5: h5.attrs.__delitem__("iteration"), "missing 'iteration'"),
+    "missing history": (lambda h5: h5.__delitem__("history/loss"), "missing 'history/loss'"),
+    "x of another fit": (lambda h5: _replace(h5, "x", h5["x"][:3]), "'x' has shape (3,), expected (6,)"),
+    "L-BFGS pairs of another fit": (lambda h5: _replace(h5, "s", h5["s"][:, :2]),
+                                    "'s' has shape (4, 2), expected (4, 6)"),
+    "short history": (lambda h5: _replace(h5, "history/loss", h5["history/loss"][:2]),
+                      "'history/loss' has shape (2,), expected 5 entries"),
+}
+
+
+@pytest.mark.parametrize("damage", ODE_DAMAGE)
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    change, why = ODE_DAMAGE[damage]
+    with h5py.File(cpath, "a") as h5:
+        change(h5)
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
+    assert res.exit_code == 2, res.output
+    assert res.output.splitlines() == [f"error: {cpath}: not a usable checkpoint ({why}); delete it, or start "
+                                       "over with --force instead of --resume"]
+    assert cpath.exists() and not out.exists()

@@ -256,3 +256,35 @@ def test_resume_with_fewer_iterations_than_the_checkpoint_says_so(checkpoint_4, 
     with h5py.File(out) as f:
         assert len(f["history/loss"]) == 4
     assert not cpath.exists()  # the output holds everything it did
+
+
+def _reshape(f, name: str, rows: int) -> None:
+    value = f[name][:rows]
+    del f[name]
+    f[name] = value
+
+
+DAMAGE = {  # what is done to a good checkpoint -> what the error says about it
+    "missing params": (lambda f: f.__delitem__("params/0"), "missing 'params/0'"),
+    "missing iteration": (lambda f: f.attrs.__delitem__("iteration"), "missing 'iteration'"),
+    "missing Adam moments": (lambda f: f.__delitem__("opt/m"), "missing 'opt/m'"),
+    "missing history": (lambda f: f.__delitem__("history/loss"), "missing 'history/loss'"),
+    "missing Adam step": (lambda f: f.attrs.__setitem__("optimizer_scalars", "{}"),
+                          "missing 'optimizer_scalars.t'"),
+    "params of another grid": (lambda f: _reshape(f, "params/0", 5),
+                               "'params/0' has shape (5, 26), expected (30, 26)"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_is_one_clear_error(checkpoint_4, tmp_path, damage):
+    spec, out, cpath = _copy(checkpoint_4, tmp_path)
+    change, why = DAMAGE[damage]
+    with h5py.File(cpath, "a") as f:
+        change(f)
+    result = _cli(spec, "-o", out, "--resume", "-q")
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {cpath}: not a usable checkpoint ({why}); delete it, or start over with --force "
+        "instead of --resume"]
+    assert cpath.exists() and not out.exists()

@@ -100,12 +100,13 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         console = Console(stderr=True, highlight=False)
     if resume:
         if cpath.exists():
-            start, hist, timing = ckpt.load(cpath, spec_text=spec["text"], params=unk.params,
-                                            distributed=unk.distributed, opt=opt,
-                                            decomp=problem.decomp, comm=comm)
-            for k in HISTORY_KEYS:
-                history[k] = list(hist.get(k, []))
-            if timing.get("ranks") == comm.size:
+            try:  # every rank reads the same file
+                start, history, timing = ckpt.load(
+                    cpath, spec_text=spec["text"], params=unk.params, distributed=unk.distributed,
+                    opt=opt, decomp=problem.decomp, comm=comm, history_keys=HISTORY_KEYS)
+            except OdecliError as exc:
+                raise collective(exc)
+            if timing["ranks"] == comm.size:
                 prior_total = np.asarray(timing["total_s"])
                 prior_comm = np.asarray(timing["comm_s"])
             if console:
