@@ -58,7 +58,8 @@ def _clean_errors(command: Callable) -> Callable:
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
             signum = getattr(exc, "signum", signal.SIGINT)
             what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-            stderr.print(f"{what}; no output was written", markup=False)
+            kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
+            stderr.print(f"{what}; {kept or 'no output was written'}", markup=False, soft_wrap=True)
             raise typer.Exit(128 + signum) from None
         except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             if os.environ.get("ODECLI_DEBUG"):
@@ -230,8 +231,8 @@ def train_inverse(
     spec: Path = typer.Argument(..., help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output (OUT.ckpt.h5)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file; start over on an earlier run's checkpoint."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     log: Optional[Path] = typer.Option(None, "--log", help="Append the run's start and outcome to this file (rank 0)."),
 ) -> None:

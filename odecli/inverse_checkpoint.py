@@ -22,8 +22,10 @@ from odecli.errors import InputError
 from odecli.io.atomic import atomic_h5
 from odecli.parallel.comm import Comm
 from odecli.pde import faults
+from odecli.pde.checkpoint import open_checkpoint, read_array, read_attr
 
 KIND = "ode-inverse-checkpoint"
+HISTORY = ("loss", "grad_norm", "wall_time_s", "n_evals")  # one entry per iteration, and the start
 
 
 @dataclass
@@ -75,25 +77,21 @@ def save(path: Path, comm: Comm, *, spec_text: str, optimizer: str, state: OptSt
         raise InputError(error)
 
 
-def load(path: Path, spec_text: str) -> tuple[OptState, dict[str, list[float]], int]:
-    """(state, history, n_evals) from ``path``; refuses a checkpoint written for another spec."""
-    try:
-        h5 = h5py.File(path, "r")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read checkpoint: {exc}") from None
-    with h5:
-        if h5.attrs.get("kind") != KIND:
-            raise InputError(f"{path}: not an ode-inverse checkpoint")
-        if h5.attrs["spec"] != spec_text:
-            raise InputError(f"{path}: checkpoint was written for a different spec; "
-                             "rerun without --resume (or restore the spec)")
+def load(path: Path, spec_text: str, size: int) -> tuple[OptState, dict[str, list[float]], int]:
+    """(state, history, n_evals) from ``path`` for a fit of ``size`` unknowns; refuses a checkpoint
+    written for another spec, and a damaged one by the part it lacks (none reaches the optimiser)."""
+    with open_checkpoint(path, KIND, spec_text) as h5:
+        it = int(read_attr(h5, "iteration"))
+        pairs = read_array(h5, "s").shape[0] if "s" in h5 else 0
+        adam = read_attr(h5, "optimizer") == "adam"
         state = OptState(
-            x=h5["x"][...], f=float(h5.attrs["f"]), g=h5["g"][...], it=int(h5.attrs["iteration"]),
-            m=h5["m"][...] if "m" in h5 else None, v=h5["v"][...] if "v" in h5 else None,
-            s=list(h5["s"][...]), y=list(h5["y"][...]),
+            x=read_array(h5, "x", (size,)), f=float(read_attr(h5, "f")), g=read_array(h5, "g", (size,)),
+            it=it, m=read_array(h5, "m", (size,)) if adam else None,
+            v=read_array(h5, "v", (size,)) if adam else None,
+            s=list(read_array(h5, "s", (pairs, size))), y=list(read_array(h5, "y", (pairs, size))),
         )
-        history = {name: h5["history"][name][...].tolist() for name in h5["history"]}
-        return state, history, int(h5.attrs["n_evals"])
+        history = {name: read_array(h5, f"history/{name}", rows=it + 1).tolist() for name in HISTORY}
+        return state, history, int(read_attr(h5, "n_evals"))
 
 
 def maybe_exit_after_checkpoint(iteration: int) -> None:

@@ -31,14 +31,15 @@ from odecli import __version__
 from odecli import inverse_checkpoint as ckpt
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
 from odecli.inverse_checkpoint import OptState
-from odecli.io.atomic import atomic_h5, check_writable
+from odecli.io.atomic import atomic_h5
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
 from odecli.parallel.comm import Comm, get_comm
-from odecli.pde.checkpoint import checkpoint_path
+from odecli.pde.checkpoint import check_start, note_on_interrupt
+from odecli.pde.checkpoint import checkpoint_path  # noqa: F401 - callers import it from here
 from odecli.runner import native_unsupported, resolve_device
 from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
@@ -375,7 +376,7 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     if log is not None and problem.native_rhs is not None and inv.adjoint != "direct":
         log(f"note: gradients by {inv.adjoint} run in the PyTorch loop; adjoint: direct would run them in "
             "generated C (exact for the discrete solution, and usually far faster)")
-    history: dict[str, list[float]] = {"loss": [], "grad_norm": [], "wall_time_s": [], "n_evals": []}
+    history: dict[str, list[float]] = {name: [] for name in ckpt.HISTORY}
 
     def record(f: float, g: np.ndarray) -> None:
         history["loss"].append(f)
@@ -400,11 +401,14 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
 
     x0 = np.clip(problem.x0, problem.lower, problem.upper)
     if resume and checkpoint is not None and checkpoint.exists():
-        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text)
+        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text, problem.x0.size)
         history.update(saved)
         started -= history["wall_time_s"][-1]  # wall times go on from the interrupted run's
         if log is not None:
             log(f"resuming from {checkpoint} at iteration {state.it}")
+            if state.it >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
+                log(f"note: the checkpoint already has {state.it} iterations (this run asks for "
+                    f"{n_iter}); writing the output from it as it is")
     else:
         if resume and log is not None:
             log(f"no checkpoint at {checkpoint}; starting from the beginning")
@@ -476,17 +480,17 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     if iterations is not None and iterations < 1:
         raise InputError("--iterations must be >= 1")
     output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
-    cpath = checkpoint_path(output)
-    check_writable(output, force or (resume and cpath.exists()))  # a resumed fit replaces an older output
+    cpath = check_start(output, resume, force)
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during
     # the fit is that rank's alone, so it must still abort every rank, not wait for them.
     with python_errors(ode):
         try:
-            result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
-            if comm.rank == 0:
-                write_fit(output, ode, inv, result)
-                cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
+            with note_on_interrupt(cpath):
+                result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
+                if comm.rank == 0:
+                    write_fit(output, ode, inv, result)
+                    cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
             comm.barrier()
         except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
             if comm.size > 1 and not isinstance(exc, OdecliError):

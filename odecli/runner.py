@@ -41,8 +41,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise InputError(f"solver.device (or --device): {name!r} requested but CUDA is not available; "
-                         f"use cpu or auto")
+        raise InputError(f"device {name!r} requested but CUDA is not available; use cpu or auto")
     try:
         return torch.device(name)
     except RuntimeError:

@@ -108,7 +108,8 @@ def test_schema_rejects_bad_ode_specs(change):
 
 
 @pytest.mark.parametrize("change", [{"equation": "maxwell"}, {"grid": {"shape": [2, 2], "spacing": 1}}, {"bogus": 1},
-                                    {"unknown": {"type": "spline"}}])
+                                    {"unknown": {"type": "spline"}}, {"compute": {"device": "banana"}},
+                                    {"compute": {"device": 5}}])
 def test_schema_rejects_bad_pde_specs(change):
     document = _ode_schema()
     spec = yaml.safe_load(PDE_EXAMPLES[0].read_text())

@@ -303,3 +303,82 @@ def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path):
         assert len(h5["history/loss"]) == 13
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
     assert res.exit_code == 2 and "output file exists" in res.output  # a finished fit is not redone over itself
+
+
+def _checkpoint_4(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(spec, out, checkpoint): the checkpoint is that of iteration 4 of the 12-iteration L-BFGS fit."""
+    spec = _checkpointed(tmp_path)
+    out = tmp_path / "fit.h5"
+    ode, inv = _spec(spec.read_text(), tmp_path, "fit.yaml")
+    fit_ode(ode, inv, iterations=6, checkpoint=checkpoint_path(out))  # leaves the checkpoint of iteration 4
+    return spec, out, checkpoint_path(out)
+
+
+def test_an_earlier_fits_checkpoint_is_neither_lost_nor_resumed_unasked(tmp_path):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    before = cpath.read_bytes()
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.output.splitlines() == [f"error: {cpath}: a checkpoint of an earlier run exists; pass --resume "
+                                       "to continue it or --force to start over"]
+    assert cpath.read_bytes() == before and not out.exists()
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--force"])
+    assert res.exit_code == 0 and "resuming" not in res.output and "iter    0" in res.output, res.output
+    assert not cpath.exists()
+
+
+def test_ctrl_c_after_a_checkpoint_says_that_it_keeps_the_fit(tmp_path, monkeypatch):
+    from odecli import inverse_checkpoint
+
+    def ctrl_c(iteration: int) -> None:
+        if iteration == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(inverse_checkpoint, "maybe_exit_after_checkpoint", ctrl_c)
+    spec, out = _checkpointed(tmp_path), tmp_path / "fit.h5"
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--quiet"])
+    assert res.exit_code == 130, res.output
+    assert res.output.splitlines() == [f"interrupted; no output was written; {checkpoint_path(out)} keeps the "
+                                       "run up to iteration 4: continue it with --resume"]
+    assert not out.exists()
+
+
+def test_resume_with_fewer_iterations_than_the_checkpoint_says_so(tmp_path):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume", "--iterations", "2"])
+    assert res.exit_code == 0, res.output
+    assert ("note: the checkpoint already has 4 iterations (this run asks for 2); writing the output from it "
+            "as it is") in res.output
+    with h5py.File(out) as h5:
+        assert h5.attrs["iterations"] == 4 and len(h5["history/loss"]) == 5
+    assert not cpath.exists()
+
+
+def _replace(h5, name: str, value) -> None:
+    del h5[name]
+    h5[name] = value
+
+
+ODE_DAMAGE = {  # what is done to a good checkpoint -> what the error says about it
+    "missing x": (lambda h5: h5.__delitem__("x"), "missing 'x'"),
+    "missing iteration": (lambda h5: h5.attrs.__delitem__("iteration"), "missing 'iteration'"),
+    "missing history": (lambda h5: h5.__delitem__("history/loss"), "missing 'history/loss'"),
+    "x of another fit": (lambda h5: _replace(h5, "x", h5["x"][:3]), "'x' has shape (3,), expected (6,)"),
+    "L-BFGS pairs of another fit": (lambda h5: _replace(h5, "s", h5["s"][:, :2]),
+                                    "'s' has shape (4, 2), expected (4, 6)"),
+    "short history": (lambda h5: _replace(h5, "history/loss", h5["history/loss"][:2]),
+                      "'history/loss' has shape (2,), expected 5 entries"),
+}
+
+
+@pytest.mark.parametrize("damage", ODE_DAMAGE)
+def test_a_damaged_checkpoint_is_one_clear_error(tmp_path, damage):
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    change, why = ODE_DAMAGE[damage]
+    with h5py.File(cpath, "a") as h5:
+        change(h5)
+    res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
+    assert res.exit_code == 2, res.output
+    assert res.output.splitlines() == [f"error: {cpath}: not a usable checkpoint ({why}); delete it, or start "
+                                       "over with --force instead of --resume"]
+    assert cpath.exists() and not out.exists()

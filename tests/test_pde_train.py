@@ -151,3 +151,140 @@ def test_exchange_every_beyond_the_blocks_is_a_spec_error(tmp_path):
     assert len(lines) == 1, p.stderr
     assert "small.yaml" in lines[0] and "parallel.exchange_every" in lines[0] and "at most" in lines[0]
     assert not (tmp_path / "x.h5").exists()
+
+
+# ------------------------------------------------------- an earlier run's checkpoint, Ctrl-C, damage
+
+
+def _ctrl_c_after_checkpoint_4(monkeypatch, spec: Path, out: Path):
+    """Ctrl-C right after the checkpoint of iteration 4 (where the KeyboardInterrupt of a real
+    Ctrl-C would surface at the next Python bytecode), run through the command line."""
+    from typer.testing import CliRunner
+
+    from odecli.cli import app
+    from odecli.pde import faults
+
+    def ctrl_c(iteration: int) -> None:
+        if iteration == 4:
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(faults, "maybe_exit_after_checkpoint", ctrl_c)
+        return CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "-q"])
+
+
+@pytest.fixture(scope="module")
+def checkpoint_4(tmp_path_factory):
+    """SMALL (Adam, 6 iterations, a checkpoint every 2) interrupted after iteration 4."""
+    d = tmp_path_factory.mktemp("ctrl-c")
+    spec, out = d / "small.yaml", d / "out.h5"
+    spec.write_text(SMALL.replace("OPT", "adam"))
+    with pytest.MonkeyPatch.context() as mp:
+        result = _ctrl_c_after_checkpoint_4(mp, spec, out)
+    return spec, out, result
+
+
+def _cli(*args):
+    from typer.testing import CliRunner
+
+    from odecli.cli import app
+
+    return CliRunner().invoke(app, ["train-inverse", *map(str, args)])
+
+
+def _copy(checkpoint_4, tmp_path: Path) -> tuple[Path, Path, Path]:
+    """(spec, out, checkpoint) in tmp_path, the checkpoint that of iteration 4."""
+    spec, out, _ = checkpoint_4
+    import shutil
+
+    shutil.copy(spec, tmp_path / spec.name)
+    shutil.copy(out.with_name("out.ckpt.h5"), tmp_path / "out.ckpt.h5")
+    return tmp_path / spec.name, tmp_path / "out.h5", tmp_path / "out.ckpt.h5"
+
+
+def test_ctrl_c_says_that_the_checkpoint_keeps_the_run(checkpoint_4):
+    spec, out, result = checkpoint_4
+    assert result.exit_code == 130, result.output
+    cpath = out.with_name("out.ckpt.h5")
+    assert result.output.strip().splitlines()[-1] == (
+        f"interrupted; no output was written; {cpath} keeps the run up to iteration 4: "
+        "continue it with --resume")
+    assert not out.exists()
+    with h5py.File(cpath) as f:
+        assert f.attrs["iteration"] == 4
+
+
+def test_ctrl_c_before_any_checkpoint_says_only_that_nothing_was_written(tmp_path, monkeypatch):
+    spec = tmp_path / "small.yaml"
+    spec.write_text(SMALL.replace("OPT", "adam").replace("every: 2", "every: 0"))
+    from odecli.pde.problem import Problem
+
+    def ctrl_c(self, iteration=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Problem, "evaluate", ctrl_c)
+    result = _cli(spec, "-o", tmp_path / "out.h5", "-q")
+    assert result.exit_code == 130
+    assert result.output.strip().splitlines()[-1] == "interrupted; no output was written"
+
+
+def test_an_earlier_runs_checkpoint_is_neither_lost_nor_resumed_unasked(checkpoint_4, tmp_path):
+    spec, out, cpath = _copy(checkpoint_4, tmp_path)
+    before = cpath.read_bytes()
+    result = _cli(spec, "-o", out, "-q")
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {cpath}: a checkpoint of an earlier run exists; pass --resume to continue it or "
+        "--force to start over"]
+    assert cpath.read_bytes() == before and not out.exists()
+    result = _cli(spec, "-o", out, "--force")  # starts over: 6 fresh iterations, none resumed
+    assert result.exit_code == 0, result.output
+    assert "resuming" not in result.output and "iter    1/6" in result.output
+    assert not cpath.exists()
+    with h5py.File(out) as f:
+        assert f.attrs["iterations"] == 6
+    result = _cli(spec, "-o", out, "--resume", "-q")  # no checkpoint: a finished run is not redone over
+    assert result.exit_code == 2 and "output file exists" in result.output, result.output
+
+
+def test_resume_with_fewer_iterations_than_the_checkpoint_says_so(checkpoint_4, tmp_path):
+    spec, out, cpath = _copy(checkpoint_4, tmp_path)
+    result = _cli(spec, "-o", out, "--resume", "--iterations", 2)
+    assert result.exit_code == 0, result.output
+    assert ("note: the checkpoint already has 4 iterations (this run asks for 2); writing the output "
+            "from it as it is") in result.output
+    with h5py.File(out) as f:
+        assert len(f["history/loss"]) == 4
+    assert not cpath.exists()  # the output holds everything it did
+
+
+def _reshape(f, name: str, rows: int) -> None:
+    value = f[name][:rows]
+    del f[name]
+    f[name] = value
+
+
+DAMAGE = {  # what is done to a good checkpoint -> what the error says about it
+    "missing params": (lambda f: f.__delitem__("params/0"), "missing 'params/0'"),
+    "missing iteration": (lambda f: f.attrs.__delitem__("iteration"), "missing 'iteration'"),
+    "missing Adam moments": (lambda f: f.__delitem__("opt/m"), "missing 'opt/m'"),
+    "missing history": (lambda f: f.__delitem__("history/loss"), "missing 'history/loss'"),
+    "missing Adam step": (lambda f: f.attrs.__setitem__("optimizer_scalars", "{}"),
+                          "missing 'optimizer_scalars.t'"),
+    "params of another grid": (lambda f: _reshape(f, "params/0", 5),
+                               "'params/0' has shape (5, 26), expected (30, 26)"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_checkpoint_is_one_clear_error(checkpoint_4, tmp_path, damage):
+    spec, out, cpath = _copy(checkpoint_4, tmp_path)
+    change, why = DAMAGE[damage]
+    with h5py.File(cpath, "a") as f:
+        change(f)
+    result = _cli(spec, "-o", out, "--resume", "-q")
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [
+        f"error: {cpath}: not a usable checkpoint ({why}); delete it, or start over with --force "
+        "instead of --resume"]
+    assert cpath.exists() and not out.exists()

@@ -22,6 +22,7 @@ from odecli.pde.sources import Geometry, ricker
 from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import make_unknown
+from odecli.runner import resolve_device
 
 
 def collective(exc: Exception) -> Exception:
@@ -34,14 +35,23 @@ def _dtype(name: str):
     return torch.float64 if name == "float64" else torch.float32
 
 
-def _device(name: str, rank: int):
-    if name.startswith("cuda") and torch.cuda.is_available():
-        if name == "cuda":
-            return torch.device(f"cuda:{rank % torch.cuda.device_count()}")
-        return torch.device(name)
-    if name.startswith("cuda"):
-        return torch.device("cpu")
-    return torch.device(name)
+def _device(name: str, rank: int, file: str) -> torch.device:
+    """``compute.device`` as a torch device: ``auto`` is CUDA when present, else the CPU (as in
+    ODE specs), and a plain ``cuda`` spreads the ranks over the GPUs. Asking for a GPU that is not
+    there is the user's error, reported as the ODE path words it, not a silent run on the CPU."""
+    try:
+        device = resolve_device(name)
+    except InputError as exc:
+        raise SpecError(file, "compute.device", str(exc)) from None
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    if device.index is None:
+        return torch.device(f"cuda:{rank % count}")
+    if device.index >= count:
+        raise SpecError(file, "compute.device", f"{name} requested but only {count} CUDA "
+                                                f"device(s) are visible")
+    return device
 
 
 def build_wavelet(spec: dict, nt: int, dt: float, base_dir: Path, file: str) -> np.ndarray:
@@ -70,13 +80,17 @@ def kernel_threads(requested: int, ranks: int) -> int:
     return requested if requested > 0 else max(1, torch.get_num_threads() // ranks)
 
 
+# The spec field that gives the unknown's starting field, for error messages.
+_UNKNOWN_FIELD = {"grid": "unknown.initial", "mlp": "unknown", "scalars": "unknown.model"}
+
+
 class Problem:
     def __init__(self, spec: dict, comm, timer: CommTimer | None = None) -> None:
         self.spec, self.comm = spec, comm
         self.timer = timer if timer is not None else CommTimer()
         file = spec["file"]
         self.dtype = _dtype(spec["compute"]["dtype"])
-        self.device = _device(spec["compute"]["device"], comm.rank)
+        self.device = self._agreed_device(spec["compute"]["device"], file)
         ny, nx = spec["grid"]["shape"]
         dy, dx = spec["grid"]["spacing"]
         self.grid = grid = Grid(ny, nx, dy, dx)
@@ -140,6 +154,18 @@ class Problem:
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
 
+    def _agreed_device(self, name: str, file: str) -> torch.device:
+        """The rank's device; if any rank lacks it, every rank raises (none waits for another)."""
+        error = None
+        try:
+            device = _device(name, self.comm.rank, file)
+        except SpecError as exc:
+            error = exc
+        if not self._everywhere(error is None):
+            raise collective(error or SpecError(file, "compute.device",
+                                                f"{name!r} is not available on every rank"))
+        return device
+
     def _exchange_every(self, spec: dict) -> int:
         every = spec["parallel"]["exchange_every"]
         if every == "auto":
@@ -202,11 +228,14 @@ class Problem:
 
     def _check_stability(self) -> None:
         file = self.spec["file"]
+        with torch.no_grad():
+            fields = [("true_model", self.true_local),
+                      (_UNKNOWN_FIELD[self.spec["unknown"]["type"]], self.unknown.field())]
+        self._check_sign([(name, f) for name, f in fields if f is not None])
         checks = []
         if self.true_local is not None:
             checks.append(("true_model", self.global_max(self.true_local)))
-        with torch.no_grad():
-            checks.append(("unknown", self.global_max(self.unknown.field())))
+        checks.append(("unknown", self.global_max(fields[1][1])))
         hi = self.unknown.transform.max_value
         if hi is not None:
             checks.append(("unknown.bounds", float(hi)))
@@ -215,6 +244,22 @@ class Problem:
                 raise collective(SpecError(
                     file, "time.dt",
                     f"unstable: {field} reaches {self._what()} {v:.6g}; {self._limit_text()}"))
+
+    def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
+        """Wave speed > 0, conductivity >= 0 over the evaluated fields: the spec's check
+        (odecli.pde.spec) cannot see inside files, and a negative speed would run silently."""
+        acoustic = self.spec["equation"] == "acoustic2d"
+        least = "> 0" if acoustic else ">= 0"
+        for name, field in fields:
+            low = float(field.detach().min())  # NaN if any node is NaN
+            bad = not math.isfinite(low) or ((low <= 0) if acoustic else (low < 0))
+            if self.comm.size > 1:  # a flag, since MPI's min of a NaN is undefined
+                bad = self.comm.allreduce_scalar(float(bad), op="max") > 0
+                low = self.comm.allreduce_scalar(low, op="min")
+            if bad:
+                raise collective(SpecError(self.spec["file"], name,
+                                           f"{self._what()} must be {least} everywhere, "
+                                           f"got {low:g} (the field's minimum)"))
 
     def _observed(self) -> torch.Tensor:
         spec = self.spec

@@ -7,6 +7,7 @@ The layout is documented in docs/pde-spec.md.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ UNKNOWN_TYPES = ("grid", "mlp", "scalars")
 TRANSFORMS = ("clamp", "sigmoid", "softplus", "none")
 OPTIMIZERS = ("adam", "lbfgs")
 BOUNDARY_TYPES = ("dirichlet", "neumann")
+DEVICES = ("cpu", "cuda", "auto")  # plus cuda:N; auto: cuda when available, else cpu (as for ODEs)
 SIDES = ("top", "bottom", "left", "right")
 
 _MISSING = object()
@@ -235,13 +237,65 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     segs = cp.get("time_segments", "auto")
     if segs != "auto":
         segs = V.num(cp, "time_segments", "compute", integer=True, minimum=1)
+    device = cp.get("device", "cpu")
+    if device not in DEVICES and not (isinstance(device, str) and re.fullmatch(r"cuda:\d+", device)):
+        raise V.err("compute.device", f"must be one of cpu, cuda, auto or cuda:N; got {device!r}")
     out["compute"] = {"dtype": V.choice(cp, "dtype", "compute", ("float64", "float32"), "float64"),
-                      "device": str(cp.get("device", "cpu")),
+                      "device": device,
                       "time_segments": segs,
                       "threads": V.num(cp, "threads", "compute", 0, integer=True, nonneg=True)}
-    if out["optimizer"]["type"] == "lbfgs" and out["unknown"]["transform"] == "clamp":
-        pass  # fine: clamped cells get zero gradient
+    _check_physical(V, out, raw)
+    most = min((ny - 1) // 2, (nx - 1) // 2)
+    if out["unknown"]["fixed_border"] > most:
+        raise V.err("unknown.fixed_border",
+                    f"{out['unknown']['fixed_border']} cells leave no free cell to invert in a "
+                    f"{ny}x{nx} grid; use at most {most}")
     return out
+
+
+def _check_physical(V: _V, spec: dict, raw: dict) -> None:
+    """Wave speeds must be > 0 and conductivities >= 0 wherever the spec writes one down.
+
+    A negative speed would otherwise run (the wave equation only sees c^2) and fit nonsense, and a
+    negative conductivity makes the heat equation ill-posed. Fields known only once evaluated
+    (files) are checked by the run on the evaluated field (``odecli.pde.problem``).
+    """
+    acoustic = spec["equation"] == "acoustic2d"
+    what = "wave speed" if acoustic else "conductivity"
+    least = "> 0" if acoustic else ">= 0"
+
+    def check(v: float, field: str, text: str = "") -> None:
+        if (v <= 0) if acoustic else (v < 0):
+            raise V.err(field, f"{what}{text} must be {least}, got {v:g}")
+
+    def model(m: dict | None, written: Any, f: str) -> None:
+        """``written``: the model as the spec has it (a bare number is its own field)."""
+        if m is None:
+            return
+        kind = m["type"]
+        if kind == "constant":
+            check(m["value"], f"{f}.value" if isinstance(written, dict) else f)
+        elif kind == "layered":
+            for i, v in enumerate(m["values"]):
+                check(v, f"{f}.values[{i}]")
+        elif kind == "gaussian":
+            check(m["background"], f"{f}.background")
+            check(m["background"] + m["amplitude"], f"{f}.amplitude",
+                  " at the centre (background + amplitude)")
+        elif kind == "checkerboard":
+            check(m["background"] - abs(m["amplitude"]), f"{f}.amplitude",
+                  " of a square (background - |amplitude|)")
+        elif kind == "smoothed":
+            model(m["of"], written["of"], f"{f}.of")  # a Gaussian filter of a valid field stays valid
+
+    model(spec["true_model"], raw.get("true_model"), "true_model")
+    unk, written = spec["unknown"], raw["unknown"]
+    model(unk.get("initial"), written.get("initial"), "unknown.initial")
+    model(unk.get("model"), written.get("model"), "unknown.model")
+    if unk["type"] == "mlp":
+        check(unk["base"], "unknown.base")
+    if unk["bounds"] is not None and unk["bounds"][0] < 0:
+        raise V.err("unknown.bounds[0]", f"a {what} bound must be >= 0, got {unk['bounds'][0]:g}")
 
 
 def line_points(start, end, count: int) -> list[tuple[float, float]]:

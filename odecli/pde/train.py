@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from odecli.errors import InputError, OdecliError
-from odecli.io.atomic import check_writable
 from odecli.parallel.comm import get_comm
 from odecli.parallel.ops import gather_global
 from odecli.pde import checkpoint as ckpt
@@ -38,8 +37,10 @@ def default_output(spec_path: Path) -> Path:
 def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,
                   force: bool, quiet: bool) -> int:
     comm = get_comm()
+    output = Path(output) if output is not None else default_output(spec_path)
     try:
-        return _train(comm, Path(spec_path), output, iterations, resume, force, quiet)
+        with ckpt.note_on_interrupt(ckpt.checkpoint_path(output)):
+            return _train(comm, Path(spec_path), output, iterations, resume, force, quiet)
     except BaseException as exc:  # noqa: BLE001 - every failure must end every rank
         if comm.size > 1 and not getattr(exc, "collective", False):
             code = getattr(exc, "exit_code", 1)
@@ -61,19 +62,17 @@ def _gather_np(local: torch.Tensor, problem: Problem, comm):
     return None if g is None else g.cpu().numpy()
 
 
-def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> int:
+def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet) -> int:
     try:
         spec = load_spec(spec_path)
     except OdecliError as exc:
         raise collective(exc)  # every rank reads the same file
-    output = Path(output) if output is not None else default_output(spec_path)
     try:
-        check_writable(output, force or resume)
+        cpath = ckpt.check_start(output, resume, force)
     except OdecliError as exc:
         raise collective(exc)
     if spec["compute"]["threads"]:
         torch.set_num_threads(spec["compute"]["threads"])
-    cpath = ckpt.checkpoint_path(output)
     n_iter = iterations if iterations is not None else spec["optimizer"]["iterations"]
     if n_iter < 1:
         raise collective(InputError("--iterations must be >= 1"))
@@ -101,16 +100,21 @@ def _train(comm, spec_path: Path, output, iterations, resume, force, quiet) -> i
         console = Console(stderr=True, highlight=False)
     if resume:
         if cpath.exists():
-            start, hist, timing = ckpt.load(cpath, spec_text=spec["text"], params=unk.params,
-                                            distributed=unk.distributed, opt=opt,
-                                            decomp=problem.decomp, comm=comm)
-            for k in HISTORY_KEYS:
-                history[k] = list(hist.get(k, []))
-            if timing.get("ranks") == comm.size:
+            try:  # every rank reads the same file
+                start, history, timing = ckpt.load(
+                    cpath, spec_text=spec["text"], params=unk.params, distributed=unk.distributed,
+                    opt=opt, decomp=problem.decomp, comm=comm, history_keys=HISTORY_KEYS)
+            except OdecliError as exc:
+                raise collective(exc)
+            if timing["ranks"] == comm.size:
                 prior_total = np.asarray(timing["total_s"])
                 prior_comm = np.asarray(timing["comm_s"])
             if console:
                 console.print(f"resuming from {cpath} at iteration {start}")
+                if start >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
+                    console.print(f"note: the checkpoint already has {start} iterations (this run "
+                                  f"asks for {n_iter}); writing the output from it as it is",
+                                  soft_wrap=True)
         elif console:
             console.print(f"no checkpoint at {cpath}; starting from the beginning")
 

@@ -1,0 +1,145 @@
+"""Bad pde-inverse input through the command line: `compute.device`, physically impossible models
+and a `fixed_border` that leaves nothing to invert are one line naming the file and the field,
+exit 2, the same line from `odecli validate` (where the spec alone shows it) and `train-inverse`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from odecli.cli import app
+
+SMALL = {
+    "kind": "pde-inverse",
+    "equation": "acoustic2d",
+    "grid": {"shape": [30, 26], "spacing": 10.0},
+    "time": {"dt": 0.0015, "steps": 40},
+    "boundary": {"absorbing_width": 5},
+    "sources": {"wavelet": {"type": "ricker", "peak_frequency": 25}, "positions": [[60, 60]]},
+    "receivers": {"line": {"from": [230, 20], "to": [230, 230], "count": 6}},
+    "true_model": {"type": "gaussian", "background": 2000, "amplitude": 200,
+                   "center": [150, 125], "sigma": 40},
+    "unknown": {"type": "grid", "initial": 2000, "bounds": [1500, 2600]},
+    "optimizer": {"type": "adam", "learning_rate": 20, "iterations": 1},
+}
+HEAT = {
+    **copy.deepcopy(SMALL),
+    "equation": "heat2d",
+    "grid": {"shape": [20, 20], "spacing": 0.01},
+    "time": {"dt": 0.01, "steps": 20},
+    "boundary": {"type": "dirichlet"},
+    "sources": {"wavelet": {"type": "constant"}, "amplitude": 50.0, "positions": [[0.1, 0.1]]},
+    "receivers": {"positions": [[0.05, 0.05], [0.15, 0.15]]},
+    "true_model": {"type": "constant", "value": 0.0002},
+    "unknown": {"type": "grid", "initial": 0.0002, "bounds": [0.00005, 0.002]},
+}
+
+
+def _set(raw: dict, dotted: str, value) -> dict:
+    raw = copy.deepcopy(raw)
+    *path, last = dotted.split(".")
+    node = raw
+    for key in path:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return raw
+
+
+def _errors(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith("error: ")]
+
+
+def _train(spec: Path, tmp_path: Path):
+    return CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(tmp_path / "out.h5"), "-q"])
+
+
+# Each: a change to SMALL (or HEAT) and the line both commands must print after "error: FILE: ".
+SPEC_PROBLEMS = [
+    (SMALL, "compute.device", "banana", "compute.device: must be one of cpu, cuda, auto or cuda:N; got 'banana'"),
+    (SMALL, "compute.device", 5, "compute.device: must be one of cpu, cuda, auto or cuda:N; got 5"),
+    (SMALL, "true_model", {"type": "constant", "value": -2000},
+     "true_model.value: wave speed must be > 0, got -2000"),
+    (SMALL, "true_model", {"type": "constant", "value": 0}, "true_model.value: wave speed must be > 0, got 0"),
+    (SMALL, "true_model", {"type": "layered", "interfaces": [100], "values": [2000, -1]},
+     "true_model.values[1]: wave speed must be > 0, got -1"),
+    (SMALL, "true_model.amplitude", -2500,
+     "true_model.amplitude: wave speed at the centre (background + amplitude) must be > 0, got -500"),
+    (SMALL, "unknown.initial", -5, "unknown.initial: wave speed must be > 0, got -5"),
+    (SMALL, "unknown.bounds", [-100, 2600], "unknown.bounds[0]: a wave speed bound must be >= 0, got -100"),
+    (SMALL, "unknown.fixed_border", 13,
+     "unknown.fixed_border: 13 cells leave no free cell to invert in a 30x26 grid; use at most 12"),
+    (HEAT, "true_model.value", -0.0001, "true_model.value: conductivity must be >= 0, got -0.0001"),
+]
+
+
+@pytest.mark.parametrize("base,field,value,line", SPEC_PROBLEMS, ids=[c[3].split(":")[0] + f"={c[2]}"
+                                                                       for c in SPEC_PROBLEMS])
+def test_validate_and_train_inverse_report_the_same_line(tmp_path, base, field, value, line):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(base, field, value)))
+    for result in (CliRunner().invoke(app, ["validate", str(spec)]), _train(spec, tmp_path)):
+        assert result.exit_code == 2, result.output
+        assert _errors(result) == [f"error: {spec}: {line}"], result.output
+    assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("base,field,value", [
+    (SMALL, "unknown.fixed_border", 12),          # the largest that leaves a free cell
+    (SMALL, "unknown.bounds", [0, 2600]),         # a bound may touch zero
+    (SMALL, "compute.device", "cuda:0"),          # valid in a spec, whatever the machine has
+    (HEAT, "unknown.initial", 0.0),               # an insulator is a conductivity
+])
+def test_the_limits_themselves_are_valid(tmp_path, base, field, value):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(base, field, value)))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "valid pde-inverse spec" in result.output, result.output
+
+
+def test_device_auto_runs_on_what_there_is(tmp_path):
+    """As in ODE specs: CUDA when present, else the CPU (it used to be a RuntimeError)."""
+    import h5py
+    import torch
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(SMALL, "compute.device", "auto")))
+    result = _train(spec, tmp_path)
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "out.h5") as f:
+        assert ("cuda" in f.attrs["engine"]) == torch.cuda.is_available()
+
+
+def test_cuda_without_a_gpu_is_an_error_not_a_cpu_run(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for device in ("cuda", "cuda:1"):
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(yaml.safe_dump(_set(SMALL, "compute.device", device)))
+        result = _train(spec, tmp_path)
+        assert result.exit_code == 2, result.output
+        assert _errors(result) == [f"error: {spec}: compute.device: device {device!r} requested but CUDA "
+                                   "is not available; use cpu or auto"], result.output
+        assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("field", ["true_model", "unknown.initial"])
+def test_a_model_file_with_a_negative_speed_is_named(tmp_path, field):
+    """Only the evaluated field shows it: the run checks it before the first simulation."""
+    speeds = np.full((30, 26), 2000.0)
+    speeds[3, 4] = -7.0
+    np.save(tmp_path / "speeds.npy", speeds)
+    spec = tmp_path / "spec.yaml"
+    raw = _set(SMALL, field, {"type": "file", "path": "speeds.npy"})
+    raw["unknown"].pop("bounds")  # clamping to bounds would lift the initial field's -7
+    spec.write_text(yaml.safe_dump(raw))
+    result = _train(spec, tmp_path)
+    assert result.exit_code == 2, result.output
+    assert _errors(result) == [f"error: {spec}: {field}: wave speed must be > 0 everywhere, got -7 "
+                               "(the field's minimum)"], result.output
