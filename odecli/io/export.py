@@ -25,7 +25,7 @@ import numpy as np
 
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_path
-from odecli.io.layout import as_batched
+from odecli.io.layout import as_batched, open_run, require, run_kind
 
 HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
 
@@ -35,6 +35,8 @@ OUTPUTS = {
     "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
     "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
 }
+# what each kind's export cannot do without (everything else is written when present)
+REQUIRED = {"ode": ("t", "y", "status"), "pde-inverse": ("history/loss",), "ode-inverse": ("history/loss",)}
 
 
 def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
@@ -42,13 +44,10 @@ def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
 
     Existing CSV files of the same names are replaced only with ``force`` (checked before any is written).
     """
-    from odecli.report.stats import open_run
-
     folder = Path(folder)
     with open_run(run) as h5:  # open (and validate) the input before touching the output folder
-        kind = str(h5.attrs["kind"])
-        if kind not in OUTPUTS:
-            raise InputError(f"{run}: cannot export a run of kind {kind!r}")
+        kind = run_kind(h5)
+        require(h5, *REQUIRED[kind])
         existing = [name for name in OUTPUTS[kind] if (folder / name).exists()]
         if existing and not force:
             raise InputError(f"--csv: {folder / existing[0]} exists; pass --force to overwrite the CSV files")

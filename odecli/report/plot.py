@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import as_batched
+from odecli.io.layout import as_batched, open_run, require, run_kind
 
 DPI = 100
 MAX_DEFAULT_SAMPLES = 20
@@ -63,7 +63,6 @@ def plot_run(run: Path, output: Optional[Path] = None, request: Optional[PlotReq
     An existing picture is replaced only with ``force``.
     """
     from odecli.io.atomic import atomic_path, check_writable
-    from odecli.report.stats import open_run
 
     request = request or PlotRequest()
     run = Path(run)
@@ -98,7 +97,7 @@ def make_figure(h5, request: Optional[PlotRequest] = None):
 
 
 def _dispatch(h5, request: PlotRequest, plt):
-    kind = str(h5.attrs["kind"])
+    kind = run_kind(h5)
     if kind != "pde-inverse" and request.shot != 0:
         raise InputError(f"--shot: only applies to pde-inverse runs; this run is of kind {kind!r}")
     if kind == "ode":
@@ -235,6 +234,7 @@ def _legend(ax, n_entries: int) -> None:
 
 
 def _plot_ode(h5, request: PlotRequest, plt):
+    require(h5, "t", "y")
     t, y = as_batched(h5["t"][...], h5["y"][...])
     status = h5["status"][...].astype(int) if "status" in h5 else None
     names = _state_names(h5, y.shape[2])
@@ -277,7 +277,7 @@ def _plot_ode(h5, request: PlotRequest, plt):
 
 
 def _draw_loss(ax, h5) -> None:
-    loss = np.asarray(h5["history/loss"][...], dtype=float).reshape(-1) if "history/loss" in h5 else np.array([])
+    loss = np.asarray(h5["history/loss"][...], dtype=float).reshape(-1)
     if loss.size == 0:
         ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -340,6 +340,7 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
 
 
 def _plot_pde_inverse(h5, request: PlotRequest, plt):
+    require(h5, "history/loss")  # the other panels say on the picture what the run lacks
     fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
     names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
@@ -399,8 +400,7 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
 
 
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
-    if "t" not in h5 or "y" not in h5:
-        raise InputError(f"{h5.filename}: ode-inverse run has no fitted trajectories (datasets t and y)")
+    require(h5, "history/loss", "t", "y")
     t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
