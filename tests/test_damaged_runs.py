@@ -8,7 +8,10 @@ error, and must leave no output behind.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -69,6 +72,7 @@ optimizer: {type: adam, learning_rate: 0.00001, iterations: 2}
 """
 
 KINDS = ("ode", "ode-inverse", "pde-inverse")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +231,45 @@ def test_a_kind_stored_as_fixed_length_bytes_is_read(runs, tmp_path):
         h5.attrs["kind"] = np.bytes_(b"ode")
     result = runner.invoke(app, ["stats", str(run), "--json"])
     assert result.exit_code == 0 and '"kind": "ode"' in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ("stats", "plot", "export"))
+def test_a_folder_is_named_as_such(tmp_path, monkeypatch, command):
+    """``odecli stats .`` said 'file not found'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs.h5").mkdir()
+    for folder in (".", "runs.h5"):
+        result = runner.invoke(app, args_for(command, Path(folder), Path("out")))
+        assert_one_line_error(result, f"error: {folder}: is a folder, expected an odecli run file")
+    assert not Path("out").exists()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Real checkpoints: train-inverse in a fresh process, killed right after its first checkpoint."""
+    folder = tmp_path_factory.mktemp("checkpoints")
+    made = {}
+    for kind, text, variable in (("ode-inverse", FIT, "ODECLI_ODE_EXIT_AFTER_CHECKPOINT"),
+                                 ("pde-inverse", HEAT + "checkpoint: {every: 1}\n", "ODECLI_PDE_EXIT_AFTER_CHECKPOINT")):
+        spec, out = folder / f"{kind}.yaml", folder / f"{kind}.h5"
+        spec.write_text(text)
+        env = {**os.environ, variable: "1", "PYTHONPATH": str(REPO_ROOT)}
+        proc = subprocess.run([sys.executable, "-m", "odecli", "train-inverse", str(spec), "-o", str(out), "--quiet"],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
+        assert proc.returncode == 75 and not out.exists(), proc.stderr  # the simulated kill
+        made[kind] = folder / f"{kind}.ckpt.h5"
+        with h5py.File(made[kind]) as h5:
+            assert h5.attrs["kind"] == f"{kind}-checkpoint"
+    return made
+
+
+@pytest.mark.parametrize("kind", ("ode-inverse", "pde-inverse"))
+@pytest.mark.parametrize("command", ("stats", "plot", "export"))
+def test_a_checkpoint_says_how_to_resume_it(checkpoints, tmp_path, kind, command):
+    """A checkpoint said 'unknown run kind'; it is to be resumed, and the message says how."""
+    result = runner.invoke(app, args_for(command, checkpoints[kind], tmp_path))
+    output = checkpoints[kind].with_name(f"{kind}.h5")
+    assert_one_line_error(result, f"{checkpoints[kind]}: is a checkpoint of an unfinished train-inverse "
+                                  f"(kind '{kind}-checkpoint'), not a run file",
+                          f"odecli train-inverse SPEC -o {output} --resume")
+    assert nothing_written(tmp_path)

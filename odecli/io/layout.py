@@ -17,11 +17,14 @@ import numpy as np
 from odecli.errors import InputError
 
 RUN_KINDS = ("ode", "ode-inverse", "pde-inverse")
+CHECKPOINT_SUFFIX = ".ckpt.h5"
 
 
 def open_run(path: Path) -> h5py.File:
-    """Open a run file read-only; a missing or foreign file (or an unknown kind) is an input error."""
+    """Open a run file read-only; a folder, a missing, foreign or checkpoint file is an input error."""
     path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a folder, expected an odecli run file (.h5)")
     if not path.is_file():
         raise InputError(f"{path}: file not found")
     if not os.access(path, os.R_OK):
@@ -34,6 +37,8 @@ def open_run(path: Path) -> h5py.File:
         if "kind" not in handle.attrs:
             raise InputError(f"{path}: not an odecli run file (no 'kind' attribute)")
         kind = run_kind(handle)
+        if kind.endswith("-checkpoint"):
+            raise _checkpoint_error(path, kind)
         if kind not in RUN_KINDS:
             raise InputError(f"{path}: not an odecli run file: unknown kind {kind!r} "
                              f"(expected one of {', '.join(RUN_KINDS)})")
@@ -41,6 +46,14 @@ def open_run(path: Path) -> h5py.File:
         handle.close()
         raise
     return handle
+
+
+def _checkpoint_error(path: Path, kind: str) -> InputError:
+    """train-inverse's ``OUT.ckpt.h5`` holds optimiser state, not results: say how to use it instead."""
+    name = path.name
+    output = path.with_name(name[: -len(CHECKPOINT_SUFFIX)] + ".h5") if name.endswith(CHECKPOINT_SUFFIX) else "OUT.h5"
+    return InputError(f"{path}: is a checkpoint of an unfinished train-inverse (kind {kind!r}), not a run file; "
+                      f"finish the fit with: odecli train-inverse SPEC -o {output} --resume")
 
 
 def run_kind(h5: h5py.File) -> str:
