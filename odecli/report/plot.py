@@ -106,7 +106,7 @@ def _dispatch(h5, request: PlotRequest, plt):
         _refuse_ode_flags(request, kind)
         return _plot_pde_inverse(h5, request, plt)
     if kind == "ode-inverse":
-        if request.phase:
+        if request.phase is not None:
             raise InputError("--phase: phase portraits are for ODE runs (kind ode)")
         return _plot_ode_inverse(h5, request, plt)
     raise InputError(f"{h5.filename}: cannot plot a run of kind {kind!r}")
@@ -129,13 +129,18 @@ def _pyplot():
 
 
 def parse_samples(text: Optional[str], n_samples: int, notes: list[str]) -> list[int]:
-    """Sample indices from ``--samples`` ("0,3,5", "2-6"); default: all, or an even spread of 20."""
-    if text is None or not text.strip():
+    """Sample indices from ``--samples`` ("0,3,5", "2-6"); default: all, or an even spread of 20.
+
+    Only an absent flag means the default: ``--samples ''`` (an unset shell variable, say) is an
+    error rather than silently drawing everything.
+    """
+    if text is None:
         if n_samples <= MAX_DEFAULT_SAMPLES:
             return list(range(n_samples))
         picked = sorted({int(round(i)) for i in np.linspace(0, n_samples - 1, MAX_DEFAULT_SAMPLES)})
         notes.append(f"showing {len(picked)} of {n_samples} samples (evenly spread); choose others with --samples")
         return picked
+    _refuse_empty(text, "--samples", "sample indices, e.g. 0,3,5 or 2-6")
     picked: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -159,9 +164,10 @@ def parse_samples(text: Optional[str], n_samples: int, notes: list[str]) -> list
 
 
 def parse_states(text: Optional[str], names: Sequence[str], flag: str = "--states") -> list[int]:
-    """State indices from comma-separated names (a plain index also works); default: all states."""
-    if text is None or not text.strip():
+    """State indices from comma-separated names (a plain index also works); default (no flag): all states."""
+    if text is None:
         return list(range(len(names)))
+    _refuse_empty(text, flag, f"state names, e.g. {','.join(names[:2])}")
     picked: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if part in names:
@@ -175,9 +181,15 @@ def parse_states(text: Optional[str], names: Sequence[str], flag: str = "--state
     return picked
 
 
+def _refuse_empty(text: str, flag: str, expected: str) -> None:
+    """A flag given with an empty value is a mistake, not a request for the default."""
+    if not text.strip():
+        raise InputError(f"{flag}: empty value; expected {expected} (leave the flag out for the default)")
+
+
 def _refuse_ode_flags(request: PlotRequest, kind: str) -> None:
     for flag, value in (("--samples", request.samples), ("--states", request.states), ("--phase", request.phase)):
-        if value:
+        if value is not None:
             raise InputError(f"{flag}: only applies to ODE runs; this run is of kind {kind!r}")
 
 
@@ -243,11 +255,11 @@ def _plot_ode(h5, request: PlotRequest, plt):
     title = f"{h5.attrs.get('name', '')} ({h5.attrs.get('method', '')}, {y.shape[0]} samples)".strip()
     if status is not None and (status[picked] != 0).any():
         request.notes.append(f"{int((status[picked] != 0).sum())} of the shown samples failed (drawn dashed)")
-    if request.phase:
+    if request.phase is not None:
         pair = parse_states(request.phase, names, "--phase")
         if len(pair) != 2:
             raise InputError(f"--phase: expected two different state names, e.g. --phase {','.join(names[:2])}")
-        if request.states:
+        if request.states is not None:
             raise InputError("--states: cannot be combined with --phase (the phase flag names the two states)")
         fig, ax = plt.subplots(figsize=figure_size("phase"), dpi=DPI, layout="constrained")
         colours = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(picked), 1)))
