@@ -137,6 +137,17 @@ def test_intact_runs_of_every_kind_work(runs, tmp_path, kind, command):
     assert result.exit_code == 0, result.output
 
 
+def test_export_of_a_real_fit_writes_its_fitted_parameters(runs, tmp_path):
+    """train-inverse stores the fit in group 'fit'; export looked only for 'params' and wrote no params.csv."""
+    result = runner.invoke(app, ["export", str(runs["ode-inverse"]), "--csv", str(tmp_path)])
+    assert result.exit_code == 0 and "params.csv" in result.output, result.output
+    with h5py.File(runs["ode-inverse"]) as h5:
+        k = h5["fit/k"][...]
+    lines = (tmp_path / "params.csv").read_text().splitlines()
+    assert lines[0] == "name,index,value" and lines[1:] == [f"k,0,{float(k[0])!r}"]
+    assert k.shape == (1,) and abs(k[0] - 0.5) > 1e-3  # the fit moved from its initial guess
+
+
 @pytest.mark.parametrize("kind, missing", [
     ("ode", {"stats": "'status', 'stats'; missing attributes 'method'", "plot": "'t', 'y'", "export": "'t', 'y', 'status'"}),
     ("ode-inverse", {"stats": "'history', 'status', 'fit', 'stats'", "plot": "'history', 't', 'y'",

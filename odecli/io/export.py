@@ -9,7 +9,8 @@ Inverse runs (kind pde-inverse, ode-inverse):
                         per-iteration history (misfit, regularization, model_error, ...)
   pde-inverse also:     ``traces.csv`` (shot, receiver, time, observed, predicted) and
                         ``field_<true|initial|final>.csv`` (the grid, one CSV row per grid row)
-  ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value)
+  ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value:
+                        the fitted values, group ``fit``)
 
 Numbers are written with Python's shortest round-trip representation, so reading a CSV back gives
 exactly the stored float64 values. The files are written as a set: all of them go into a hidden
@@ -74,7 +75,7 @@ def _write_all(h5, kind: str, folder: Path) -> list[Path]:
     else:
         if "t" in h5 and "y" in h5:
             written.append(_trajectories(h5, folder))
-        if "params" in h5:
+        if "fit" in h5 or "params" in h5:
             written.append(_params(h5, folder))
     return written
 
@@ -252,8 +253,10 @@ def _pde_extras(h5, folder: Path) -> list[Path]:
 
 
 def _params(h5, folder: Path) -> Path:
+    """The fitted values: group ``fit`` (what ``train-inverse`` writes), else ``params``."""
+    group = h5["fit"] if "fit" in h5 else h5["params"]
     rows = []
-    for name in h5["params"]:
-        values = np.asarray(h5["params"][name][...]).reshape(-1)
+    for name in group:
+        values = np.asarray(group[name][...]).reshape(-1)
         rows += [[name, j, v] for j, v in enumerate(values.tolist())]
     return write_csv(folder / "params.csv", ["name", "index", "value"], rows)
