@@ -67,6 +67,7 @@ def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
 
 
 def _write_all(h5, kind: str, folder: Path) -> list[Path]:
+    """Every CSV file of a run of ``kind`` into ``folder`` (the staging folder), in the order written."""
     if kind == "ode":
         return [_trajectories(h5, folder), _samples(h5, folder)]
     written = [_history(h5, folder)]
