@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -14,6 +17,7 @@ from odecli.cli import app
 from test_plot import VDP, write_ode_inverse, write_pde_inverse
 
 runner = CliRunner()
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +192,74 @@ def test_export_ode_inverse_history_and_fit(tmp_path):
     np.testing.assert_array_equal(table[:, 2:], y)
     header, rows = read_csv(folder / "params.csv")
     assert header == ["name", "index", "value"] and rows == [["k", "0", "1.0"]]
+
+
+# ---------------------------------------------------------------- all or nothing
+
+# The CLI in a fresh process whose files may not grow past LIMIT bytes (RLIMIT_FSIZE): a real
+# write failure ("File too large") part-way through an export, as a full disk would cause.
+LIMITED_CLI = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+from odecli.cli import app
+sys.argv = ["odecli", *sys.argv[2:]]
+app()
+"""
+
+
+def export_with_file_size_limit(limit: int, *args: str) -> subprocess.CompletedProcess:
+    pytest.importorskip("resource")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-c", LIMITED_CLI, str(limit), "export", *args], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO_ROOT)
+
+
+def test_an_export_failing_after_its_first_file_leaves_nothing_behind(tmp_path):
+    """history.csv (about 1 kB) fits under the limit, traces.csv (about 25 kB) does not."""
+    run = write_pde_inverse(tmp_path / "fwi.h5")
+    target = tmp_path / "new" / "nested" / "csv"
+    proc = export_with_file_size_limit(4096, str(run), "--csv", str(target))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == (f"error: --csv: cannot write the CSV files into {target}: "
+                                            "File too large; nothing was written"), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fwi.h5"]  # no folder, no staging, no parents
+    result = runner.invoke(app, ["export", str(run), "--csv", str(target)])  # a rerun needs no --force
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in target.iterdir()) == ["field_final.csv", "field_initial.csv", "field_true.csv",
+                                                        "history.csv", "traces.csv"]
+
+
+def test_a_failed_export_into_an_existing_folder_keeps_what_was_there(tmp_path):
+    run = write_pde_inverse(tmp_path / "fwi.h5")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    (folder / "history.csv").write_text("previous export")
+    proc = export_with_file_size_limit(4096, str(run), "--csv", str(folder), "--force")
+    assert proc.returncode == 2 and "nothing was written" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["history.csv", "notes.txt"]
+    assert (folder / "history.csv").read_text() == "previous export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fwi.h5", "out"]
+
+
+def test_an_interrupted_export_replaces_none_of_the_old_files(ode_run, tmp_path, monkeypatch):
+    """Ctrl-C after trajectories.csv: with --force, the previous export stays whole."""
+    import odecli.io.export as export
+
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    before = {"trajectories.csv": "sample,t,x,v\n0,0.0,1.0,2.0\n", "samples.csv": "sample,status\n0,0\n"}
+    for name, text in before.items():  # an earlier export, of another run
+        (folder / name).write_text(text)
+
+    def interrupted(h5, folder):
+        assert (folder / "trajectories.csv").exists()  # the first file was written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "_samples", interrupted)
+    result = runner.invoke(app, ["export", str(ode_run), "--csv", str(folder), "--force"])
+    assert result.exit_code == 130, result.output
+    assert {p.name: p.read_text() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["csv"]

@@ -231,6 +231,11 @@ def test_ode_inverse_png(tmp_path):
     [
         (["--samples", "7"], "--samples: sample 7 is out of range"),
         (["--samples", "0,x"], "--samples: 'x' is not a sample index"),
+        # an empty value (an unset shell variable) is not "all samples"
+        (["--samples", ""], "--samples: empty value; expected sample indices"),
+        (["--samples", " "], "--samples: empty value"),
+        (["--states", ""], "--states: empty value; expected state names, e.g. x,v"),
+        (["--phase", ""], "--phase: empty value"),
         (["--states", "q"], "--states: unknown state 'q'"),
         (["--phase", "x"], "--phase: expected two different state names"),
         (["--phase", "x,nope"], "--phase: unknown state 'nope'"),
@@ -254,6 +259,7 @@ def test_bad_pde_flags_and_missing_files(tmp_path):
     run = write_pde_inverse(tmp_path / "fwi.h5")
     for args, message in ((["--shot", "2"], "--shot: shot 2 is out of range"),
                           (["--samples", "0"], "--samples: only applies to ODE runs"),
+                          (["--samples", ""], "--samples: only applies to ODE runs"),
                           ([str(tmp_path / "missing.h5")], "file not found"),
                           ([str(tmp_path / "fwi.png")], "file not found")):
         target = args if args[0].startswith(str(tmp_path)) else [str(run), *args]

@@ -9,23 +9,30 @@ Inverse runs (kind pde-inverse, ode-inverse):
                         per-iteration history (misfit, regularization, model_error, ...)
   pde-inverse also:     ``traces.csv`` (shot, receiver, time, observed, predicted) and
                         ``field_<true|initial|final>.csv`` (the grid, one CSV row per grid row)
-  ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value)
+  ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value:
+                        the fitted values, group ``fit``)
 
 Numbers are written with Python's shortest round-trip representation, so reading a CSV back gives
-exactly the stored float64 values. Each file is written atomically; the folder is created if missing.
+exactly the stored float64 values. The files are written as a set: all of them go into a hidden
+staging folder first and reach the target folder (created if missing) only when every one was
+written, so a failed export (disk full, a damaged input, Ctrl-C) leaves nothing behind and a rerun
+needs no ``--force``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
+import secrets
+import shutil
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.atomic import atomic_path
-from odecli.io.layout import as_batched
+from odecli.io.layout import as_batched, open_run, require, run_kind
 
 HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
 
@@ -35,53 +42,101 @@ OUTPUTS = {
     "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
     "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
 }
+# what each kind's export cannot do without (everything else is written when present)
+REQUIRED = {"ode": ("t", "y", "status"), "pde-inverse": ("history/loss",), "ode-inverse": ("history/loss",)}
 
 
 def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
     """Write the CSV files of ``run`` into ``folder``; return their paths in the order written.
 
-    Existing CSV files of the same names are replaced only with ``force`` (checked before any is written).
+    Existing CSV files of the same names are replaced only with ``force`` (checked before any is
+    written); other files in ``folder`` are left alone. On any failure nothing is left behind.
     """
-    from odecli.report.stats import open_run
-
     folder = Path(folder)
     with open_run(run) as h5:  # open (and validate) the input before touching the output folder
-        kind = str(h5.attrs["kind"])
-        if kind not in OUTPUTS:
-            raise InputError(f"{run}: cannot export a run of kind {kind!r}")
+        kind = run_kind(h5)
+        require(h5, *REQUIRED[kind])
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--csv: {folder} exists and is not a folder")
         existing = [name for name in OUTPUTS[kind] if (folder / name).exists()]
         if existing and not force:
             raise InputError(f"--csv: {folder / existing[0]} exists; pass --force to overwrite the CSV files")
-        _make_folder(folder)
-        if kind == "ode":
-            return [_trajectories(h5, folder), _samples(h5, folder)]
-        written = [_history(h5, folder)]
-        if kind == "pde-inverse":
-            written += _pde_extras(h5, folder)
-        else:
-            if "t" in h5 and "y" in h5:
-                written.append(_trajectories(h5, folder))
-            if "params" in h5:
-                written.append(_params(h5, folder))
-        return written
+        with _staging(folder) as staging:
+            written = _write_all(h5, kind, staging)
+        return [folder / path.name for path in written]
 
 
-def _make_folder(folder: Path) -> None:
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--csv: {folder} exists and is not a folder")
+def _write_all(h5, kind: str, folder: Path) -> list[Path]:
+    """Every CSV file of a run of ``kind`` into ``folder`` (the staging folder), in the order written."""
+    if kind == "ode":
+        return [_trajectories(h5, folder), _samples(h5, folder)]
+    written = [_history(h5, folder)]
+    if kind == "pde-inverse":
+        written += _pde_extras(h5, folder)
+    else:
+        if "t" in h5 and "y" in h5:
+            written.append(_trajectories(h5, folder))
+        if "fit" in h5 or "params" in h5:
+            written.append(_params(h5, folder))
+    return written
+
+
+@contextlib.contextmanager
+def _staging(folder: Path) -> Iterator[Path]:
+    """A fresh hidden folder for the CSVs; they reach ``folder`` only if the block succeeds.
+
+    A new ``folder`` is the staging folder renamed into place (it appears complete or not at all).
+    An existing one gets the finished files moved in, one rename each (the staging folder is inside
+    it, so the renames cannot fail for lack of space). On failure the staging folder, and any
+    parent folders made for it, are removed again.
+    """
+    existed = folder.is_dir()
+    home = folder if existed else folder.parent
+    made = _make_parents(home)
+    staging = home / f".{folder.name or 'csv'}.{secrets.token_hex(4)}.tmp"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"--csv: cannot create folder {folder}: {exc.strerror or exc}") from None
+        try:
+            staging.mkdir()
+        except OSError as exc:
+            raise InputError(f"--csv: cannot create files in {home}: {exc.strerror or exc}") from None
+        yield staging
+        if existed:
+            for path in staging.iterdir():
+                os.replace(path, folder / path.name)
+            staging.rmdir()
+        else:
+            os.rename(staging, folder)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in reversed(made):
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+        if isinstance(exc, OSError):
+            raise InputError(f"--csv: cannot write the CSV files into {folder}: {exc.strerror or exc}; "
+                             f"nothing was written") from None
+        raise
+
+
+def _make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents; return the ones created, outermost first."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()][::-1]
+    for path in missing:
+        try:
+            path.mkdir()
+        except OSError as exc:
+            for made in reversed(missing[: missing.index(path)]):
+                with contextlib.suppress(OSError):
+                    made.rmdir()
+            raise InputError(f"--csv: cannot create folder {path}: {exc.strerror or exc}") from None
+    return missing
 
 
 def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence]) -> Path:
-    """One CSV file, atomically: it appears complete or not at all."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(header)
-            writer.writerows(rows)
+    """One CSV file (in the staging folder, which makes the set of files atomic)."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
     return path
 
 
@@ -199,8 +254,10 @@ def _pde_extras(h5, folder: Path) -> list[Path]:
 
 
 def _params(h5, folder: Path) -> Path:
+    """The fitted values: group ``fit`` (what ``train-inverse`` writes), else ``params``."""
+    group = h5["fit"] if "fit" in h5 else h5["params"]
     rows = []
-    for name in h5["params"]:
-        values = np.asarray(h5["params"][name][...]).reshape(-1)
+    for name in group:
+        values = np.asarray(group[name][...]).reshape(-1)
         rows += [[name, j, v] for j, v in enumerate(values.tolist())]
     return write_csv(folder / "params.csv", ["name", "index", "value"], rows)

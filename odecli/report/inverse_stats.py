@@ -9,6 +9,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from odecli.io.layout import require
 from odecli.ode.status import STATUS_NAMES
 
 
@@ -18,6 +19,7 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 
 
 def inverse_summary(h5: h5py.File) -> dict[str, Any]:
+    require(h5, "history/loss", "history/grad_norm", "status", "fit/", "stats/")
     a = h5.attrs
     loss = h5["history/loss"][...]
     grad = h5["history/grad_norm"][...]

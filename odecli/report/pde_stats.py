@@ -8,6 +8,8 @@ import math
 import h5py
 import numpy as np
 
+from odecli.io.layout import require
+
 
 def _f(x) -> float | None:
     x = float(x)
@@ -16,6 +18,7 @@ def _f(x) -> float | None:
 
 def pde_summary(h5: h5py.File) -> dict:
     """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
+    require(h5, "history/loss", "history/grad_norm", "history/wall_time_s")
     hist = h5["history"]
     loss = np.asarray(hist["loss"][...], dtype=float)
     gn = np.asarray(hist["grad_norm"][...], dtype=float)
@@ -45,6 +48,7 @@ def pde_summary(h5: h5py.File) -> dict:
     if fields is not None and "final" in fields:
         out["grid_shape"] = list(fields["final"].shape)
     if "timing" in h5:
+        require(h5, "timing/total_s", "timing/comm_s", "timing/compute_s")
         t = h5["timing"]
         total = np.asarray(t["total_s"][...], dtype=float)
         comm = np.asarray(t["comm_s"][...], dtype=float)

@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import as_batched
+from odecli.io.layout import as_batched, open_run, require, run_kind
 
 DPI = 100
 MAX_DEFAULT_SAMPLES = 20
@@ -63,7 +63,6 @@ def plot_run(run: Path, output: Optional[Path] = None, request: Optional[PlotReq
     An existing picture is replaced only with ``force``.
     """
     from odecli.io.atomic import atomic_path, check_writable
-    from odecli.report.stats import open_run
 
     request = request or PlotRequest()
     run = Path(run)
@@ -98,7 +97,7 @@ def make_figure(h5, request: Optional[PlotRequest] = None):
 
 
 def _dispatch(h5, request: PlotRequest, plt):
-    kind = str(h5.attrs["kind"])
+    kind = run_kind(h5)
     if kind != "pde-inverse" and request.shot != 0:
         raise InputError(f"--shot: only applies to pde-inverse runs; this run is of kind {kind!r}")
     if kind == "ode":
@@ -107,7 +106,7 @@ def _dispatch(h5, request: PlotRequest, plt):
         _refuse_ode_flags(request, kind)
         return _plot_pde_inverse(h5, request, plt)
     if kind == "ode-inverse":
-        if request.phase:
+        if request.phase is not None:
             raise InputError("--phase: phase portraits are for ODE runs (kind ode)")
         return _plot_ode_inverse(h5, request, plt)
     raise InputError(f"{h5.filename}: cannot plot a run of kind {kind!r}")
@@ -130,13 +129,18 @@ def _pyplot():
 
 
 def parse_samples(text: Optional[str], n_samples: int, notes: list[str]) -> list[int]:
-    """Sample indices from ``--samples`` ("0,3,5", "2-6"); default: all, or an even spread of 20."""
-    if text is None or not text.strip():
+    """Sample indices from ``--samples`` ("0,3,5", "2-6"); default: all, or an even spread of 20.
+
+    Only an absent flag means the default: ``--samples ''`` (an unset shell variable, say) is an
+    error rather than silently drawing everything.
+    """
+    if text is None:
         if n_samples <= MAX_DEFAULT_SAMPLES:
             return list(range(n_samples))
         picked = sorted({int(round(i)) for i in np.linspace(0, n_samples - 1, MAX_DEFAULT_SAMPLES)})
         notes.append(f"showing {len(picked)} of {n_samples} samples (evenly spread); choose others with --samples")
         return picked
+    _refuse_empty(text, "--samples", "sample indices, e.g. 0,3,5 or 2-6")
     picked: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -160,9 +164,10 @@ def parse_samples(text: Optional[str], n_samples: int, notes: list[str]) -> list
 
 
 def parse_states(text: Optional[str], names: Sequence[str], flag: str = "--states") -> list[int]:
-    """State indices from comma-separated names (a plain index also works); default: all states."""
-    if text is None or not text.strip():
+    """State indices from comma-separated names (a plain index also works); default (no flag): all states."""
+    if text is None:
         return list(range(len(names)))
+    _refuse_empty(text, flag, f"state names, e.g. {','.join(names[:2])}")
     picked: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         if part in names:
@@ -176,9 +181,15 @@ def parse_states(text: Optional[str], names: Sequence[str], flag: str = "--state
     return picked
 
 
+def _refuse_empty(text: str, flag: str, expected: str) -> None:
+    """A flag given with an empty value is a mistake, not a request for the default."""
+    if not text.strip():
+        raise InputError(f"{flag}: empty value; expected {expected} (leave the flag out for the default)")
+
+
 def _refuse_ode_flags(request: PlotRequest, kind: str) -> None:
     for flag, value in (("--samples", request.samples), ("--states", request.states), ("--phase", request.phase)):
-        if value:
+        if value is not None:
             raise InputError(f"{flag}: only applies to ODE runs; this run is of kind {kind!r}")
 
 
@@ -235,6 +246,7 @@ def _legend(ax, n_entries: int) -> None:
 
 
 def _plot_ode(h5, request: PlotRequest, plt):
+    require(h5, "t", "y")
     t, y = as_batched(h5["t"][...], h5["y"][...])
     status = h5["status"][...].astype(int) if "status" in h5 else None
     names = _state_names(h5, y.shape[2])
@@ -243,11 +255,11 @@ def _plot_ode(h5, request: PlotRequest, plt):
     title = f"{h5.attrs.get('name', '')} ({h5.attrs.get('method', '')}, {y.shape[0]} samples)".strip()
     if status is not None and (status[picked] != 0).any():
         request.notes.append(f"{int((status[picked] != 0).sum())} of the shown samples failed (drawn dashed)")
-    if request.phase:
+    if request.phase is not None:
         pair = parse_states(request.phase, names, "--phase")
         if len(pair) != 2:
             raise InputError(f"--phase: expected two different state names, e.g. --phase {','.join(names[:2])}")
-        if request.states:
+        if request.states is not None:
             raise InputError("--states: cannot be combined with --phase (the phase flag names the two states)")
         fig, ax = plt.subplots(figsize=figure_size("phase"), dpi=DPI, layout="constrained")
         colours = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(picked), 1)))
@@ -277,7 +289,7 @@ def _plot_ode(h5, request: PlotRequest, plt):
 
 
 def _draw_loss(ax, h5) -> None:
-    loss = np.asarray(h5["history/loss"][...], dtype=float).reshape(-1) if "history/loss" in h5 else np.array([])
+    loss = np.asarray(h5["history/loss"][...], dtype=float).reshape(-1)
     if loss.size == 0:
         ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -340,6 +352,7 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
 
 
 def _plot_pde_inverse(h5, request: PlotRequest, plt):
+    require(h5, "history/loss")  # the other panels say on the picture what the run lacks
     fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
     names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
@@ -399,8 +412,7 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
 
 
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
-    if "t" not in h5 or "y" not in h5:
-        raise InputError(f"{h5.filename}: ode-inverse run has no fitted trajectories (datasets t and y)")
+    require(h5, "history/loss", "t", "y")
     t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)

@@ -10,44 +10,29 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from odecli.errors import InputError
+from odecli.io.layout import open_run, require, run_kind
 from odecli.ode.status import STATUS_NAMES
 
 # Beyond this many rows a rich Table takes seconds (about 1 ms a row): --per-sample prints
 # plain aligned columns instead, so listing 10^4-10^6 samples stays fast (and greppable).
 RICH_ROWS_MAX = 500
-
-
-def open_run(path: Path) -> h5py.File:
-    """Open a run file read-only; a missing or foreign file is an input error, not a crash."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: file not found")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError:
-        raise InputError(f"{path}: not an HDF5 file") from None
-    if "kind" not in handle.attrs:
-        handle.close()
-        raise InputError(f"{path}: not an odecli run file (no 'kind' attribute)")
-    return handle
+# the per-sample counters every ODE run file holds in its ``stats`` group
+COUNTERS = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
 
 
 def summarize(path: Path, per_sample: bool = False) -> dict[str, Any]:
-    """Summary of any run file, dispatched on its ``kind`` attribute."""
+    """Summary of any run file, dispatched on its ``kind`` attribute (checked by ``open_run``)."""
     with open_run(path) as h5:
-        kind = str(h5.attrs["kind"])
+        kind = run_kind(h5)
         if kind == "ode":
             return ode_summary(h5, per_sample)
         if kind == "ode-inverse":
             from odecli.report.inverse_stats import inverse_summary
 
             return inverse_summary(h5)
-        if kind == "pde-inverse":
-            from odecli.report.pde_stats import pde_summary
+        from odecli.report.pde_stats import pde_summary
 
-            return pde_summary(h5)
-        raise InputError(f"{path}: unknown run kind {kind!r}")
+        return pde_summary(h5)
 
 
 def render(summary: dict[str, Any], console: Console) -> None:
@@ -70,6 +55,7 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 
 
 def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
+    require(h5, "status", *(f"stats/{name}" for name in COUNTERS), attrs=("method", "rtol", "atol", "wall_time_s"))
     status = h5["status"][...].astype(int)
     stats = {name: h5["stats"][name][...] for name in h5["stats"]}
     counts = {STATUS_NAMES.get(code, str(code)): int((status == code).sum()) for code in np.unique(status)}
@@ -94,6 +80,7 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
         "rejected_fraction": float(stats["n_rejected"].sum() / attempted) if attempted else 0.0,
     }
     if "ranks" in h5:  # written by a distributed solve (odecli.parallel.ode_batch)
+        require(h5, "ranks/busy_s", "ranks/idle_s", "ranks/samples", "ranks/chunk_start")
         ranks = h5["ranks"]
         busy, idle = ranks["busy_s"][...], ranks["idle_s"][...]
         summary["ranks"] = {
@@ -102,10 +89,9 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
             "idle_fraction": float(idle.sum() / (busy + idle).sum()) if (busy + idle).sum() > 0 else 0.0,
         }
     if per_sample:
-        names = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
         summary["per_sample"] = [
             {"sample": i, "status": STATUS_NAMES.get(int(status[i]), str(status[i])),
-             **{n: int(stats[n][i]) for n in names}}
+             **{n: int(stats[n][i]) for n in COUNTERS}}
             for i in range(status.size)
         ]
     return summary
