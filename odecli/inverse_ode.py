@@ -429,9 +429,9 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     )
 
 
-def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult) -> None:
-    """The ``kind: ode-inverse`` run file, written atomically."""
-    with atomic_h5(path) as h5:
+def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult, replace: bool = True) -> None:
+    """The ``kind: ode-inverse`` run file, written atomically (``replace``: see atomic_path)."""
+    with atomic_h5(path, replace) as h5:
         a = h5.attrs
         a["kind"] = "ode-inverse"
         a["name"] = ode.name
@@ -480,7 +480,7 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     if iterations is not None and iterations < 1:
         raise InputError("--iterations must be >= 1")
     output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
-    cpath = check_start(output, resume, force)
+    cpath, replace = check_start(output, resume, force)
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during
     # the fit is that rank's alone, so it must still abort every rank, not wait for them.
@@ -489,7 +489,7 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
             with note_on_interrupt(cpath):
                 result = fit_ode(ode, inv, comm, iterations, log, checkpoint=cpath, resume=resume)
                 if comm.rank == 0:
-                    write_fit(output, ode, inv, result)
+                    write_fit(output, ode, inv, result, replace)
                     cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
             comm.barrier()
         except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import h5py
 import pytest
 
 from odecli.errors import InputError
@@ -135,3 +136,40 @@ def test_a_fit_whose_reader_goes_away_still_finishes_and_writes(tmp_path):
     assert first.startswith("iter")
     assert process.returncode == 0, err
     assert "BrokenPipe" not in err and out.exists()
+
+
+FIT = """\
+kind: ode
+name: decay-fit
+system: {states: [x], params: {k: [1, 2]}, python: rhs.py:f}
+initial: {x: 1}
+time: {start: 0, end: 1, eval: 3}
+solver: {device: cpu}
+inverse:
+  unknowns: {params: {k: {per_sample: true, init: 1.5, bounds: [0.1, 5.0]}}}
+  data: {truth: {params: {k: [1.0, 2.0]}}}
+  observed: [x]
+  optimizer: {type: lbfgs, iterations: 2}
+"""
+
+
+@pytest.mark.parametrize("command", ["solve", "train-inverse"])
+def test_a_file_created_at_the_output_during_the_run_is_not_overwritten(tmp_path, command):
+    # the right-hand side, called once the output was checked, plays another process
+    out = tmp_path / "out.h5"
+    (tmp_path / "rhs.py").write_text(textwrap.dedent(f"""
+        import pathlib
+        def f(t, y, p):
+            out = pathlib.Path({str(out)!r})
+            if not out.exists():
+                out.write_text("another process's file")
+            return -p["k"][:, None] * y
+    """))
+    (tmp_path / "spec.yaml").write_text(FIT if command == "train-inverse" else FIT.split("inverse:")[0])
+    process = _odecli(command, str(tmp_path / "spec.yaml"), "-o", str(out), "-q")
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 2, err
+    assert f"error: {out}: a file of that name appeared while this run was writing" in err
+    assert out.read_text() == "another process's file"
+    with h5py.File(tmp_path / "out-1.h5", "r") as h5:  # the result, kept
+        assert h5.attrs["kind"] == ("ode" if command == "solve" else "ode-inverse")

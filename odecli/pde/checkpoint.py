@@ -30,8 +30,9 @@ def checkpoint_path(output: Path) -> Path:
     return output.with_name(output.stem + ".ckpt.h5")
 
 
-def check_start(output: Path, resume: bool, force: bool) -> Path:
-    """Before any compute: the checkpoint path, once it is clear that nothing will be lost.
+def check_start(output: Path, resume: bool, force: bool) -> tuple[Path, bool]:
+    """Before any compute: the checkpoint path, once it is clear that nothing will be lost, and
+    whether the output may replace a file (the writer keeps one that appears meanwhile if not).
 
     An earlier run's checkpoint is continued only with ``--resume`` and discarded only with
     ``--force`` (a new run would overwrite it at its first checkpoint and delete it at the end).
@@ -40,8 +41,9 @@ def check_start(output: Path, resume: bool, force: bool) -> Path:
     if cpath.exists() and not (resume or force):
         raise InputError(f"{cpath}: a checkpoint of an earlier run exists; pass --resume to "
                          "continue it or --force to start over")
-    check_writable(output, force or (resume and cpath.exists()))
-    return cpath
+    replace = force or (resume and cpath.exists())
+    check_writable(output, replace)
+    return cpath, replace
 
 
 def unusable(path: Path, why: str) -> InputError:

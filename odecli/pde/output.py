@@ -20,8 +20,9 @@ from odecli import __version__
 from odecli.io.atomic import atomic_h5
 
 
-def write_result(path: Path, r: dict) -> None:
-    with atomic_h5(path) as f:
+def write_result(path: Path, r: dict, replace: bool = True) -> None:
+    """The ``kind: pde-inverse`` run file, written atomically (``replace``: see atomic_path)."""
+    with atomic_h5(path, replace) as f:
         f.attrs["kind"] = "pde-inverse"
         f.attrs["spec"] = r["spec_text"]
         f.attrs["ranks"] = int(r["ranks"])

@@ -68,7 +68,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     except OdecliError as exc:
         raise collective(exc)  # every rank reads the same file
     try:
-        cpath = ckpt.check_start(output, resume, force)
+        cpath, replace = ckpt.check_start(output, resume, force)
     except OdecliError as exc:
         raise collective(exc)
     if spec["compute"]["threads"]:
@@ -211,7 +211,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
             "timing": timing, "unknown": unknown_out, "final_model_error": final_err,
             "engine": problem.engine(),
         }
-        write_result(output, result)
+        write_result(output, result, replace)
         if cpath.exists():
             cpath.unlink()
         if console:

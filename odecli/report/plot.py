@@ -76,7 +76,7 @@ def plot_run(run: Path, output: Optional[Path] = None, request: Optional[PlotReq
         fig = make_figure(h5, request)
     try:
         check_writable(target, force=force)  # after the flags were checked against the run
-        with atomic_path(target) as tmp:
+        with atomic_path(target, replace=force) as tmp:
             fig.savefig(tmp, format=fmt, dpi=DPI)
     finally:
         plt.close(fig)
