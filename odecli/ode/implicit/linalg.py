@@ -5,8 +5,13 @@ Samples are independent, so ``d f(y)_b / d y_c = 0`` for ``b != c`` and the Jaco
 Jacobian at once. :func:`jacobian` therefore needs ``n`` reverse-mode passes (done as one
 vectorised ``autograd.grad`` with ``is_grads_batched``, or a loop when the right-hand side has
 operations vmap cannot batch) whatever the batch size, and works for the compiled expression
-right-hand sides and for plain Python ones alike. It does not need, and does not create, a graph
-through the solve: inputs are detached clones and the result is detached.
+right-hand sides and for plain Python ones alike.
+
+Whether J carries a graph is the caller's choice. The Newton matrices of the ESDIRK methods only
+steer the iteration, so their J is a constant. A Rosenbrock step uses J in its formula, so a
+gradient through the solve (``adjoint: direct`` or ``checkpoint``) needs J's own derivatives
+with respect to y and the parameters: without them rodas5's gradients were off by 0.3-70 %
+and did not converge as the tolerance was tightened.
 """
 
 from __future__ import annotations
@@ -21,12 +26,20 @@ BoundRHS = Callable[[Tensor, Tensor], Tensor]
 _VMAP_OK: dict[int, bool] = {}  # id(function's code) -> did is_grads_batched work for it
 
 
-def jacobian(rhs: BoundRHS, t: Tensor, y: Tensor, time_derivative: bool = True) -> tuple[Tensor, Tensor]:
+def jacobian(rhs: BoundRHS, t: Tensor, y: Tensor, time_derivative: bool = True,
+             differentiable: bool = False) -> tuple[Tensor, Tensor]:
     """Return ``(J, f_t)``: J (A, n, n) with ``J[b, i, j] = d f_i / d y_j`` of sample b, and
-    ``f_t`` (A, n) = ``d f / d t`` (zeros when ``time_derivative`` is False or f ignores t)."""
+    ``f_t`` (A, n) = ``d f / d t`` (zeros when ``time_derivative`` is False or f ignores t).
+
+    ``differentiable``: J and f_t keep their graph to ``y`` and to whatever the right-hand side
+    closes over (its parameters), so that a gradient through the caller sees their derivatives.
+    Otherwise they are constants (detached)."""
     batch, n = y.shape
-    with torch.enable_grad():
-        yv = y.detach().clone().requires_grad_(True)
+    # The local graph of f keeps its own saved tensors: inside a checkpointed segment
+    # (torch.utils.checkpoint) they would be stand-ins, and every autograd.grad below would
+    # recompute the whole segment so far, making a segment cost the square of its steps.
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        yv = y if differentiable and y.requires_grad else y.detach().clone().requires_grad_(True)
         tv = t.detach().clone().requires_grad_(time_derivative)
         f = rhs(tv, yv)
         inputs = (yv, tv) if time_derivative else (yv,)
@@ -38,14 +51,17 @@ def jacobian(rhs: BoundRHS, t: Tensor, y: Tensor, time_derivative: bool = True) 
             basis = torch.eye(n, dtype=y.dtype, device=y.device)[:, None, :].expand(n, batch, n)
             try:
                 grads = torch.autograd.grad(f, inputs, grad_outputs=basis, is_grads_batched=True,
-                                            allow_unused=True, retain_graph=True)
+                                            allow_unused=True, retain_graph=True,
+                                            create_graph=differentiable)
                 _VMAP_OK[key] = True
             except (RuntimeError, NotImplementedError):  # an op without a batching rule
                 _VMAP_OK[key] = False
         if grads is None:
             rows_y, rows_t = [], []
             for i in range(n):
-                g = torch.autograd.grad(f[:, i].sum(), inputs, allow_unused=True, retain_graph=i < n - 1)
+                g = torch.autograd.grad(f[:, i].sum(), inputs, allow_unused=True,
+                                        retain_graph=differentiable or i < n - 1,
+                                        create_graph=differentiable)
                 rows_y.append(g[0] if g[0] is not None else torch.zeros_like(yv))
                 if time_derivative:
                     rows_t.append(g[1] if g[1] is not None else torch.zeros_like(tv))
@@ -58,7 +74,14 @@ def jacobian(rhs: BoundRHS, t: Tensor, y: Tensor, time_derivative: bool = True) 
                 ft = grads[1].permute(1, 0)
             else:
                 ft = y.new_zeros(batch, n)
+    if differentiable:
+        return J.contiguous(), ft.contiguous()
     return J.detach().contiguous(), ft.detach().contiguous()
+
+
+def _keep(tensor: Tensor) -> Tensor:
+    """A saved-tensor hook that keeps the tensor itself (see :func:`jacobian`)."""
+    return tensor
 
 
 def _code_key(rhs: BoundRHS) -> int:

@@ -219,7 +219,8 @@ class RosenbrockStepper(TableauProperties):
         J, f_t = state["jac"], state["f_t"]
         n_evals: Tensor | int = tab.stages
         if bool(need.any()):
-            J_new, ft_new = jacobian(rhs, t, y)
+            # f0 = f(t, y) has a graph exactly when a gradient flows through this step
+            J_new, ft_new = jacobian(rhs, t, y, differentiable=f0.requires_grad)
             J = torch.where(need[:, None, None], J_new, J)
             f_t = torch.where(need[:, None], ft_new, f_t)
             n_evals = tab.stages + need.to(torch.int64)
