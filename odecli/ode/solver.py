@@ -277,8 +277,10 @@ def solve(
         else:
             h, last = _step_size(w.h, w.t, w.t_end, w.direction, w.active)
             result = method.step(bound(w.p), w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
+            # Implicit methods retry a non-finite trial step with a smaller one (see _advance).
             o = _outcome(ctrl, method.error_order, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
-                         result.n_evals, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps)
+                         result.n_evals, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps,
+                         retry_nonfinite=True, flagged=result.nonfinite)
         max_count, n_active, n_crossing = o["sync"].tolist()
         if max_count > 0:
             o["n_f_evals"] = o["n_f_evals"] + record_dense_output(o, result, max_count)
@@ -410,12 +412,28 @@ def _next_attempt_crosses(
 def _advance(
     ctrl: PIDController, error_order: int | None, s: dict[str, Tensor], active: Tensor, h: Tensor, last: Tensor,
     y_new: Tensor, f_new: Tensor, err: Tensor | None, n_evals: int | Tensor, t_end: Tensor, direction: Tensor,
-    dt_min: Tensor, dt_max: Tensor, max_steps: int,
+    dt_min: Tensor, dt_max: Tensor, max_steps: int, retry_nonfinite: bool = False, flagged: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The loop state after one attempt of the ``active`` rows, as pure tensor code (no host sync).
 
     Accept/reject and the next step come from the controller; failures set the status. Also
     returns ``accept`` and ``t_new`` (the attempted step's end).
+
+    Non-finite trial steps. By default (the explicit methods, which the generated C solver
+    reproduces step for step) a non-finite error norm ends the sample at once with
+    ``INFINITE_NORM``. With ``retry_nonfinite`` (the implicit methods) a trial step whose error
+    norm, result or end derivative is non-finite, or that the stepper ``flagged`` (e.g. a
+    Newton iteration that produced non-finite values), is rejected and retried with the step
+    shrunk by the controller's ``factor_min``, as scipy's solvers (a NaN norm there shrinks by
+    their minimum factor), diffrax and the ESDIRK Newton failure handling do: an implicit step
+    too large for a stiff problem commonly overflows, and a smaller one succeeds. The sample
+    fails only when the shrinking cannot go on, i.e. when the retried step would fall below
+    ``dt_min`` or below the resolution of t, the same test that otherwise gives
+    ``REACHED_DT_MIN``; it then reports ``INFINITE_NORM``, the real cause. That bounds the
+    retries at one stretch by log(h / max(dt_min, ulp(t))) / log(1 / factor_min) (about 23 from
+    h = 1 at t = 1 with the default 0.2). A sample whose derivative at its current point, or
+    whose step, is non-finite can never succeed by retrying (every retry starts from that
+    derivative), so it fails at once.
     """
     t, h_prev, status = s["t"], s["h"], s["status"]
     history = ControllerState(s["err_prev"], s["err_prev2"], s["rejected_last"])
@@ -431,15 +449,35 @@ def _advance(
         ok, factor, new_state = ctrl.adapt(err, history, error_order)
         accept = active & ok & finite
         state = new_state.where(active, history)
+    if retry_nonfinite:
+        finite = finite & torch.isfinite(y_new.detach()).all(dim=-1) & torch.isfinite(f_new.detach()).all(dim=-1)
+        if flagged is not None:
+            finite = finite & ~flagged
+        hopeless = ~torch.isfinite(s["f0"].detach()).all(dim=-1) | ~torch.isfinite(h.detach())
+        accept = accept & finite & ~hopeless
+        # A non-finite trial shrinks the step as much as the controller ever does and leaves
+        # the controller's history as a rejection does.
+        bad = active & ~finite
+        factor = torch.where(bad, torch.full_like(factor, ctrl.factor_min), factor)
+        state = ControllerState(torch.where(bad, history.err_prev, state.err_prev),
+                                torch.where(bad, history.err_prev2, state.err_prev2), state.rejected_last | bad)
     t_new = torch.where(last, t_end, t + h)
     done = accept & last
     h_next = torch.minimum((h.detach() * factor).abs(), dt_max) * direction
     h_next = torch.where(done | ~active, h_prev, h_next)
-    status = torch.where(active & ~finite, INFINITE_NORM, status)
+    if retry_nonfinite:
+        status = torch.where(active & hopeless, INFINITE_NORM, status)
+    else:
+        status = torch.where(active & ~finite, INFINITE_NORM, status)
     running = active & ~done & (status == SUCCESS)
     t_after = torch.where(accept, t_new, t)
     too_small = (h_next.abs() < dt_min) | (t_after + h_next == t_after)
-    status = torch.where(running & too_small, REACHED_DT_MIN, status)
+    if retry_nonfinite:
+        # A row whose non-finite trial leaves it no smaller step to try failed on non-finite
+        # values, not on a controller that asked for tiny steps.
+        status = torch.where(running & too_small, torch.where(finite, REACHED_DT_MIN, INFINITE_NORM), status)
+    else:
+        status = torch.where(running & too_small, REACHED_DT_MIN, status)
     status = torch.where(running & (n_steps >= max_steps) & (status == SUCCESS),
                          REACHED_MAX_STEPS, status)
     return {
@@ -457,6 +495,7 @@ def _outcome(
     ctrl: PIDController, error_order: int | None, s: dict[str, Tensor], ptr: Tensor, t_end: Tensor,
     direction: Tensor, grid: Tensor, n_interior: Tensor | None, n_evals: int | Tensor, h: Tensor, last: Tensor,
     y_new: Tensor, f_new: Tensor, err: Tensor | None, dt_min: Tensor, dt_max: Tensor, max_steps: int,
+    retry_nonfinite: bool = False, flagged: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """:func:`_advance` plus the count of interior evaluation times inside (t, t_new] for dense output.
 
@@ -465,7 +504,7 @@ def _outcome(
     ``n_interior`` is None when no row has an evaluation time strictly inside its span.
     """
     o = _advance(ctrl, error_order, s, s["active"], h, last, y_new, f_new, err, n_evals, t_end, direction,
-                 dt_min, dt_max, max_steps)
+                 dt_min, dt_max, max_steps, retry_nonfinite, flagged)
     if n_interior is None:
         count = upto = torch.zeros_like(ptr)
     else:
