@@ -18,6 +18,7 @@ the end, which keeps the loop free of in-place writes so autograd can differenti
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -278,9 +279,13 @@ def solve(
             h, last = _step_size(w.h, w.t, w.t_end, w.direction, w.active)
             result = method.step(bound(w.p), w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate)
             # Implicit methods retry a non-finite trial step with a smaller one (see _advance).
+            flagged = result.nonfinite
+            if torch.is_grad_enabled() and (result.y1.requires_grad or result.f1.requires_grad):
+                result, flagged = _graph_safe_step(method, bound(w.p), w.t, w.y, w.f0, h, rtol_t, atol_t, w.mstate,
+                                                   result)
             o = _outcome(ctrl, method.error_order, s, w.ptr, w.t_end, w.direction, w.grid, n_int,
                          result.n_evals, h, last, result.y1, result.f1, result.err, dt_min_t, dt_max_t, max_steps,
-                         retry_nonfinite=True, flagged=result.nonfinite)
+                         retry_nonfinite=True, flagged=flagged)
         max_count, n_active, n_crossing = o["sync"].tolist()
         if max_count > 0:
             o["n_f_evals"] = o["n_f_evals"] + record_dense_output(o, result, max_count)
@@ -489,6 +494,49 @@ def _advance(
         "err_prev": state.err_prev, "err_prev2": state.err_prev2, "rejected_last": state.rejected_last,
         "accept": accept, "t_new": t_new,
     }
+
+
+def _nonfinite_trial(result: StepResult, h: Tensor) -> Tensor:
+    """Rows of an implicit attempt whose trial step met non-finite values (see :func:`_advance`)."""
+    finite = torch.isfinite(result.y1.detach()).all(dim=-1) & torch.isfinite(result.f1.detach()).all(dim=-1)
+    if result.err is not None:
+        finite = finite & torch.isfinite(result.err.detach())
+    if result.nonfinite is not None:
+        finite = finite & ~result.nonfinite
+    return (h != 0) & ~finite
+
+
+def _graph_safe_step(
+    method: Stepper, rhs: Callable[[Tensor, Tensor], Tensor], t: Tensor, y: Tensor, f0: Tensor, h: Tensor,
+    rtol: Tensor, atol: Tensor, mstate: dict[str, Tensor], result: StepResult,
+) -> tuple[StepResult, Tensor]:
+    """The attempt's result with no non-finite values in autograd's graph, and the rows that met them.
+
+    A rejected row still has its trial in the graph (``torch.where`` sends it a zero gradient),
+    and backward through an infinite or NaN value gives 0 * inf = NaN, so one retried overflow
+    would make the gradient of a successful solve NaN. When a row met non-finite values the
+    attempt is computed again with those rows idle (h = 0, the harmless values inactive rows
+    get); the other rows' arithmetic is the same, so their values are too. The rows keep their
+    first trial's evaluation counts, counters and retry state, and are rejected as non-finite.
+    """
+    bad = _nonfinite_trial(result, h)
+    if not bool(bad.any()):
+        return result, result.nonfinite
+    redo = method.step(rhs, t, y, f0, torch.where(bad, torch.zeros_like(h), h), rtol, atol, mstate)
+
+    def pick(first, second):
+        if not isinstance(first, Tensor) or first.dim() == 0:
+            first = torch.as_tensor(first, device=bad.device).expand(bad.shape)
+        mask = bad.reshape(bad.shape + (1,) * (first.dim() - 1))
+        return torch.where(mask, first, second)
+
+    return dataclasses.replace(
+        redo, n_evals=pick(result.n_evals, redo.n_evals),
+        counters={**redo.counters, **{k: pick(v, redo.counters.get(k, v)) for k, v in result.counters.items()}},
+        retry_state={**redo.retry_state,
+                     **{k: pick(v, redo.retry_state.get(k, v)) for k, v in result.retry_state.items()}},
+        nonfinite=None,
+    ), bad
 
 
 def _outcome(
