@@ -215,7 +215,8 @@ class EsdirkStepper(TableauProperties):
         # Non-finite values (in Newton or the error estimate) are flagged: the solver rejects such
         # a trial and shrinks the step by the controller's factor_min, and reports INFINITE_NORM if
         # that goes on until no smaller step is left. The norm stays finite for the controller.
-        nonfinite = active & (nonfinite | ~torch.isfinite(err))
+        # (A row that failed for another reason has no estimate: its stages are unfinished.)
+        nonfinite = active & (nonfinite | (~failed_real & ~torch.isfinite(err)))
         err = torch.where(failed_real | nonfinite, torch.full_like(err, halve), err)
         n_evals = n_f + iters + 1
 
