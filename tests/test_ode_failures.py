@@ -69,6 +69,62 @@ def test_non_finite_rhs_fails_only_that_sample(method, compact):
     assert torch.isfinite(sol.y_final).all()
 
 
+IMPLICIT = ["kvaerno5", "kvaerno3", "rodas5", "rodas5p", "rodas4", "auto"]
+
+
+@pytest.mark.parametrize("method", IMPLICIT)
+def test_implicit_methods_retry_non_finite_steps_then_report_infinite_norm(method):
+    """Implicit methods reject a non-finite trial step and retry it smaller (a stiff step that
+    overflows usually succeeds smaller); a sample that cannot get past a NaN region creeps up to
+    it and then fails with INFINITE_NORM (not REACHED_DT_MIN, as kvaerno5/3 said before), in a
+    bounded number of steps: the step shrinks by factor_min per retry until below the resolution
+    of t. A sample whose derivative is infinite at the start fails on its first attempt (kvaerno5
+    took 1055 attempts and said dt_min before)."""
+    k = torch.tensor([1.0, 1.0, 0.5, 2.0], dtype=F64)
+    q = torch.tensor([2.0, 1.0, 2.0, 3.0], dtype=F64)  # sample 1: infinite from the start
+    t_bad = torch.tensor([math.inf, math.inf, 1.3, math.inf], dtype=F64)  # sample 2: NaN after t = 1.3
+    params = {"k": k, "q": q, "t_bad": t_bad}
+    y0 = torch.tensor([[1.0, -2.0]] * 4, dtype=F64)
+    grid = torch.linspace(0.0, 3.0, 31, dtype=F64)
+    kwargs = dict(method=method, rtol=1e-6, atol=1e-6)
+    sol = solve(decay_rhs, y0, 0.0, 3.0, grid, params=params, **kwargs)
+
+    inf = int(Status.INFINITE_NORM)
+    assert sol.status.tolist() == [0, inf, inf, 0]
+    assert int(sol.stats["n_steps"][1]) == 1
+    assert torch.isnan(sol.y[1, 1:]).all()
+    # Sample 2 got as close to t = 1.3 as floating point allows (79-120 attempts, 35-55 rejected).
+    assert 1.3 - 1e-12 <= float(sol.t_final[2]) <= 1.3
+    assert int(sol.stats["n_steps"][2]) <= 150
+    exact = decay_exact(sol.t, y0, k, q)
+    reached = sol.t[2] <= sol.t_final[2]
+    assert (sol.y[2][reached] - exact[2][reached]).abs().max() < 1e-4
+    assert torch.isnan(sol.y[2][~reached]).all()
+    for i in (0, 3):
+        assert (sol.y[i] - exact[i]).abs().max() < 1e-4
+    assert torch.isfinite(sol.y_final).all()
+    # The failing samples fail as they do alone.
+    for i in (1, 2):
+        solo = solve(decay_rhs, y0[i:i + 1], 0.0, 3.0, grid, params=params_row(params, i), **kwargs)
+        assert int(solo.status[0]) == inf
+        for key in COUNTERS:
+            assert sol.stats[key][i] == solo.stats[key][0], (i, key)
+        assert torch.equal(sol.t_final[i:i + 1], solo.t_final)
+
+
+@pytest.mark.parametrize("method", ["kvaerno5", "rodas5"])
+def test_dt_min_ends_non_finite_retries_early_with_infinite_norm(method):
+    """dt_min bounds the retries: the sample stops once the next retry would be below it, and
+    still reports the cause, INFINITE_NORM."""
+    params = {"k": torch.tensor([0.5], dtype=F64), "q": torch.tensor([2.0], dtype=F64),
+              "t_bad": torch.tensor([1.3], dtype=F64)}
+    sol = solve(decay_rhs, torch.ones(1, 1, dtype=F64), 0.0, 3.0, params=params, method=method, rtol=1e-6,
+                atol=1e-6, controller=PIDController(dt_min=1e-6))
+    assert sol.status.tolist() == [int(Status.INFINITE_NORM)]
+    assert 1.3 - 1e-4 < float(sol.t_final[0]) <= 1.3
+    assert int(sol.stats["n_steps"][0]) <= 60
+
+
 def test_max_steps_stops_only_the_stiff_sample():
     mu = torch.tensor([1.0, 1000.0, 2.0], dtype=F64)
     y0 = torch.tensor([[2.0, 0.0]] * 3, dtype=F64)

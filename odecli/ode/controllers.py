@@ -92,7 +92,8 @@ class PIDController:
     ) -> tuple[Tensor, Tensor, ControllerState]:
         """Return (accept, step factor, new state) for per-sample error norms ``err``.
 
-        Non-finite norms count as rejected here; the solver turns them into a failure status.
+        Non-finite norms count as rejected here; the solver turns them into a failure status
+        (explicit methods) or retries them with the step times ``factor_min`` (implicit ones).
         """
         import torch
 

@@ -32,6 +32,7 @@ class StepResult:
     counters: dict[str, Tensor | int] = field(default_factory=dict)  # e.g. n_jac_evals increments
     state: dict[str, Tensor] = field(default_factory=dict)  # method memory to keep where the step is accepted
     retry_state: dict[str, Tensor] = field(default_factory=dict)  # memory to keep where it is rejected (same start point)
+    nonfinite: Tensor | None = None  # (A,) bool: rows whose trial met non-finite values the other fields hide
 
 
 class Stepper(Protocol):

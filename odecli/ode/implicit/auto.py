@@ -72,7 +72,9 @@ class AutoStepper:
             den = torch.linalg.vector_norm(ye - y6, dim=-1)
             hlam = h.abs() * num / torch.where(den > 0, den, torch.ones_like(den))
             hlam = torch.where(den > 0, hlam, torch.zeros_like(hlam)).detach()
-            accepted = use_explicit & (erre.detach() <= 1.0) & torch.isfinite(erre.detach())
+            # As the solver decides: a non-finite trial is rejected (and retried smaller).
+            accepted = (use_explicit & (erre.detach() <= 1.0) & torch.isfinite(erre.detach())
+                        & torch.isfinite(ye.detach()).all(-1) & torch.isfinite(fe.detach()).all(-1))
             stiffish = hlam > STIFF_HLAMBDA
             n_stiff = torch.where(accepted & stiffish, state["n_stiff"] + 1, state["n_stiff"])
             n_nonstiff = torch.where(accepted, torch.where(stiffish, 0, state["n_nonstiff"] + 1), state["n_nonstiff"])

@@ -11,8 +11,10 @@ kept across steps. Each sample iterates on its own: it stops when ``η ‖Δ‖ 
 Wanner II §IV.8: ``η = θ / (1 − θ)``, ``θ`` the observed contraction, the norm the solver's
 ``atol + rtol |y|`` weighted RMS, κ = 0.03), and fails when θ ≥ 1, when the rate predicts no
 convergence within the iteration limit (8), or on non-finite values. A failed sample's step is
-rejected with the step halved (its error norm is set to the value the controller halves on) and
-its next attempt gets a fresh Jacobian unless the failing one was fresh already. The stage
+rejected with the step halved (its error norm is set to the value the controller halves on), or
+shrunk by the controller's ``factor_min`` when the failure was non-finite values (flagged in
+``StepResult.nonfinite``; see :func:`odecli.ode.solver._advance`), and its next attempt gets a
+fresh Jacobian unless the failing one was fresh already. The stage
 guesses use Kværnø's / OrdinaryDiffEq.jl's extrapolation predictors.
 
 Jacobian and LU reuse, per sample: J is recomputed only after a Newton failure or when the last
@@ -160,6 +162,7 @@ class EsdirkStepper(TableauProperties):
         eps = torch.finfo(y.dtype).eps
         eta = torch.clamp(state["eta"], min=eps)
         failed = ~active  # inactive rows take no part
+        nonfinite = torch.zeros_like(active)  # rows whose Newton iteration met non-finite values
         theta_max = torch.zeros_like(hg)
         iters = zeros_i.clone()
         K = [f0]
@@ -192,6 +195,7 @@ class EsdirkStepper(TableauProperties):
                     conv = eta_k * dn <= KAPPA
                     doomed = theta ** (MAX_ITERS - 1 - k) / torch.clamp(1 - theta, min=eps) * dn > KAPPA
                     diverged = (theta >= 1) | ~torch.isfinite(dn) | (doomed & ~conv)
+                nonfinite = nonfinite | (iterating & ~torch.isfinite(dn))
                 z = torch.where((iterating & ~diverged)[:, None], z + delta, z)
                 failed = failed | (iterating & diverged)
                 iterating = iterating & ~conv & ~diverged
@@ -202,12 +206,18 @@ class EsdirkStepper(TableauProperties):
 
         failed_real = failed & active
         y1 = torch.where(failed_real[:, None], y, z)
-        f1 = rhs(t + h, y1)
+        # A failed row's f1 is never used; f0 keeps it finite, so the solver sees the trial's own values.
+        f1 = torch.where(failed_real[:, None], f0, rhs(t + h, y1))
         err_raw = z - stage_values[-2]
         err_f = lu_solve(LU, piv, err_raw)
         err = torch.sqrt(torch.mean((err_f / (atol + rtol * torch.maximum(y.abs(), y1.abs()))) ** 2, dim=-1))
         halve = (0.9 / 0.5) ** (tab.error_order + 1)  # the integral controller's error for a factor 1/2
-        err = torch.where(failed_real | ~torch.isfinite(err), torch.full_like(err, halve), err)
+        # Non-finite values (in Newton or the error estimate) are flagged: the solver rejects such
+        # a trial and shrinks the step by the controller's factor_min, and reports INFINITE_NORM if
+        # that goes on until no smaller step is left. The norm stays finite for the controller.
+        # (A row that failed for another reason has no estimate: its stages are unfinished.)
+        nonfinite = active & (nonfinite | (~failed_real & ~torch.isfinite(err)))
+        err = torch.where(failed_real | nonfinite, torch.full_like(err, halve), err)
         n_evals = n_f + iters + 1
 
         fresh = need_jac
@@ -223,6 +233,7 @@ class EsdirkStepper(TableauProperties):
                       "n_newton_iters": iters},
             state={**keep, "need_jac": theta_max > SLOW_THETA, "eta": eta_keep},
             retry_state={**keep, "need_jac": failed_real & ~fresh, "eta": eta_keep},
+            nonfinite=nonfinite,
         )
 
 
