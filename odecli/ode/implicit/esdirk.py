@@ -58,6 +58,19 @@ class EsdirkTableau:
     predictor: tuple[tuple[float, ...], ...]  # stage-derivative guesses: K_i ~ sum_j alpha[i][j] K_j
     description: str = ""
 
+    def __post_init__(self) -> None:
+        # The stepper relies on this structure: an explicit first stage (K_1 = f0), stiff accuracy
+        # (y1 = z_s) with c_s = 1 (so K_s is the derivative at (t + h, y1) and serves as f1), and
+        # c_{s-1} = 1 (the embedded solution z_{s-1} is compared with y1 at the same time).
+        s = len(self.c)
+        if len(self.a) != s or self.a[0] or any(len(row) != i + 1 for i, row in enumerate(self.a) if i):
+            raise ValueError(f"{self.name}: a must be lower triangular with an empty first row")
+        if self.c[0] != 0.0 or self.c[-1] != 1.0 or self.c[-2] != 1.0:
+            raise ValueError(f"{self.name}: needs c_1 = 0 and c_(s-1) = c_s = 1 (stiffly accurate)")
+        for i, (row, c) in enumerate(zip(self.a, self.c)):
+            if i and (row[-1] != self.gamma or abs(sum(row) - c) > 1e-12):
+                raise ValueError(f"{self.name}: stage {i} needs diagonal gamma and row sum c_{i}")
+
     @property
     def stages(self) -> int:
         return len(self.c)
