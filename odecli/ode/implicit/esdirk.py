@@ -21,10 +21,23 @@ Jacobian and LU reuse, per sample: J is recomputed only after a Newton failure o
 step's Newton contraction was slow (max θ > 0.3); ``I − h'γ J`` is refactored when J changed or
 ``|hγ / h'γ − 1| > 0.2`` (the Newton matrix tolerates a slightly wrong h). The embedded error
 ``y1 − z_{s−1}`` is filtered through the same LU (Shampine's ``(I − hγJ)^{-1}`` filter) so
-stiff components do not inflate it. Dense output: cubic Hermite through (y0, f0), (y1, f1),
-3rd order, documented fallback (these ESDIRKs have no own continuous extension here).
+stiff components do not inflate it.
+
+Both methods are stiffly accurate with ``c_s = 1`` (``y1 = z_s``; checked when a tableau is
+built), so ``f1``, the derivative at ``(t + h, y1)`` that the next step takes as its explicit
+first stage and the dense output uses, is the last stage's ``K_s = (z_s − ψ_s) / (hγ)``, not a
+new ``f(t + h, y1)`` (OrdinaryDiffEq.jl does the same): ``y1`` carries the Newton error δ (about κ
+times the tolerance) and ``f(t + h, y1)`` is off by ``J δ``, which on stiff problems
+(``|hJ| ≫ 1``) put ``h J δ`` into the interpolant (Van der Pol μ = 1000 and Robertson at rtol
+1e-6: up to 1e3-5e4 times ``atol + rtol |y|`` between steps), while ``h K_s`` is off by ``δ / γ``
+whatever J. Dense output: cubic Hermite through (y0, f0), (y1, f1), 3rd order, documented
+fallback (these ESDIRKs have no own continuous extension here). Between the long steps these
+methods take its error can far exceed the tolerance: on Prothero–Robinson (y' = λ(y − sin t) +
+cos t, λ = −1e6, tol 1e-6) kvaerno5 steps h = 1, where even exact slopes leave a cubic 1.5e-3
+off, and f1 (= f(t + h, y1) there: the problem is linear and Newton exact) is off by ``λ`` times
+the accepted error of ``y1``; measured 7.8e-3 between steps, 3e-8 at them.
 Statistics: ``n_jac_evals``, ``n_lu_decomps``, ``n_newton_iters`` per sample; ``n_f_evals``
-counts Newton evaluations, the final ``f(t + h, y1)`` and one forward pass per Jacobian.
+counts Newton evaluations and one forward pass per Jacobian (no evaluation at the step's end).
 """
 
 from __future__ import annotations
@@ -57,6 +70,19 @@ class EsdirkTableau:
     c: tuple[float, ...]
     predictor: tuple[tuple[float, ...], ...]  # stage-derivative guesses: K_i ~ sum_j alpha[i][j] K_j
     description: str = ""
+
+    def __post_init__(self) -> None:
+        # The stepper relies on this structure: an explicit first stage (K_1 = f0), stiff accuracy
+        # (y1 = z_s) with c_s = 1 (so K_s is the derivative at (t + h, y1) and serves as f1), and
+        # c_{s-1} = 1 (the embedded solution z_{s-1} is compared with y1 at the same time).
+        s = len(self.c)
+        if len(self.a) != s or self.a[0] or any(len(row) != i + 1 for i, row in enumerate(self.a) if i):
+            raise ValueError(f"{self.name}: a must be lower triangular with an empty first row")
+        if self.c[0] != 0.0 or self.c[-1] != 1.0 or self.c[-2] != 1.0:
+            raise ValueError(f"{self.name}: needs c_1 = 0 and c_(s-1) = c_s = 1 (stiffly accurate)")
+        for i, (row, c) in enumerate(zip(self.a, self.c)):
+            if i and (row[-1] != self.gamma or abs(sum(row) - c) > 1e-12):
+                raise ValueError(f"{self.name}: stage {i} needs diagonal gamma and row sum c_{i}")
 
     @property
     def stages(self) -> int:
@@ -206,8 +232,14 @@ class EsdirkStepper(TableauProperties):
 
         failed_real = failed & active
         y1 = torch.where(failed_real[:, None], y, z)
-        # A failed row's f1 is never used; f0 keeps it finite, so the solver sees the trial's own values.
-        f1 = torch.where(failed_real[:, None], f0, rhs(t + h, y1))
+        # f1 is the last stage's derivative K_s = (z_s - psi_s) / (h gamma), not f(t + h, y1): the
+        # method is stiffly accurate with c_s = 1, so this is f at (t + h, y1) as the Newton
+        # solution has it (OrdinaryDiffEq.jl does the same). y1 carries the Newton error delta,
+        # and f(t + h, y1) = f(exact) + J delta: with |h J| >> 1 the Hermite interpolant and the
+        # next step's explicit first stage (f0 = this f1) were off by h J delta; h K_s is off by
+        # delta / gamma, whatever J. It also saves an evaluation per step. A failed (or inactive)
+        # row's f1 is never used; f0 keeps it finite, so the solver sees the trial's own values.
+        f1 = torch.where(failed[:, None], f0, K[-1])
         err_raw = z - stage_values[-2]
         err_f = lu_solve(LU, piv, err_raw)
         err = torch.sqrt(torch.mean((err_f / (atol + rtol * torch.maximum(y.abs(), y1.abs()))) ** 2, dim=-1))
@@ -218,7 +250,7 @@ class EsdirkStepper(TableauProperties):
         # (A row that failed for another reason has no estimate: its stages are unfinished.)
         nonfinite = active & (nonfinite | (~failed_real & ~torch.isfinite(err)))
         err = torch.where(failed_real | nonfinite, torch.full_like(err, halve), err)
-        n_evals = n_f + iters + 1
+        n_evals = n_f + iters
 
         fresh = need_jac
         keep = {"jac": J, "lu": LU, "piv": piv, "hg_lu": hg_lu}
