@@ -72,6 +72,7 @@ optimizer: {type: adam, learning_rate: 0.00001, iterations: 2}
 """
 
 KINDS = ("ode", "ode-inverse", "pde-inverse")
+COMMANDS = ("stats", "stats --json", "plot", "export")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -93,9 +94,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 
 def args_for(command: str, run: Path, out: Path) -> list[str]:
-    """The command line of ``command`` on ``run``, writing (if at all) under ``out``."""
-    if command == "stats":
-        return ["stats", str(run), "--json"]
+    """The command line of ``command`` ('stats', 'stats --json', ...) on ``run``, writing (if at all) under ``out``."""
+    if command.startswith("stats"):
+        return ["stats", str(run), *command.split()[1:]]
     if command == "plot":
         return ["plot", str(run), "-o", str(out / "fig.png")]
     return ["export", str(run), "--csv", str(out / "csv")]
@@ -130,7 +131,7 @@ def nothing_written(folder: Path) -> bool:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("command", ("stats", "plot", "export"))
+@pytest.mark.parametrize("command", COMMANDS)
 def test_intact_runs_of_every_kind_work(runs, tmp_path, kind, command):
     """The requirements ask for nothing the writers leave out."""
     result = runner.invoke(app, args_for(command, runs[kind], tmp_path))
