@@ -42,8 +42,11 @@ OUTPUTS = {
     "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
     "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
 }
-# what each kind's export cannot do without (everything else is written when present)
+# what each kind's export cannot do without, and what else it reads when present
 REQUIRED = {"ode": ("t", "y", "status"), "pde-inverse": ("history/loss",), "ode-inverse": ("history/loss",)}
+OPTIONAL = {"ode": ("stats/", "t_final", "y_final", "params/"),
+            "pde-inverse": ("history/", "data/time", "data/observed", "data/predicted", "fields/"),
+            "ode-inverse": ("history/", "t", "y", "fit/", "params/")}
 
 
 def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
@@ -55,7 +58,7 @@ def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
     folder = Path(folder)
     with open_run(run) as h5:  # open (and validate) the input before touching the output folder
         kind = run_kind(h5)
-        require(h5, *REQUIRED[kind])
+        require(h5, *REQUIRED[kind], optional=OPTIONAL[kind])
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--csv: {folder} exists and is not a folder")
         existing = [name for name in OUTPUTS[kind] if (folder / name).exists()]

@@ -10,6 +10,11 @@ The root group is also a netCDF-4 style dataset: HDF5 dimension scales ``sample`
 ``state`` (the state names, UTF-8 strings) are attached to every root dataset, and every dataset
 has ``long_name`` and ``description`` attributes, so ``xarray.open_dataset(path,
 engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel(state="x")``.
+
+:data:`ODE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``), in the same
+dimension names: change it with the writer. :data:`ODE_INVERSE_LAYOUT` does the same for
+``train-inverse``'s ode-inverse files (written by :func:`odecli.inverse_ode.write_fit`, which
+imports torch, hence kept here).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
+from odecli.io.layout import Layout
 from odecli.ode.status import STATUS_NAMES
 from odecli.spec import OdeSpec
 
@@ -65,6 +71,31 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution,
             params.create_dataset(name, data=np.asarray(values, dtype=np.float64))
             params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
 
+
+PER_SAMPLE = (("sample",),)
+# t and y as written, or (files of other programs) of one sample without the sample axis: as_batched
+TRAJECTORIES = {"t": (("sample", "time"), ("time",)), "y": (("sample", "time", "state"), ("time", "state"), ("time",))}
+#: The datasets of an ODE run as readers may find them; the writer's layouts come first.
+ODE_LAYOUT = Layout({
+    "status": PER_SAMPLE,
+    **TRAJECTORIES,
+    "t_final": PER_SAMPLE,
+    "y_final": (("sample", "state"),),
+    "stats/*": PER_SAMPLE,
+    "params/*": PER_SAMPLE,
+    # a distributed solve's accounting: odecli.io.ode_stream.write_ranks
+    "ranks/busy_s": (("rank",),), "ranks/idle_s": (("rank",),), "ranks/samples": (("rank",),),
+    "ranks/chunk_start": (("chunk",),), "ranks/chunk_stop": (("chunk",),), "ranks/chunk_rank": (("chunk",),),
+})
+#: The same for an ode-inverse run: trajectories and counters as above, one history entry per iteration
+#: (the first is the initial guess's), fit/init/truth of each unknown alike (params/: other programs' name for fit/).
+ODE_INVERSE_LAYOUT = Layout({
+    "status": PER_SAMPLE,
+    "stats/*": PER_SAMPLE,
+    **TRAJECTORIES,
+    "history/*": (("iteration",),),
+    **{f"{group}/*": (("unknown *",),) for group in ("fit", "init", "truth", "params")},
+}, nonempty=frozenset({"sample", "iteration", "unknown *"}))
 
 # name -> (dimensions, long_name, description) of every root dataset
 _ROOT_VARIABLES = {

@@ -18,7 +18,7 @@ def _f(x) -> float | None:
 
 def pde_summary(h5: h5py.File) -> dict:
     """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
-    require(h5, "history/loss", "history/grad_norm", "history/wall_time_s")
+    require(h5, "history/loss", "history/grad_norm", "history/wall_time_s", optional=("history/model_error",))
     hist = h5["history"]
     loss = np.asarray(hist["loss"][...], dtype=float)
     gn = np.asarray(hist["grad_norm"][...], dtype=float)

@@ -246,7 +246,7 @@ def _legend(ax, n_entries: int) -> None:
 
 
 def _plot_ode(h5, request: PlotRequest, plt):
-    require(h5, "t", "y")
+    require(h5, "t", "y", optional=("status", "params/"))
     t, y = as_batched(h5["t"][...], h5["y"][...])
     status = h5["status"][...].astype(int) if "status" in h5 else None
     names = _state_names(h5, y.shape[2])
@@ -352,7 +352,8 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
 
 
 def _plot_pde_inverse(h5, request: PlotRequest, plt):
-    require(h5, "history/loss")  # the other panels say on the picture what the run lacks
+    # the other panels say on the picture what the run lacks
+    require(h5, "history/loss", optional=("fields/", "data/time", "data/observed", "data/predicted", "geometry/"))
     fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
     names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
@@ -412,7 +413,7 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
 
 
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
-    require(h5, "history/loss", "t", "y")
+    require(h5, "history/loss", "t", "y", optional=("status",))
     t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
