@@ -12,9 +12,10 @@ has ``long_name`` and ``description`` attributes, so ``xarray.open_dataset(path,
 engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel(state="x")``.
 
 :data:`ODE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``), in the same
-dimension names: change it with the writer. :data:`ODE_INVERSE_LAYOUT` does the same for
-``train-inverse``'s ode-inverse files (written by :func:`odecli.inverse_ode.write_fit`, which
-imports torch, hence kept here).
+dimension names; the dimension scales are attached from it, so the dimensions written and those
+checked are one table. :data:`ODE_INVERSE_LAYOUT` does the same for ``train-inverse``'s
+ode-inverse files (written by :func:`odecli.inverse_ode.write_fit`, which imports torch, hence
+kept here).
 """
 
 from __future__ import annotations
@@ -97,13 +98,13 @@ ODE_INVERSE_LAYOUT = Layout({
     **{f"{group}/*": (("unknown *",),) for group in ("fit", "init", "truth", "params")},
 }, nonempty=frozenset({"sample", "iteration", "unknown *"}))
 
-# name -> (dimensions, long_name, description) of every root dataset
+# name -> (long_name, description) of every root dataset; its dimensions are ODE_LAYOUT's
 _ROOT_VARIABLES = {
-    "t": (("sample", "time"), "time", "output times of each sample (row = sample, column = output index)"),
-    "y": (("sample", "time", "state"), "state values", "solution y[sample, time index, state] at the times t[sample, time index]"),
-    "status": (("sample",), "status", "per-sample outcome code: 0 success, nonzero failure (see flag_meanings)"),
-    "t_final": (("sample",), "final time", "time each sample's integration reached (the end time unless it failed)"),
-    "y_final": (("sample", "state"), "final state", "state of each sample at t_final"),
+    "t": ("time", "output times of each sample (row = sample, column = output index)"),
+    "y": ("state values", "solution y[sample, time index, state] at the times t[sample, time index]"),
+    "status": ("status", "per-sample outcome code: 0 success, nonzero failure (see flag_meanings)"),
+    "t_final": ("final time", "time each sample's integration reached (the end time unless it failed)"),
+    "y_final": ("final state", "state of each sample at t_final"),
 }
 
 
@@ -123,9 +124,9 @@ def _add_dimensions(h5, states: list[str]) -> None:
         h5[name].make_scale(name)
         h5[name].attrs["long_name"] = long_name
         h5[name].attrs["description"] = description
-    for name, (dims, long_name, description) in _ROOT_VARIABLES.items():
+    for name, (long_name, description) in _ROOT_VARIABLES.items():
         dataset = h5[name]
-        for axis, dim in enumerate(dims):
+        for axis, dim in enumerate(ODE_LAYOUT.datasets[name][0]):
             dataset.dims[axis].attach_scale(h5[dim])
         dataset.attrs["long_name"] = long_name
         dataset.attrs["description"] = description
