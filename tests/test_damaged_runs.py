@@ -351,6 +351,42 @@ def test_a_wrong_shape_or_dtype_is_named_with_what_was_expected(runs, tmp_path, 
     assert nothing_written(tmp_path)
 
 
+def with_attribute(run: Path, folder: Path, name: str, value: Any) -> Path:
+    """A copy of ``run`` whose root attribute ``name`` is ``value``."""
+    copy = damaged(run, folder)
+    with h5py.File(copy, "a") as h5:
+        h5.attrs[name] = value
+    return copy
+
+
+TEXT = "|O (strings), expected integers or floats"
+# kind, attribute, value, the commands that read it as a number, the message
+REATTRIBUTED = [
+    ("ode", "rtol", "tight", STATS, f"attribute 'rtol' has dtype {TEXT}"),
+    ("ode", "wall_time_s", np.ones(2), STATS, "attribute 'wall_time_s' has shape (2,), expected a scalar"),
+    ("ode-inverse", "iterations", "two", STATS, f"attribute 'iterations' has dtype {TEXT}"),
+    ("ode-inverse", "noise", np.zeros(2), STATS, "attribute 'noise' has shape (2,), expected a scalar"),
+    ("pde-inverse", "ranks", "one", STATS, f"attribute 'ranks' has dtype {TEXT}"),
+    ("pde-inverse", "model_error_final", np.ones(2), STATS, "attribute 'model_error_final' has shape (2,), expected a scalar"),
+    ("pde-inverse", "grid_spacing", "1 cm", ("plot",), f"attribute 'grid_spacing' has dtype {TEXT}"),
+    ("pde-inverse", "grid_spacing", np.ones(3), ("plot",), "attribute 'grid_spacing' has shape (3,), expected (2,)"),
+    ("pde-inverse", "decomposition", "1 x 1", STATS,
+     """attribute 'decomposition' is not a JSON object as text, expected e.g. '{"proc_grid": [1, 1]}'"""),
+]
+
+
+@pytest.mark.parametrize("kind, name, value, command, message", [
+    pytest.param(kind, name, value, command, message, id=f"{kind}-{name}-{type(value).__name__}-{command}")
+    for kind, name, value, commands, message in REATTRIBUTED for command in commands
+])
+def test_a_numeric_attribute_of_the_wrong_type_or_shape_is_named(runs, tmp_path, kind, name, value, command, message):
+    """rtol or ranks as text, or an array of them, gave 'internal error' from float() or int()."""
+    run = with_attribute(runs[kind], tmp_path, name, value)
+    result = runner.invoke(app, args_for(command, run, tmp_path))
+    assert_one_line_error(result, f"error: {run}: {message}")
+    assert nothing_written(tmp_path)
+
+
 @pytest.mark.parametrize("command", ("stats", "stats --json", "plot"))
 def test_datasets_a_command_does_not_read_may_be_damaged(runs, tmp_path, command):
     """stats reads four of the counters in 'stats' and plot none: another one of any type does not stop them."""
@@ -378,10 +414,10 @@ def test_real_runs_match_every_entry_of_their_layout(runs, kind, unwritten):
     """What the writers write is what the readers check for (so neither can drift from the other)."""
     from odecli.io.layout import layout_of, require
 
-    entries = [path.removesuffix("*") for path in layout_of(kind).datasets]
+    entries = [path.removesuffix("*") for path in layout_of(kind).arrays]
     with h5py.File(runs[kind]) as h5:
         require(h5, optional=entries)
-        assert {entry for entry in entries if entry.rstrip("/") not in h5} == unwritten
+        assert {entry for entry in entries if entry.rstrip("/") not in h5 and entry[1:] not in h5.attrs} == unwritten
 
 
 @pytest.mark.parametrize("kind", KINDS)

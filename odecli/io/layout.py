@@ -34,38 +34,40 @@ DTYPE_NAMES = {"O": "objects", "b": "booleans", "c": "complex numbers", "V": "re
 Axis = Union[str, int]
 """One axis of a dataset: a dimension name, whose size must agree wherever it appears, or a fixed size.
 A ``*`` in a name stands for the dataset's own name (``fit/*`` has one dimension per unknown)."""
+SCALAR: tuple[tuple[Axis, ...], ...] = ((),)  # a single number
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The numeric datasets of one kind of run file, as readers may find them.
+    """The numeric datasets and root attributes of one kind of run file, as readers may find them.
 
-    ``datasets`` maps a path (``group/*``: each dataset in the group) to the axes it may have: the
-    writer's first, then any other layouts the readers accept. Datasets are checked in this order,
-    so put the strict ones first: the sizes they fix are what later ones must agree with, and what
-    the message quotes. ``nonempty`` names the dimensions readers need at least one entry of.
+    ``arrays`` maps a dataset's path (``group/*``: each dataset in the group) or a root attribute's
+    name as ``@name`` to the axes it may have: the writer's first, then any other layouts the
+    readers accept. They are checked in this order, so put the strict ones first: the sizes they
+    fix are what later ones must agree with, and what the message quotes. ``nonempty`` names the
+    dimensions readers need at least one entry of. Attributes read as text are not listed.
     """
 
-    datasets: Mapping[str, tuple[tuple[Axis, ...], ...]]
+    arrays: Mapping[str, tuple[tuple[Axis, ...], ...]]
     nonempty: frozenset[str] = frozenset()
 
     def entry(self, path: str) -> str:
         """The entry that covers ``path``: its own, or its group's ``group/*``."""
-        if path in self.datasets:
+        if path in self.arrays:
             return path
         group = f"{path.rpartition('/')[0]}/*"
-        if group in self.datasets:
+        if group in self.arrays:
             return group
         raise KeyError(f"{path!r} is not in the layout: a reader reads what the layout beside the writer lacks")
 
     def order(self, path: str) -> int:
         """Where ``path`` comes in the checking order."""
-        return list(self.datasets).index(self.entry(path))
+        return list(self.arrays).index(self.entry(path))
 
     def axes(self, path: str) -> tuple[tuple[Axis, ...], ...]:
         """The layouts ``path`` may have, a ``*`` in a dimension replaced by the dataset's name."""
         name = path.rpartition("/")[2]
-        return tuple(tuple(_named(axis, name) for axis in axes) for axes in self.datasets[self.entry(path)])
+        return tuple(tuple(_named(axis, name) for axis in axes) for axes in self.arrays[self.entry(path)])
 
     def nonempty_in(self, path: str) -> set[str]:
         """The dimensions of ``path`` that must not be empty, a ``*`` replaced by the dataset's name."""
@@ -131,8 +133,10 @@ def require(h5: h5py.File, *paths: str, optional: Sequence[str] = (), attrs: tup
 
     ``paths`` are datasets, or groups when they end in ``/`` (then every dataset in them is checked);
     a missing group is named once, not once per dataset inside it; every missing piece is named at
-    once. Readers call this with all they read before reading, so the file's damage is reported as
-    such instead of surfacing as a ``KeyError`` from h5py or a ``ValueError`` from numpy.
+    once. ``optional`` may name root attributes as ``@name``; of ``attrs``, those the layout lists
+    (the numeric ones) are checked. Readers call this with all they read before reading, so the
+    file's damage is reported as such instead of surfacing as a ``KeyError`` from h5py or a
+    ``ValueError`` from numpy.
     """
     missing: list[str] = []
     wrong: list[str] = []
@@ -159,7 +163,7 @@ def require(h5: h5py.File, *paths: str, optional: Sequence[str] = (), attrs: tup
     problems += wrong
     if problems:
         raise _incomplete(h5, problems)
-    _check_layout(h5, [*paths, *optional])
+    _check_layout(h5, [*paths, *optional], attrs)
 
 
 def _not_a(path: str, group: bool) -> str:
@@ -171,20 +175,32 @@ def _incomplete(h5: h5py.File, problems: list[str]) -> InputError:
                       f"(written by another program, or damaged)")
 
 
-def _check_layout(h5: h5py.File, paths: Sequence[str]) -> None:
-    """Check the datasets ``paths`` name, in the Layout's order, each against the sizes the earlier ones fixed."""
+def _check_layout(h5: h5py.File, paths: Sequence[str], attrs: Sequence[str]) -> None:
+    """Check what ``paths`` and ``attrs`` name, in the Layout's order, each against the sizes the earlier ones fixed."""
     layout = layout_of(run_kind(h5))
+    numeric = [f"@{name}" for name in attrs if f"@{name}" in layout.arrays]
     sizes: dict[str, tuple[int, str]] = {}  # dimension -> (size, the dataset that fixed it)
-    for path in sorted(_datasets(h5, paths), key=layout.order):
-        problem = _check_dataset(h5[path], layout.axes(path), sizes, layout.nonempty_in(path))
+    for path in sorted(_present(h5, [*paths, *numeric]), key=layout.order):
+        what, array = _described(h5, path)
+        problem = _check_array(path, array, layout.axes(path), sizes, layout.nonempty_in(path))
         if problem:
-            raise InputError(f"{h5.filename}: dataset {path!r} {problem}")
+            raise InputError(f"{h5.filename}: {what} {problem}")
 
 
-def _datasets(h5: h5py.File, paths: Sequence[str]) -> list[str]:
-    """The datasets present that ``paths`` name (a group: its members), once each, in the order named."""
+def _described(h5: h5py.File, path: str) -> tuple[str, Union[h5py.Dataset, h5py.h5a.AttrID]]:
+    """("dataset 'y'", the dataset) or, for '@name', ("attribute 'name'", its id): dtype and shape, no data read."""
+    if path.startswith("@"):
+        return f"attribute {path[1:]!r}", h5.attrs.get_id(path[1:])
+    return f"dataset {path!r}", h5[path]
+
+
+def _present(h5: h5py.File, paths: Sequence[str]) -> list[str]:
+    """The datasets and attributes present that ``paths`` name (a group: its members), once each, in the order named."""
     found: list[str] = []
     for path in paths:
+        if path.startswith("@"):
+            found += [path] if path[1:] in h5.attrs else []
+            continue
         node = h5.get(path.rstrip("/"))
         if node is None:
             continue
@@ -198,17 +214,17 @@ def _datasets(h5: h5py.File, paths: Sequence[str]) -> list[str]:
     return found
 
 
-def _check_dataset(dataset: h5py.Dataset, layouts: tuple[tuple[Axis, ...], ...],
-                   sizes: dict[str, tuple[int, str]], nonempty: set[str]) -> Optional[str]:
-    """What is wrong with ``dataset`` (None: nothing); the sizes it fixes are added to ``sizes``."""
-    if dataset.dtype.kind not in NUMERIC_KINDS:
-        return f"has dtype {_dtype_text(dataset.dtype)}, expected integers or floats"
+def _check_array(path: str, array: Union[h5py.Dataset, h5py.h5a.AttrID], layouts: tuple[tuple[Axis, ...], ...],
+                 sizes: dict[str, tuple[int, str]], nonempty: set[str]) -> Optional[str]:
+    """What is wrong with the dataset or attribute ``array`` (None: nothing); the sizes it fixes go into ``sizes``."""
+    if array.dtype.kind not in NUMERIC_KINDS:
+        return f"has dtype {_dtype_text(array.dtype)}, expected integers or floats"
     for axes in layouts:
-        fixed = _fit(axes, dataset.shape, sizes, nonempty)
+        fixed = _fit(axes, array.shape, sizes, nonempty)
         if fixed is not None:
-            sizes.update((dim, (size, dataset.name.lstrip("/"))) for dim, size in fixed.items())
+            sizes.update((dim, (size, path)) for dim, size in fixed.items())
             return None
-    found = f"shape {dataset.shape}" if dataset.shape is not None else "no shape (an empty HDF5 dataspace)"
+    found = f"shape {array.shape}" if array.shape is not None else "no shape (an empty HDF5 dataspace)"
     expected = " or ".join(_axes_text(axes) for axes in layouts)
     return f"has {found}, expected {expected}{_conditions(layouts, sizes, nonempty)}"
 
@@ -235,7 +251,8 @@ def _fit(axes: tuple[Axis, ...], shape: Optional[tuple[int, ...]], sizes: Mappin
 
 
 def _axes_text(axes: tuple[Axis, ...]) -> str:
-    return f"({', '.join(map(str, axes))}{',' if len(axes) == 1 else ''})"
+    """'(sample, time)', '(sample,)' like the shapes they are compared with; () as 'a scalar'."""
+    return f"({', '.join(map(str, axes))}{',' if len(axes) == 1 else ''})" if axes else "a scalar"
 
 
 def _conditions(layouts: tuple[tuple[Axis, ...], ...], sizes: Mapping[str, tuple[int, str]], nonempty: set[str]) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
-from odecli.io.layout import Layout
+from odecli.io.layout import SCALAR, Layout
 from odecli.ode.status import STATUS_NAMES
 from odecli.spec import OdeSpec
 
@@ -76,7 +76,7 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution,
 PER_SAMPLE = (("sample",),)
 # t and y as written, or (files of other programs) of one sample without the sample axis: as_batched
 TRAJECTORIES = {"t": (("sample", "time"), ("time",)), "y": (("sample", "time", "state"), ("time", "state"), ("time",))}
-#: The datasets of an ODE run as readers may find them; the writer's layouts come first.
+#: The datasets and numeric attributes of an ODE run as readers may find them; the writer's layouts come first.
 ODE_LAYOUT = Layout({
     "status": PER_SAMPLE,
     **TRAJECTORIES,
@@ -87,6 +87,7 @@ ODE_LAYOUT = Layout({
     # a distributed solve's accounting: odecli.io.ode_stream.write_ranks
     "ranks/busy_s": (("rank",),), "ranks/idle_s": (("rank",),), "ranks/samples": (("rank",),),
     "ranks/chunk_start": (("chunk",),), "ranks/chunk_stop": (("chunk",),), "ranks/chunk_rank": (("chunk",),),
+    "@rtol": SCALAR, "@atol": SCALAR, "@wall_time_s": SCALAR,
 })
 #: The same for an ode-inverse run: trajectories and counters as above, one history entry per iteration
 #: (the first is the initial guess's), fit/init/truth of each unknown alike (params/: other programs' name for fit/).
@@ -96,6 +97,7 @@ ODE_INVERSE_LAYOUT = Layout({
     **TRAJECTORIES,
     "history/*": (("iteration",),),
     **{f"{group}/*": (("unknown *",),) for group in ("fit", "init", "truth", "params")},
+    "@iterations": SCALAR, "@ranks": SCALAR, "@noise": SCALAR, "@wall_time_s": SCALAR,
 }, nonempty=frozenset({"sample", "iteration", "unknown *"}))
 
 # name -> (long_name, description) of every root dataset; its dimensions are ODE_LAYOUT's
@@ -126,7 +128,7 @@ def _add_dimensions(h5, states: list[str]) -> None:
         h5[name].attrs["description"] = description
     for name, (long_name, description) in _ROOT_VARIABLES.items():
         dataset = h5[name]
-        for axis, dim in enumerate(ODE_LAYOUT.datasets[name][0]):
+        for axis, dim in enumerate(ODE_LAYOUT.arrays[name][0]):
             dataset.dims[axis].attach_scale(h5[dim])
         dataset.attrs["long_name"] = long_name
         dataset.attrs["description"] = description

@@ -21,10 +21,10 @@ import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
-from odecli.io.layout import Layout
+from odecli.io.layout import SCALAR, Layout
 
 TRACES = (("shot", "receiver", "step"), ("shot", "step", "receiver"))  # readers find the time axis by data/time
-#: The datasets of a pde-inverse run as readers may find them; the writer's layouts come first.
+#: The datasets and numeric attributes of a pde-inverse run as readers may find them; the writer's layouts come first.
 PDE_INVERSE_LAYOUT = Layout({
     "history/*": (("iteration",),),
     "timing/*": (("rank",),),
@@ -34,6 +34,7 @@ PDE_INVERSE_LAYOUT = Layout({
     "data/predicted": TRACES,
     "geometry/receivers": (("receiver", 2),),
     "geometry/sources": (("source", 3),),
+    "@ranks": SCALAR, "@model_error_final": SCALAR, "@grid_spacing": ((2,),),
 })
 
 

@@ -353,7 +353,8 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
 
 def _plot_pde_inverse(h5, request: PlotRequest, plt):
     # the other panels say on the picture what the run lacks
-    require(h5, "history/loss", optional=("fields/", "data/time", "data/observed", "data/predicted", "geometry/"))
+    require(h5, "history/loss",
+            optional=("fields/", "data/time", "data/observed", "data/predicted", "geometry/", "@grid_spacing"))
     fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
     names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
