@@ -178,6 +178,8 @@ def _incomplete(h5: h5py.File, problems: list[str]) -> InputError:
 def _check_layout(h5: h5py.File, paths: Sequence[str], attrs: Sequence[str]) -> None:
     """Check what ``paths`` and ``attrs`` name, in the Layout's order, each against the sizes the earlier ones fixed."""
     layout = layout_of(run_kind(h5))
+    for group in (path for path in paths if path.endswith("/")):
+        layout.entry(f"{group}*")  # a group is read whole: the layout must cover any member, in any file
     numeric = [f"@{name}" for name in attrs if f"@{name}" in layout.arrays]
     sizes: dict[str, tuple[int, str]] = {}  # dimension -> (size, the dataset that fixed it)
     for path in sorted(_present(h5, [*paths, *numeric]), key=layout.order):
