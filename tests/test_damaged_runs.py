@@ -394,13 +394,23 @@ def test_datasets_a_command_does_not_read_may_be_damaged(runs, tmp_path, command
     assert runner.invoke(app, args_for(command, run, tmp_path)).exit_code == 0
 
 
-def test_a_dataset_where_an_optional_group_belongs_is_named(runs, tmp_path):
-    """plot reads the parameters, when present, for its legend."""
-    run = damaged(runs["ode"], tmp_path, "params")
+@pytest.mark.parametrize("kind, path, node, command", [
+    ("ode", "params", "dataset", "plot"),  # read, when present, for the legend
+    ("ode", "params/mu", "group", "export"),
+    ("pde-inverse", "fields/final", "group", "stats"),  # stats reports the shapes of these two
+    ("pde-inverse", "data/observed", "group", "stats --json"),
+])
+def test_a_group_and_a_dataset_swapped_are_named(runs, tmp_path, kind, path, node, command):
+    """Optional pieces too: a group where stats read a dataset's shape gave 'internal error: AttributeError'."""
+    run = damaged(runs[kind], tmp_path, path)
     with h5py.File(run, "a") as h5:
-        h5["params"] = np.zeros(3)
-    result = runner.invoke(app, args_for("plot", run, tmp_path))
-    assert_one_line_error(result, f"{run}: not a complete odecli run file: 'params' is not a group")
+        if node == "dataset":
+            h5[path] = np.zeros(3)
+        else:
+            h5.create_group(path)["x"] = np.zeros(3)
+    result = runner.invoke(app, args_for(command, run, tmp_path))
+    wanted = "group" if node == "dataset" else "dataset"
+    assert_one_line_error(result, f"{run}: not a complete odecli run file: {path!r} is not a {wanted}")
     assert nothing_written(tmp_path)
 
 

@@ -19,8 +19,9 @@ def _f(x) -> float | None:
 
 def pde_summary(h5: h5py.File) -> dict:
     """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
+    # of fields/final and data/observed only the shapes are reported, but those must be datasets'
     require(h5, "history/loss", "history/grad_norm", "history/wall_time_s",
-            optional=("history/model_error", "@ranks", "@model_error_final"))
+            optional=("history/model_error", "@ranks", "@model_error_final", "fields/final", "data/observed"))
     hist = h5["history"]
     loss = np.asarray(hist["loss"][...], dtype=float)
     gn = np.asarray(hist["grad_norm"][...], dtype=float)
