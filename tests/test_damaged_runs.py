@@ -294,7 +294,8 @@ RESHAPED = [
     ("ode", "t_final", one_fewer, ("export",),
      "dataset 't_final' has shape (2,), expected (sample,) with sample = 3 (from 'status')"),
     ("ode", "y_final", first_column, ("export",),
-     "dataset 'y_final' has shape (3,), expected (sample, state) with sample = 3 (from 'status'), state = 2 (from 'y')"),
+     "dataset 'y_final' has shape (3,), expected (sample, state) with sample = 3 (from 'status'), "
+     "state = 2 (from 'y')"),
     ("ode", "params/mu", text, ("plot", "export"), f"dataset 'params/mu' has dtype |S3 {NUMBERS}"),
     ("ode", "params/mu", one_fewer, ("plot", "export"),
      "dataset 'params/mu' has shape (2,), expected (sample,) with sample = 3 (from 'status')"),
@@ -303,7 +304,8 @@ RESHAPED = [
     ("ode-inverse", "stats/n_steps", one_more, STATS,
      "dataset 'stats/n_steps' has shape (3,), expected (sample,) with sample = 2 (from 'status')"),
     ("ode-inverse", "t", text, ("plot", "export"), f"dataset 't' has dtype |S3 {NUMBERS}"),
-    ("ode-inverse", "y", extra_axis, ("plot", "export"), f"dataset 'y' has shape (2, 5, 1, 1), {TRAJECTORY} sample = 2"),
+    ("ode-inverse", "y", extra_axis, ("plot", "export"),
+     f"dataset 'y' has shape (2, 5, 1, 1), {TRAJECTORY} sample = 2"),
     ("ode-inverse", "history/loss", empty, COMMANDS,
      "dataset 'history/loss' has shape (0,), expected (iteration,) with iteration >= 1"),
     ("ode-inverse", "history/loss", extra_axis, COMMANDS,
@@ -334,7 +336,8 @@ RESHAPED = [
     ("pde-inverse", "data/time", one_fewer, ("plot", "export"),
      f"dataset 'data/observed' has shape (1, 3, 20), {TRACES} step = 19 (from 'data/time')"),
     ("pde-inverse", "geometry/receivers", extra_axis, ("plot",),
-     "dataset 'geometry/receivers' has shape (3, 2, 1), expected (receiver, 2) with receiver = 3 (from 'data/observed')"),
+     "dataset 'geometry/receivers' has shape (3, 2, 1), expected (receiver, 2) "
+     "with receiver = 3 (from 'data/observed')"),
     ("pde-inverse", "geometry/sources", text, ("plot",), f"dataset 'geometry/sources' has dtype |S3 {NUMBERS}"),
 ]
 
@@ -367,7 +370,8 @@ REATTRIBUTED = [
     ("ode-inverse", "iterations", "two", STATS, f"attribute 'iterations' has dtype {TEXT}"),
     ("ode-inverse", "noise", np.zeros(2), STATS, "attribute 'noise' has shape (2,), expected a scalar"),
     ("pde-inverse", "ranks", "one", STATS, f"attribute 'ranks' has dtype {TEXT}"),
-    ("pde-inverse", "model_error_final", np.ones(2), STATS, "attribute 'model_error_final' has shape (2,), expected a scalar"),
+    ("pde-inverse", "model_error_final", np.ones(2), STATS,
+     "attribute 'model_error_final' has shape (2,), expected a scalar"),
     ("pde-inverse", "grid_spacing", "1 cm", ("plot",), f"attribute 'grid_spacing' has dtype {TEXT}"),
     ("pde-inverse", "grid_spacing", np.ones(3), ("plot",), "attribute 'grid_spacing' has shape (3,), expected (2,)"),
     ("pde-inverse", "decomposition", "1 x 1", STATS,

@@ -258,7 +258,7 @@ def _axes_text(axes: tuple[Axis, ...]) -> str:
 
 
 def _conditions(layouts: tuple[tuple[Axis, ...], ...], sizes: Mapping[str, tuple[int, str]], nonempty: set[str]) -> str:
-    """' with sample = 3 (from 'status'), ...': the sizes other datasets fixed, and the dimensions that must not be empty."""
+    """' with sample = 3 (from 'status'), ...': sizes other datasets fixed, dimensions that must not be empty."""
     dims = dict.fromkeys(axis for axes in layouts for axis in axes if isinstance(axis, str))
     by_source: dict[str, list[str]] = {}
     for dim in dims:
