@@ -430,7 +430,10 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
 
 
 def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult, replace: bool = True) -> None:
-    """The ``kind: ode-inverse`` run file, written atomically (``replace``: see atomic_path)."""
+    """The ``kind: ode-inverse`` run file, written atomically (``replace``: see atomic_path).
+
+    Readers check its datasets against :data:`odecli.io.ode_run.ODE_INVERSE_LAYOUT`: change that with this.
+    """
     with atomic_h5(path, replace) as h5:
         a = h5.attrs
         a["kind"] = "ode-inverse"

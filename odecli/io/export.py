@@ -42,8 +42,11 @@ OUTPUTS = {
     "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
     "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
 }
-# what each kind's export cannot do without (everything else is written when present)
+# what each kind's export cannot do without, and what else it reads when present
 REQUIRED = {"ode": ("t", "y", "status"), "pde-inverse": ("history/loss",), "ode-inverse": ("history/loss",)}
+OPTIONAL = {"ode": ("stats/", "t_final", "y_final", "params/"),
+            "pde-inverse": ("history/", "data/time", "data/observed", "data/predicted", "fields/"),
+            "ode-inverse": ("history/", "t", "y", "fit/", "params/")}
 
 
 def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
@@ -55,7 +58,7 @@ def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
     folder = Path(folder)
     with open_run(run) as h5:  # open (and validate) the input before touching the output folder
         kind = run_kind(h5)
-        require(h5, *REQUIRED[kind])
+        require(h5, *REQUIRED[kind], optional=OPTIONAL[kind])
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--csv: {folder} exists and is not a folder")
         existing = [name for name in OUTPUTS[kind] if (folder / name).exists()]
@@ -174,51 +177,29 @@ def _trajectories(h5, folder: Path) -> Path:
 def _samples(h5, folder: Path) -> Path:
     from odecli.ode.status import STATUS_NAMES
 
-    status = np.asarray(h5["status"][...]).astype(int).reshape(-1)
-    n = status.size
-    columns: list[tuple[str, np.ndarray]] = [("sample", np.arange(n)), ("status", status),
+    status = h5["status"][...].astype(int)  # like every per-sample dataset: (sample,) or (sample, state)
+    columns: list[tuple[str, np.ndarray]] = [("sample", np.arange(status.size)), ("status", status),
                                              ("status_name", np.array([STATUS_NAMES.get(c, str(c)) for c in status]))]
     if "stats" in h5:
-        for name in h5["stats"]:
-            columns += _per_sample_columns(name, h5["stats"][name][...], n)
+        columns += [(name, h5["stats"][name][...]) for name in h5["stats"]]
     if "t_final" in h5:
-        columns.append(("t_final", np.asarray(h5["t_final"][...]).reshape(-1)))
+        columns.append(("t_final", h5["t_final"][...]))
     if "y_final" in h5:
-        y_final = np.asarray(h5["y_final"][...]).reshape(n, -1)
+        y_final = h5["y_final"][...]
         for s, name in enumerate(_names(h5, y_final.shape[1])):
             columns.append((f"final_{name}", y_final[:, s]))
     if "params" in h5:
-        for name in h5["params"]:
-            columns += _per_sample_columns(name, h5["params"][name][...], n)
+        columns += [(name, h5["params"][name][...]) for name in h5["params"]]
     header = _unique([c for c, _ in columns], (), "param_")
     values = [c.tolist() for _, c in columns]
     return write_csv(folder / "samples.csv", header, zip(*values))
 
 
-def _per_sample_columns(name: str, values: np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
-    """A dataset as columns of length n: (n,) as is, () or a shared vector repeated, (n, k...) split."""
-    values = np.asarray(values)
-    if values.ndim == 0:
-        return [(name, np.full(n, values[()]))]
-    if values.shape[0] == n and (values.ndim > 1 or n > 1):
-        flat = values.reshape(n, -1)
-        if flat.shape[1] == 1:
-            return [(name, flat[:, 0])]
-        return [(f"{name}[{j}]", flat[:, j]) for j in range(flat.shape[1])]
-    flat = values.reshape(-1)
-    if flat.size == 1:
-        return [(name, np.full(n, flat[0]))]
-    return [(f"{name}[{j}]", np.full(n, flat[j])) for j in range(flat.size)]
-
-
 def _history(h5, folder: Path) -> Path:
-    history = h5["history"] if "history" in h5 else {}
+    history = h5["history"]  # holds loss (required), and every series has one entry per iteration
     names = [n for n in HISTORY_FIRST if n in history] + sorted(n for n in history if n not in HISTORY_FIRST)
-    series = {n: np.asarray(history[n][...], dtype=float).reshape(-1) for n in names}
-    n_iter = max((v.size for v in series.values()), default=0)
-    names = [n for n in names if series[n].size == n_iter]  # per-iteration series only
-    values = [series[n].tolist() for n in names]
-    return write_csv(folder / "history.csv", ["iteration", *names], zip(range(n_iter), *values))
+    values = [np.asarray(history[n][...], dtype=float).tolist() for n in names]
+    return write_csv(folder / "history.csv", ["iteration", *names], zip(range(len(values[0])), *values))
 
 
 def _pde_extras(h5, folder: Path) -> list[Path]:
@@ -226,13 +207,13 @@ def _pde_extras(h5, folder: Path) -> list[Path]:
     if "data/observed" in h5 and "data/predicted" in h5:
         observed = np.asarray(h5["data/observed"][...], dtype=float)
         predicted = np.asarray(h5["data/predicted"][...], dtype=float)
-        if observed.ndim == 3 and observed.shape == predicted.shape:
-            time = np.asarray(h5["data/time"][...]).reshape(-1) if "data/time" in h5 else None
+        if observed.shape == predicted.shape:
+            time = h5["data/time"][...] if "data/time" in h5 else None
             # the writer's contract is (shots, receivers, steps); accept (shots, steps, receivers) too
             if time is not None and observed.shape[2] != time.size and observed.shape[1] == time.size:
                 observed, predicted = observed.transpose(0, 2, 1), predicted.transpose(0, 2, 1)
             shots, receivers, steps = observed.shape
-            time = time.tolist() if time is not None and time.size == steps else list(range(steps))
+            time = time.tolist() if time is not None else list(range(steps))
 
             def rows():
                 for s in range(shots):
@@ -246,8 +227,7 @@ def _pde_extras(h5, folder: Path) -> list[Path]:
     if "fields" in h5:
         for name in ("true", "initial", "final"):
             if name in h5["fields"]:
-                grid = np.atleast_2d(np.asarray(h5["fields"][name][...], dtype=float))
-                grid = grid.reshape(-1, grid.shape[-1])
+                grid = np.asarray(h5["fields"][name][...], dtype=float)
                 header = [f"x{j}" for j in range(grid.shape[1])]
                 written.append(write_csv(folder / f"field_{name}.csv", header, grid.tolist()))
     return written
@@ -258,6 +238,5 @@ def _params(h5, folder: Path) -> Path:
     group = h5["fit"] if "fit" in h5 else h5["params"]
     rows = []
     for name in group:
-        values = np.asarray(group[name][...]).reshape(-1)
-        rows += [[name, j, v] for j, v in enumerate(values.tolist())]
+        rows += [[name, j, v] for j, v in enumerate(group[name][...].tolist())]  # one value per entry: (unknown,)
     return write_csv(folder / "params.csv", ["name", "index", "value"], rows)

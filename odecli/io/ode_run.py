@@ -10,6 +10,12 @@ The root group is also a netCDF-4 style dataset: HDF5 dimension scales ``sample`
 ``state`` (the state names, UTF-8 strings) are attached to every root dataset, and every dataset
 has ``long_name`` and ``description`` attributes, so ``xarray.open_dataset(path,
 engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel(state="x")``.
+
+:data:`ODE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``), in the same
+dimension names; the dimension scales are attached from it, so the dimensions written and those
+checked are one table. :data:`ODE_INVERSE_LAYOUT` does the same for ``train-inverse``'s
+ode-inverse files (written by :func:`odecli.inverse_ode.write_fit`, which imports torch, hence
+kept here).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
+from odecli.io.layout import SCALAR, Layout
 from odecli.ode.status import STATUS_NAMES
 from odecli.spec import OdeSpec
 
@@ -66,13 +73,40 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution,
             params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
 
 
-# name -> (dimensions, long_name, description) of every root dataset
+PER_SAMPLE = (("sample",),)
+# t and y as written, or (files of other programs) of one sample without the sample axis: as_batched
+TRAJECTORIES = {"t": (("sample", "time"), ("time",)), "y": (("sample", "time", "state"), ("time", "state"), ("time",))}
+#: The datasets and numeric attributes of an ODE run as readers may find them; the writer's layouts come first.
+ODE_LAYOUT = Layout({
+    "status": PER_SAMPLE,
+    **TRAJECTORIES,
+    "t_final": PER_SAMPLE,
+    "y_final": (("sample", "state"),),
+    "stats/*": PER_SAMPLE,
+    "params/*": PER_SAMPLE,
+    # a distributed solve's accounting: odecli.io.ode_stream.write_ranks
+    "ranks/busy_s": (("rank",),), "ranks/idle_s": (("rank",),), "ranks/samples": (("rank",),),
+    "ranks/chunk_start": (("chunk",),), "ranks/chunk_stop": (("chunk",),), "ranks/chunk_rank": (("chunk",),),
+    "@rtol": SCALAR, "@atol": SCALAR, "@wall_time_s": SCALAR,
+})
+#: The same for an ode-inverse run: trajectories and counters as above, one history entry per iteration
+#: (the first is the initial guess's), fit/init/truth of each unknown alike (params/: other programs' name for fit/).
+ODE_INVERSE_LAYOUT = Layout({
+    "status": PER_SAMPLE,
+    "stats/*": PER_SAMPLE,
+    **TRAJECTORIES,
+    "history/*": (("iteration",),),
+    **{f"{group}/*": (("unknown *",),) for group in ("fit", "init", "truth", "params")},
+    "@iterations": SCALAR, "@ranks": SCALAR, "@noise": SCALAR, "@wall_time_s": SCALAR,
+}, nonempty=frozenset({"sample", "iteration", "unknown *"}))
+
+# name -> (long_name, description) of every root dataset; its dimensions are ODE_LAYOUT's
 _ROOT_VARIABLES = {
-    "t": (("sample", "time"), "time", "output times of each sample (row = sample, column = output index)"),
-    "y": (("sample", "time", "state"), "state values", "solution y[sample, time index, state] at the times t[sample, time index]"),
-    "status": (("sample",), "status", "per-sample outcome code: 0 success, nonzero failure (see flag_meanings)"),
-    "t_final": (("sample",), "final time", "time each sample's integration reached (the end time unless it failed)"),
-    "y_final": (("sample", "state"), "final state", "state of each sample at t_final"),
+    "t": ("time", "output times of each sample (row = sample, column = output index)"),
+    "y": ("state values", "solution y[sample, time index, state] at the times t[sample, time index]"),
+    "status": ("status", "per-sample outcome code: 0 success, nonzero failure (see flag_meanings)"),
+    "t_final": ("final time", "time each sample's integration reached (the end time unless it failed)"),
+    "y_final": ("final state", "state of each sample at t_final"),
 }
 
 
@@ -92,9 +126,9 @@ def _add_dimensions(h5, states: list[str]) -> None:
         h5[name].make_scale(name)
         h5[name].attrs["long_name"] = long_name
         h5[name].attrs["description"] = description
-    for name, (dims, long_name, description) in _ROOT_VARIABLES.items():
+    for name, (long_name, description) in _ROOT_VARIABLES.items():
         dataset = h5[name]
-        for axis, dim in enumerate(dims):
+        for axis, dim in enumerate(ODE_LAYOUT.arrays[name][0]):
             dataset.dims[axis].attach_scale(h5[dim])
         dataset.attrs["long_name"] = long_name
         dataset.attrs["description"] = description

@@ -7,6 +7,9 @@ Contract (other tools rely on these names): datasets ``history/loss``, ``history
 ``decomposition``, ``odecli_version``.  Also ``engine`` (what ran the time loop), ``history/misfit``, ``history/regularization``,
 ``history/model_error``, ``timing/{total_s,comm_s,compute_s}`` (one entry per rank),
 ``geometry/{sources,receivers}`` (node indices), ``data/time``, ``unknown/*``.
+
+:data:`PDE_INVERSE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``):
+change it with the writer.
 """
 
 from __future__ import annotations
@@ -18,6 +21,21 @@ import numpy as np
 
 from odecli import __version__
 from odecli.io.atomic import atomic_h5
+from odecli.io.layout import SCALAR, Layout
+
+TRACES = (("shot", "receiver", "step"), ("shot", "step", "receiver"))  # readers find the time axis by data/time
+#: The datasets and numeric attributes of a pde-inverse run as readers may find them; the writer's layouts come first.
+PDE_INVERSE_LAYOUT = Layout({
+    "history/*": (("iteration",),),
+    "timing/*": (("rank",),),
+    "fields/*": (("y", "x"),),
+    "data/time": (("step",),),
+    "data/observed": TRACES,
+    "data/predicted": TRACES,
+    "geometry/receivers": (("receiver", 2),),
+    "geometry/sources": (("source", 3),),
+    "@ranks": SCALAR, "@model_error_final": SCALAR, "@grid_spacing": ((2,),),
+})
 
 
 def write_result(path: Path, r: dict, replace: bool = True) -> None:

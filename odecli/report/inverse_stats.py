@@ -19,7 +19,8 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 
 
 def inverse_summary(h5: h5py.File) -> dict[str, Any]:
-    require(h5, "history/loss", "history/grad_norm", "status", "fit/", "stats/")
+    require(h5, "history/loss", "history/grad_norm", "status", "fit/", "stats/",
+            optional=("history/n_evals", "init/", "truth/", "@iterations", "@ranks", "@noise", "@wall_time_s"))
     a = h5.attrs
     loss = h5["history/loss"][...]
     grad = h5["history/grad_norm"][...]

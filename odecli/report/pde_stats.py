@@ -8,6 +8,7 @@ import math
 import h5py
 import numpy as np
 
+from odecli.errors import InputError
 from odecli.io.layout import require
 
 
@@ -18,7 +19,9 @@ def _f(x) -> float | None:
 
 def pde_summary(h5: h5py.File) -> dict:
     """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
-    require(h5, "history/loss", "history/grad_norm", "history/wall_time_s")
+    # of fields/final and data/observed only the shapes are reported, but those must be datasets'
+    require(h5, "history/loss", "history/grad_norm", "history/wall_time_s",
+            optional=("history/model_error", "@ranks", "@model_error_final", "fields/final", "data/observed"))
     hist = h5["history"]
     loss = np.asarray(hist["loss"][...], dtype=float)
     gn = np.asarray(hist["grad_norm"][...], dtype=float)
@@ -42,7 +45,7 @@ def pde_summary(h5: h5py.File) -> dict:
         "grad_norm": {"first": _f(gn[0]) if gn.size else None, "last": _f(gn[-1]) if gn.size else None},
         "wall_time_s": {"total": _f(wall.sum()), "per_iteration_mean": _f(wall.mean()) if wall.size else None},
         "ranks": int(h5.attrs.get("ranks", 1)),
-        "decomposition": json.loads(h5.attrs.get("decomposition", "{}")),
+        "decomposition": _decomposition(h5),
     }
     fields = h5.get("fields")
     if fields is not None and "final" in fields:
@@ -72,6 +75,18 @@ def pde_summary(h5: h5py.File) -> dict:
     if "data" in h5 and "observed" in h5["data"]:
         out["data_shape"] = list(h5["data/observed"].shape)
     return out
+
+
+def _decomposition(h5: h5py.File) -> dict:
+    """The ``decomposition`` attribute: JSON text of an object, which another program may not have written."""
+    try:
+        value = json.loads(h5.attrs.get("decomposition", "{}"))
+    except (TypeError, ValueError):  # not text, or not JSON
+        value = None
+    if not isinstance(value, dict):
+        raise InputError(f"{h5.filename}: attribute 'decomposition' is not a JSON object as text, "
+                         f"expected e.g. '{{\"proc_grid\": [1, 1]}}'")
+    return value
 
 
 def _fmt(v) -> str:

@@ -246,7 +246,7 @@ def _legend(ax, n_entries: int) -> None:
 
 
 def _plot_ode(h5, request: PlotRequest, plt):
-    require(h5, "t", "y")
+    require(h5, "t", "y", optional=("status", "params/"))
     t, y = as_batched(h5["t"][...], h5["y"][...])
     status = h5["status"][...].astype(int) if "status" in h5 else None
     names = _state_names(h5, y.shape[2])
@@ -289,7 +289,7 @@ def _plot_ode(h5, request: PlotRequest, plt):
 
 
 def _draw_loss(ax, h5) -> None:
-    loss = np.asarray(h5["history/loss"][...], dtype=float).reshape(-1)
+    loss = np.asarray(h5["history/loss"][...], dtype=float)
     if loss.size == 0:
         ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -306,7 +306,7 @@ def _draw_loss(ax, h5) -> None:
 
 def _time_axis(data, n_shape: tuple[int, ...]) -> tuple[int, Optional[np.ndarray]]:
     """Which axis of the (shots, ., .) trace arrays is time: the one matching data/time, else the last."""
-    time = np.asarray(data["time"][...]).reshape(-1) if "time" in data else None
+    time = data["time"][...] if "time" in data else None
     if time is not None:
         for axis in (2, 1):
             if n_shape[axis] == time.size:
@@ -320,11 +320,9 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
         return
     observed = np.asarray(h5["data/observed"][...], dtype=float)
     predicted = np.asarray(h5["data/predicted"][...], dtype=float)
-    if observed.ndim == 2:
-        observed, predicted = observed[None], predicted[None]
-    if observed.ndim != 3 or observed.shape != predicted.shape:
-        ax.text(0.5, 0.5, f"cannot draw traces of shape {observed.shape}", ha="center", va="center",
-                transform=ax.transAxes)
+    if observed.shape != predicted.shape:  # each in a layout of its own: receivers and steps swapped
+        ax.text(0.5, 0.5, f"cannot draw traces: observed {observed.shape}, predicted {predicted.shape}",
+                ha="center", va="center", transform=ax.transAxes)
         return
     n_shots = observed.shape[0]
     if not 0 <= request.shot < n_shots:
@@ -352,7 +350,9 @@ def _draw_traces(ax, h5, request: PlotRequest) -> None:
 
 
 def _plot_pde_inverse(h5, request: PlotRequest, plt):
-    require(h5, "history/loss")  # the other panels say on the picture what the run lacks
+    # the other panels say on the picture what the run lacks
+    require(h5, "history/loss", optional=("fields/", "data/time", "data/observed", "data/predicted",
+                                          "geometry/receivers", "geometry/sources", "@grid_spacing"))
     fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
     names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
@@ -361,8 +361,7 @@ def _plot_pde_inverse(h5, request: PlotRequest, plt):
     finite = [f for f in finite if f.size]
     vmin = min(float(f.min()) for f in finite) if finite else 0.0
     vmax = max(float(f.max()) for f in finite) if finite else 1.0
-    spacing = np.asarray(h5.attrs.get("grid_spacing", [1.0, 1.0]), dtype=float).reshape(-1)
-    dy, dx = (spacing[0], spacing[-1]) if spacing.size else (1.0, 1.0)
+    dy, dx = np.asarray(h5.attrs.get("grid_spacing", (1.0, 1.0)), dtype=float)
     image = None
     field_axes = []
     for column, name in enumerate(("true", "initial", "final")):
@@ -374,12 +373,6 @@ def _plot_pde_inverse(h5, request: PlotRequest, plt):
             ax.set_axis_off()
             continue
         values = fields[name]
-        if values.ndim == 1:
-            ax.plot(np.arange(values.size) * dx, values)
-            ax.set_ylim(vmin, vmax)
-            ax.set_xlabel("x")
-            continue
-        values = values.reshape(values.shape[-2], values.shape[-1]) if values.ndim > 2 else values
         ny, nx = values.shape
         image = ax.imshow(values, vmin=vmin, vmax=vmax, cmap="viridis", origin="upper", aspect="auto",
                           extent=(0.0, max(nx - 1, 1) * dx, max(ny - 1, 1) * dy, 0.0))
@@ -402,17 +395,17 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
         return
     geometry = h5["geometry"]
     if "receivers" in geometry:
-        rec = np.asarray(geometry["receivers"][...]).reshape(-1, 2)
+        rec = geometry["receivers"][...]
         ax.plot(rec[:, 1] * dx, rec[:, 0] * dy, "v", color="white", markeredgecolor="black", markersize=3,
                 linestyle="none")
     if "sources" in geometry:
-        src = np.asarray(geometry["sources"][...]).reshape(-1, 3)
+        src = geometry["sources"][...]
         src = src[src[:, 0] == shot]
         ax.plot(src[:, 2] * dx, src[:, 1] * dy, "*", color="tab:red", markersize=8, linestyle="none")
 
 
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
-    require(h5, "history/loss", "t", "y")
+    require(h5, "history/loss", "t", "y", optional=("status",))
     t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)

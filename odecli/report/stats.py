@@ -57,7 +57,7 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
     require(h5, "status", *(f"stats/{name}" for name in COUNTERS), attrs=("method", "rtol", "atol", "wall_time_s"))
     status = h5["status"][...].astype(int)
-    stats = {name: h5["stats"][name][...] for name in h5["stats"]}
+    stats = {name: h5["stats"][name][...] for name in COUNTERS}
     counts = {STATUS_NAMES.get(code, str(code)): int((status == code).sum()) for code in np.unique(status)}
     attempted = stats["n_steps"].sum()
     summary: dict[str, Any] = {
