@@ -37,6 +37,21 @@ solver:
   max_steps: 100
 """
 
+VDP_FIT_SPEC = """\
+kind: ode
+name: fit
+system:
+  states: [x, v]
+  params: {mu: 1.0}
+  equations: {x: v, v: "mu * (1 - x**2) * v - x"}
+initial: {x: [1.0, 1.5, 2.0], v: 0.0}
+time: {start: 0.0, end: 4.0, eval: 21}
+inverse:
+  unknowns: {params: {mu: {per_sample: true, init: 1.0, bounds: [0.1, 5.0]}}}
+  data: {truth: {params: {mu: [0.5, 1.5, 2.5]}}, noise: 0.01, seed: 1}
+  observed: [x]
+"""
+
 runner = CliRunner()
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -215,6 +230,32 @@ def test_pde_inverse_panels_share_one_colour_scale_and_log_loss(tmp_path):
         observed_line = next(line for line in traces_ax.get_lines() if line.get_label() == "observed")
         scale = np.abs(observed[[0, 1, 2, 4]]).max()  # 4 of 5 receivers, evenly spread
         np.testing.assert_allclose(observed_line.get_ydata(), observed[0] / scale)
+    finally:
+        plt.close(fig)
+
+
+def test_ode_inverse_plot_draws_the_fitted_data(tmp_path):
+    """train-inverse writes its data as the root dataset 'data' (sample, time, observed state) with
+    the attribute 'observed': the plot draws each observed state's data in its panel."""
+    from odecli.report.plot import PlotRequest, make_figure
+
+    spec = tmp_path / "fit.yaml"
+    spec.write_text(VDP_FIT_SPEC)
+    run = tmp_path / "fit.h5"
+    result = runner.invoke(app, ["train-inverse", str(spec), "-o", str(run), "--iterations", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    import matplotlib.pyplot as plt
+
+    with h5py.File(run) as h5:
+        t, data = h5["t"][...], h5["data"][...]
+        fig = make_figure(h5, PlotRequest(samples="1", states="x,v"))
+    try:
+        panels = {ax.get_ylabel(): ax for ax in fig.axes}
+        points = {name: [line for line in panels[name].get_lines() if line.get_label() == "observed"]
+                  for name in ("x", "v")}
+        assert len(points["x"]) == 1 and points["v"] == []  # only x is observed
+        np.testing.assert_array_equal(points["x"][0].get_xdata(), t[1])
+        np.testing.assert_array_equal(points["x"][0].get_ydata(), data[1, :, 0])
     finally:
         plt.close(fig)
 

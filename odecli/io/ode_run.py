@@ -95,6 +95,7 @@ ODE_INVERSE_LAYOUT = Layout({
     "status": PER_SAMPLE,
     "stats/*": PER_SAMPLE,
     **TRAJECTORIES,
+    "data": (("sample", "time", "observed"),),  # the fitted data at the times t, attribute 'observed' names its states
     "history/*": (("iteration",),),
     **{f"{group}/*": (("unknown *",),) for group in ("fit", "init", "truth", "params")},
     "@iterations": SCALAR, "@ranks": SCALAR, "@noise": SCALAR, "@wall_time_s": SCALAR,

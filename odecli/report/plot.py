@@ -405,7 +405,7 @@ def _draw_geometry(ax, h5, shot: int, dx: float, dy: float) -> None:
 
 
 def _plot_ode_inverse(h5, request: PlotRequest, plt):
-    require(h5, "history/loss", "t", "y", optional=("status",))
+    require(h5, "history/loss", "t", "y", optional=("status", "data"))
     t, y = as_batched(np.asarray(h5["t"][...], dtype=float), np.asarray(h5["y"][...], dtype=float))
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
@@ -418,33 +418,32 @@ def _plot_ode_inverse(h5, request: PlotRequest, plt):
     _draw_loss(axes[0, 0], h5)
     labels = [f"fit, sample {i}" for i in range(y.shape[0])]
     _draw_trajectories(axes[1:, 0], t, y, status, picked, states, names, labels, plt)
-    observed = _ode_observations(h5, y.shape)
-    if observed is not None:
-        t_obs, y_obs = observed
-        for ax, s in zip(axes[1:, 0], states):
-            for i in picked:
-                ax.plot(t_obs[i], y_obs[i, :, s], ".", color="black", markersize=3,
-                        label="observed" if i == picked[0] else None)
-        axes[1, 0].legend(fontsize="x-small")
+    observed = _ode_observations(h5, t, names)
+    marked = []  # the first observed points of each panel, for the legend
+    for ax, s in zip(axes[1:, 0], states):
+        if s in observed:
+            marked += [ax.plot(t[i], observed[s][i], ".", color="black", markersize=3, label="observed")[0]
+                       for i in picked][:1]
+    if marked and states[0] in observed:  # the first panel holds the samples' legend: add the data to it
+        _legend(axes[1, 0], len(picked) + 1)
+    elif marked:
+        marked[0].axes.legend(handles=marked[:1], fontsize="x-small", loc="best")
     fig.suptitle(f"ode-inverse {h5.attrs.get('name', '')}".strip(), fontsize="medium")
     if request.notes:
         fig.text(0.01, 0.005, "; ".join(request.notes), fontsize="x-small", color="0.35")
     return fig
 
 
-def _ode_observations(h5, shape) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """Observed data beside the fit, if the run stores it as data/observed (+ data/t) of a compatible shape."""
-    if "data/observed" not in h5:
-        return None
-    y_obs = np.asarray(h5["data/observed"][...], dtype=float)
-    t_name = next((n for n in ("data/t", "data/time", "t_obs") if n in h5), None)
-    t_obs = np.asarray(h5[t_name][...], dtype=float) if t_name else None
-    if t_obs is None:
-        return None
-    try:
-        t_obs, y_obs = as_batched(t_obs, y_obs)
-    except ValueError:
-        return None
-    if y_obs.shape[0] != shape[0] or y_obs.shape[2] != shape[2] or t_obs.shape != y_obs.shape[:2]:
-        return None
-    return t_obs, y_obs
+def _ode_observations(h5, t: np.ndarray, names: list[str]) -> dict[int, np.ndarray]:
+    """The fitted data, ``data`` (sample, time, observed state) at the fit's times ``t``, by the
+    index in ``names`` of each state the ``observed`` attribute names (empty without data)."""
+    if "data" not in h5:
+        return {}
+    observed = [s.decode() if isinstance(s, bytes) else str(s) for s in np.atleast_1d(h5.attrs.get("observed", []))]
+    data = np.asarray(h5["data"][...], dtype=float)
+    unknown = [name for name in observed if name not in names]
+    if len(observed) != data.shape[2] or unknown or data.shape[:2] != t.shape:
+        raise InputError(f"{h5.filename}: dataset 'data' has shape {data.shape}, expected (sample, time, observed) "
+                         f"with sample, time = {t.shape} (from 't') and the {len(observed)} observed states "
+                         f"attribute 'observed' names among the states")
+    return {names.index(name): data[:, :, k] for k, name in enumerate(observed)}
