@@ -363,6 +363,8 @@ def with_attribute(run: Path, folder: Path, name: str, value: Any) -> Path:
 
 
 TEXT = "|O (strings), expected integers or floats"
+DECOMPOSITION = ("attribute 'decomposition' is not a JSON object as text with a list of rank counts as 'proc_grid', "
+                 """expected e.g. '{"proc_grid": [1, 1]}'""")
 # kind, attribute, value, the commands that read it as a number, the message
 REATTRIBUTED = [
     ("ode", "rtol", "tight", STATS, f"attribute 'rtol' has dtype {TEXT}"),
@@ -374,8 +376,9 @@ REATTRIBUTED = [
      "attribute 'model_error_final' has shape (2,), expected a scalar"),
     ("pde-inverse", "grid_spacing", "1 cm", ("plot",), f"attribute 'grid_spacing' has dtype {TEXT}"),
     ("pde-inverse", "grid_spacing", np.ones(3), ("plot",), "attribute 'grid_spacing' has shape (3,), expected (2,)"),
-    ("pde-inverse", "decomposition", "1 x 1", STATS,
-     """attribute 'decomposition' is not a JSON object as text, expected e.g. '{"proc_grid": [1, 1]}'"""),
+    ("pde-inverse", "decomposition", "1 x 1", STATS, DECOMPOSITION),
+    ("pde-inverse", "decomposition", '{"proc_grid": 2}', STATS, DECOMPOSITION),
+    ("pde-inverse", "decomposition", '{"proc_grid": ["a", null]}', STATS, DECOMPOSITION),
 ]
 
 

@@ -78,14 +78,16 @@ def pde_summary(h5: h5py.File) -> dict:
 
 
 def _decomposition(h5: h5py.File) -> dict:
-    """The ``decomposition`` attribute: JSON text of an object, which another program may not have written."""
+    """The ``decomposition`` attribute: JSON text of an object whose ``proc_grid`` (if any) is a list of
+    rank counts, which another program may not have written."""
     try:
         value = json.loads(h5.attrs.get("decomposition", "{}"))
     except (TypeError, ValueError):  # not text, or not JSON
         value = None
-    if not isinstance(value, dict):
-        raise InputError(f"{h5.filename}: attribute 'decomposition' is not a JSON object as text, "
-                         f"expected e.g. '{{\"proc_grid\": [1, 1]}}'")
+    grid = value.get("proc_grid", []) if isinstance(value, dict) else None
+    if not isinstance(grid, list) or not all(isinstance(n, int) and n > 0 for n in grid):
+        raise InputError(f"{h5.filename}: attribute 'decomposition' is not a JSON object as text with a list "
+                         f"of rank counts as 'proc_grid', expected e.g. '{{\"proc_grid\": [1, 1]}}'")
     return value
 
 
