@@ -23,21 +23,21 @@ step's Newton contraction was slow (max θ > 0.3); ``I − h'γ J`` is refactore
 ``y1 − z_{s−1}`` is filtered through the same LU (Shampine's ``(I − hγJ)^{-1}`` filter) so
 stiff components do not inflate it.
 
-Both methods are stiffly accurate with ``c_s = 1`` (``y1 = z_s``; checked when a tableau is
-built), so ``f1``, the derivative at ``(t + h, y1)`` that the next step takes as its explicit
-first stage and the dense output uses, is the last stage's ``K_s = (z_s − ψ_s) / (hγ)``, not a
-new ``f(t + h, y1)`` (OrdinaryDiffEq.jl does the same): ``y1`` carries the Newton error δ (about κ
-times the tolerance) and ``f(t + h, y1)`` is off by ``J δ``, which on stiff problems
-(``|hJ| ≫ 1``) put ``h J δ`` into the interpolant (Van der Pol μ = 1000 and Robertson at rtol
-1e-6: up to 1e3-5e4 times ``atol + rtol |y|`` between steps), while ``h K_s`` is off by ``δ / γ``
-whatever J. Dense output: cubic Hermite through (y0, f0), (y1, f1), 3rd order, documented
-fallback (these ESDIRKs have no own continuous extension here). Between the long steps these
-methods take its error can far exceed the tolerance: on Prothero–Robinson (y' = λ(y − sin t) +
-cos t, λ = −1e6, tol 1e-6) kvaerno5 steps h = 1, where even exact slopes leave a cubic 1.5e-3
-off, and f1 (= f(t + h, y1) there: the problem is linear and Newton exact) is off by ``λ`` times
-the accepted error of ``y1``; measured 7.8e-3 between steps, 3e-8 at them.
+Dense output: cubic Hermite through (y0, k0), (y1, k1), 3rd order, a documented fallback (these
+ESDIRKs have no continuous extension of their own). Both methods are stiffly accurate with
+``c_s = 1`` (``y1 = z_s``; checked when a tableau is built), so the slopes are the last stage's
+``K_s = (z_s − ψ_s) / (hγ)`` of this step (k1) and of the last accepted one (k0), not f at the
+step's ends: ``y1`` carries the Newton error δ (about κ times the tolerance), ``f(t + h, y1)`` is
+off by ``J δ``, and on stiff problems (``|hJ| ≫ 1``) that put ``h J δ`` into the interpolant (Van
+der Pol μ = 1000 and Robertson at rtol 1e-6: 1.3e3-4.6e4 times ``atol + rtol |y|`` between steps,
+now 0.4-200), while ``h K_s`` is off by ``δ / γ`` whatever J. The next step's explicit first stage
+stays ``f(t + h, y1)``: taking K_s there as well (as OrdinaryDiffEq.jl does) saved steps but let
+the Newton errors add up step after step, up to 1e3 times the tolerance at t_end (kvaerno3,
+Robertson, rtol 1e-8). Between the long steps these methods take on smooth solutions the cubic's
+own error can far exceed the tolerance: on Prothero–Robinson (y' = λ(y − sin t) + cos t,
+λ = −1e6, tol 1e-6) kvaerno5 steps h = 1, where even exact slopes leave a cubic 1.5e-3 off.
 Statistics: ``n_jac_evals``, ``n_lu_decomps``, ``n_newton_iters`` per sample; ``n_f_evals``
-counts Newton evaluations and one forward pass per Jacobian (no evaluation at the step's end).
+counts Newton evaluations, one forward pass per Jacobian and the final ``f(t + h, y1)`` per step.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class EsdirkTableau:
 
     def __post_init__(self) -> None:
         # The stepper relies on this structure: an explicit first stage (K_1 = f0), stiff accuracy
-        # (y1 = z_s) with c_s = 1 (so K_s is the derivative at (t + h, y1) and serves as f1), and
+        # (y1 = z_s) with c_s = 1 (so K_s is the slope at (t + h, y1) for the dense output), and
         # c_{s-1} = 1 (the embedded solution z_{s-1} is compared with y1 at the same time).
         s = len(self.c)
         if len(self.a) != s or self.a[0] or any(len(row) != i + 1 for i, row in enumerate(self.a) if i):
@@ -154,6 +154,7 @@ class EsdirkStepper(TableauProperties):
             "hg_lu": y.new_zeros(batch).detach(),  # h*gamma the LU was formed with; 0: none yet
             "need_jac": torch.ones(batch, dtype=torch.bool, device=y.device),
             "eta": y.new_ones(batch).detach(),  # Newton's last eta, to judge a first iterate
+            "k_start": f0,  # the dense output's slope at the step's start: the last step's K_s
         }
 
     def step(self, rhs, t, y, f0, h, rtol, atol, state) -> StepResult:
@@ -232,14 +233,11 @@ class EsdirkStepper(TableauProperties):
 
         failed_real = failed & active
         y1 = torch.where(failed_real[:, None], y, z)
-        # f1 is the last stage's derivative K_s = (z_s - psi_s) / (h gamma), not f(t + h, y1): the
-        # method is stiffly accurate with c_s = 1, so this is f at (t + h, y1) as the Newton
-        # solution has it (OrdinaryDiffEq.jl does the same). y1 carries the Newton error delta,
-        # and f(t + h, y1) = f(exact) + J delta: with |h J| >> 1 the Hermite interpolant and the
-        # next step's explicit first stage (f0 = this f1) were off by h J delta; h K_s is off by
-        # delta / gamma, whatever J. It also saves an evaluation per step. A failed (or inactive)
-        # row's f1 is never used; f0 keeps it finite, so the solver sees the trial's own values.
-        f1 = torch.where(failed[:, None], f0, K[-1])
+        # A failed row's f1 is never used; f0 keeps it finite, so the solver sees the trial's own values.
+        f1 = torch.where(failed_real[:, None], f0, rhs(t + h, y1))
+        # The dense output's slopes are the stages' K_s = (z_s - psi_s) / (h gamma), this step's and
+        # the last one's (see the module docstring), not f at the step's ends.
+        k_end = torch.where(failed[:, None], f0, K[-1])
         err_raw = z - stage_values[-2]
         err_f = lu_solve(LU, piv, err_raw)
         err = torch.sqrt(torch.mean((err_f / (atol + rtol * torch.maximum(y.abs(), y1.abs()))) ** 2, dim=-1))
@@ -250,20 +248,22 @@ class EsdirkStepper(TableauProperties):
         # (A row that failed for another reason has no estimate: its stages are unfinished.)
         nonfinite = active & (nonfinite | (~failed_real & ~torch.isfinite(err)))
         err = torch.where(failed_real | nonfinite, torch.full_like(err, halve), err)
-        n_evals = n_f + iters
+        n_evals = n_f + iters + 1
 
         fresh = need_jac
         keep = {"jac": J, "lu": LU, "piv": piv, "hg_lu": hg_lu}
         eta_keep = torch.where(failed_real, torch.ones_like(eta), eta)
 
+        k_start = state["k_start"]
+
         def dense() -> tuple[Interpolant, int]:
-            return hermite(y, y1, f0, f1, h), 0
+            return hermite(y, y1, k_start, k_end, h), 0
 
         return StepResult(
             y1=y1, f1=f1, err=err, n_evals=n_evals, dense=dense,
             counters={"n_jac_evals": need_jac.to(torch.int64), "n_lu_decomps": need_lu.to(torch.int64),
                       "n_newton_iters": iters},
-            state={**keep, "need_jac": theta_max > SLOW_THETA, "eta": eta_keep},
+            state={**keep, "need_jac": theta_max > SLOW_THETA, "eta": eta_keep, "k_start": k_end},
             retry_state={**keep, "need_jac": failed_real & ~fresh, "eta": eta_keep},
             nonfinite=nonfinite,
         )
