@@ -18,6 +18,7 @@ import threading
 
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 _received: int | None = None
+_installed = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -37,9 +38,19 @@ def _raise(signum: int, _frame) -> None:
 
 def install() -> None:
     """Turn SIGINT, SIGTERM and SIGHUP into :class:`Interrupted` (from the main thread only)."""
+    global _installed
     if threading.current_thread() is threading.main_thread():
         for sig in _SIGNALS:
             signal.signal(sig, _raise)
+        _installed = True
+
+
+def reinstall() -> None:
+    """Take the signals back after a library replaced their handlers at the C level, where Python
+    does not see it: initialising MPI over UCX makes SIGHUP UCX's debug signal (it then only raises
+    UCX's log level, and the run goes on). A no-op unless :func:`install` ran."""
+    if _installed:
+        install()
 
 
 def raise_if_interrupted() -> None:

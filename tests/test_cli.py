@@ -99,6 +99,30 @@ def test_long_per_sample_lists_print_as_plain_columns(tmp_path, monkeypatch):
     assert [line.split() for line in lines[1:]] == want
 
 
+def test_stats_shows_the_implicit_counters_and_which_samples_switched(tmp_path):
+    # examples/stiff-*.yaml point users at n_jac_evals / n_lu_decomps and n_switched /
+    # switched_at_step "in the stats": odecli stats must show them, not only the HDF5 file hold them
+    spec = write(tmp_path, VDP.replace("[0.5, 5.0, 25.0]", "[1.0, 1000.0]").replace("end: 10.0", "end: 3.0")
+                 .replace("method: dopri5", "method: auto"))
+    out = tmp_path / "run.h5"
+    assert runner.invoke(app, ["solve", str(spec), "-o", str(out), "--quiet"]).exit_code == 0
+    with h5py.File(out) as h5:
+        jac = h5["stats/n_jac_evals"][...]
+        switched = h5["stats/n_switched"][...]
+        at = h5["stats/switched_at_step"][...]
+    assert list(switched) == [0, 1]
+    summary = json.loads(runner.invoke(app, ["stats", str(out), "--json", "--per-sample"]).output)
+    assert summary["switched"] == 1
+    assert summary["jac_evals"]["total"] == jac.sum() and "lu_decomps" in summary and "newton_iters" in summary
+    assert [row["switched_at_step"] for row in summary["per_sample"]] == [None, int(at[1])]
+    assert [row["n_jac_evals"] for row in summary["per_sample"]] == [int(j) for j in jac]
+    output = runner.invoke(app, ["stats", str(out), "--per-sample"]).output
+    assert "switched to rodas5" in output and "jac_evals" in output and "lu_decomps" in output
+    header = next(line for line in output.splitlines() if line.split()[:2] == ["sample", "status"])
+    assert header.split() == ["sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals",
+                              "n_jac_evals", "n_lu_decomps", "n_newton_iters", "switched_at_step"]
+
+
 def test_flags_override_the_spec(tmp_path):
     spec = write(tmp_path, VDP)
     out = tmp_path / "run.h5"

@@ -126,6 +126,28 @@ def test_an_interrupt_swallowed_by_a_finaliser_still_stops_the_write(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_sighup_still_stops_a_run_once_mpi_is_initialised():
+    # train-inverse initialises MPI even on one rank (get_comm); MPICH over UCX then makes SIGHUP
+    # UCX's debug signal, which only raised UCX's log level: the fit ran on and wrote its output
+    # (exit 0) where the README promises exit 129 and no output.
+    pytest.importorskip("mpi4py")
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        from odecli import interrupts
+        from odecli.parallel.comm import get_comm
+        interrupts.install()
+        get_comm()
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(1.0)
+        except interrupts.Interrupted as exc:
+            sys.exit(exc.exit_code)
+        sys.exit("SIGHUP was lost")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 128 + signal.SIGHUP, result.stderr[-2000:]
+
+
 def test_a_fit_whose_reader_goes_away_still_finishes_and_writes(tmp_path):
     out = tmp_path / "fit.h5"
     process = _odecli("train-inverse", str(EXAMPLES / "vdp-fit.yaml"), "-o", str(out),

@@ -125,7 +125,18 @@ def get_comm() -> Comm:
     mpi4py is imported here, not at module import, because importing it initialises MPI.
     """
     try:
-        from mpi4py import MPI
+        MPI = import_mpi()
     except ImportError:
         return Comm()
     return Comm(MPI.COMM_WORLD)
+
+
+def import_mpi() -> Any:
+    """``mpi4py.MPI``, imported (which initialises MPI) with odecli's signal handlers kept: the MPI
+    library may install its own, and then SIGHUP no longer stops a run (odecli.interrupts)."""
+    from mpi4py import MPI
+
+    from odecli.interrupts import reinstall
+
+    reinstall()
+    return MPI

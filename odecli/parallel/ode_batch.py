@@ -303,8 +303,9 @@ def solve_distributed(
     the same exception on rank 0 and ``SystemExit`` with its exit code on the others.
     ``replace=False`` keeps a file that appears at ``target`` during the run (see atomic_path).
     """
-    from mpi4py import MPI
+    from odecli.parallel.comm import import_mpi
 
+    MPI = import_mpi()
     link = _Link(MPI.COMM_WORLD.Dup())
     node = link.comm.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank = node.Get_rank()

@@ -18,6 +18,9 @@ from odecli.ode.status import STATUS_NAMES
 RICH_ROWS_MAX = 500
 # the per-sample counters every ODE run file holds in its ``stats`` group
 COUNTERS = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
+# the counters only some methods write: implicit methods' linear algebra, method: auto's switch
+IMPLICIT_COUNTERS = ("n_jac_evals", "n_lu_decomps", "n_newton_iters")
+SWITCH_COUNTERS = ("n_switched", "switched_at_step")
 
 
 def summarize(path: Path, per_sample: bool = False) -> dict[str, Any]:
@@ -55,9 +58,16 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 
 
 def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
-    require(h5, "status", *(f"stats/{name}" for name in COUNTERS), attrs=("method", "rtol", "atol", "wall_time_s"))
+    optional = [f"stats/{name}" for name in (*IMPLICIT_COUNTERS, *SWITCH_COUNTERS)]
+    require(h5, "status", *(f"stats/{name}" for name in COUNTERS), optional=optional,
+            attrs=("method", "rtol", "atol", "wall_time_s"))
     status = h5["status"][...].astype(int)
     stats = {name: h5["stats"][name][...] for name in COUNTERS}
+    extra = [name for name in IMPLICIT_COUNTERS if name in h5["stats"]]
+    switch = all(name in h5["stats"] for name in SWITCH_COUNTERS)
+    stats.update({name: h5["stats"][name][...] for name in extra})
+    if switch:
+        stats.update({name: h5["stats"][name][...] for name in SWITCH_COUNTERS})
     counts = {STATUS_NAMES.get(code, str(code)): int((status == code).sum()) for code in np.unique(status)}
     attempted = stats["n_steps"].sum()
     summary: dict[str, Any] = {
@@ -78,7 +88,10 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
         "rejected": _describe(stats["n_rejected"]),
         "f_evals": _describe(stats["n_f_evals"]),
         "rejected_fraction": float(stats["n_rejected"].sum() / attempted) if attempted else 0.0,
+        **{name.removeprefix("n_"): _describe(stats[name]) for name in extra},
     }
+    if switch:
+        summary["switched"] = int((stats["n_switched"] != 0).sum())
     if "ranks" in h5:  # written by a distributed solve (odecli.parallel.ode_batch)
         require(h5, "ranks/busy_s", "ranks/idle_s", "ranks/samples", "ranks/chunk_start")
         ranks = h5["ranks"]
@@ -91,7 +104,9 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
     if per_sample:
         summary["per_sample"] = [
             {"sample": i, "status": STATUS_NAMES.get(int(status[i]), str(status[i])),
-             **{n: int(stats[n][i]) for n in COUNTERS}}
+             **{n: int(stats[n][i]) for n in (*COUNTERS, *extra)},
+             **({"switched_at_step": int(stats["switched_at_step"][i]) if stats["n_switched"][i] else None}
+                if switch else {})}
             for i in range(status.size)
         ]
     return summary
@@ -106,13 +121,16 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
     engine = f" ({summary['engine']} engine)" if summary.get("engine") else ""
     head.add_row("wall time", f"{summary['wall_time_s']:.3f} s on {summary['device']}{engine}")
     head.add_row("rejected fraction", f"{summary['rejected_fraction']:.3f}")
+    if "switched" in summary:
+        head.add_row("switched to rodas5", f"{summary['switched']} of {summary['samples']}")
     if summary["python_rhs"]:
         head.add_row("python RHS", summary["python_rhs"])
     console.print(head)
     counters = Table(title="per-sample counters")
     for column in ("", "mean", "min", "max", "total"):
         counters.add_column(column, justify="right")
-    for label in ("steps", "accepted", "rejected", "f_evals"):
+    labels = ("steps", "accepted", "rejected", "f_evals", *(name.removeprefix("n_") for name in IMPLICIT_COUNTERS))
+    for label in (label for label in labels if label in summary):
         d = summary[label]
         counters.add_row(label, f"{d['mean']:.1f}", f"{d['min']:.0f}", f"{d['max']:.0f}", f"{d['total']:.0f}")
     console.print(counters)
@@ -125,9 +143,12 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
             table.add_row(str(rank), str(n), f"{busy:.3f}", f"{idle:.3f}")
         console.print(table)
     if "per_sample" in summary:
-        columns = ("sample", "status", "n_steps", "n_accepted", "n_rejected", "n_f_evals")
-        cells = [[str(row[c]) for c in columns] for row in summary["per_sample"]]
-        if len(cells) > RICH_ROWS_MAX:
+        first = summary["per_sample"][0] if summary["per_sample"] else {}
+        columns = ("sample", "status", *(c for c in (*COUNTERS, *IMPLICIT_COUNTERS, "switched_at_step") if c in first))
+        cells = [["-" if row[c] is None else str(row[c]) for c in columns] for row in summary["per_sample"]]
+        # a rich Table narrower than its columns cuts the names and numbers short: plain columns then
+        widths = [max(len(column), *(len(row[i]) for row in cells)) for i, column in enumerate(columns)]
+        if len(cells) > RICH_ROWS_MAX or sum(width + 3 for width in widths) + 1 > console.width:
             console.file.write(_plain_table(columns, cells))
             return
         rows = Table(title="samples")
