@@ -40,7 +40,7 @@ from odecli.ode.solver import STAT_NAMES, solve
 from odecli.parallel.comm import Comm, get_comm
 from odecli.pde.checkpoint import check_start, note_on_interrupt
 from odecli.pde.checkpoint import checkpoint_path  # noqa: F401 - callers import it from here
-from odecli.runner import native_unsupported, resolve_device
+from odecli.runner import native_unsupported, spec_device
 from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
 from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
 from odecli.spec.rhs import python_errors
@@ -91,7 +91,7 @@ class Problem:
             raise InputError(f"{ode.file}: {comm.size} ranks but only {self.batch} samples; use at most {self.batch} ranks")
         self.lo, self.hi = block(self.batch, comm.size, comm.rank)
         self.n_local = self.hi - self.lo
-        self.device = resolve_device(s.device)
+        self.device = torch.device(spec_device(ode))
         self.dtype = getattr(torch, s.dtype)
         self.rhs = build_rhs(ode, self.device)
         self.native_rhs = self._native_rhs()

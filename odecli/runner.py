@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from odecli.errors import InputError
+from odecli.errors import InputError, SpecError
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import ArraySolution, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
 from odecli.ode.status import Progress
@@ -55,6 +55,14 @@ def device_name(name: str) -> str:
     return str(resolve_device(name))
 
 
+def spec_device(spec: OdeSpec) -> str:
+    """:func:`device_name` of the spec's ``solver.device``; a GPU that is not there is named as that field."""
+    try:
+        return device_name(spec.solver.device)
+    except InputError as exc:
+        raise SpecError(spec.file, "solver.device", str(exc)) from None
+
+
 def with_overrides(
     spec: OdeSpec, *, method: str | None = None, rtol: float | None = None,
     atol: float | None = None, device: str | None = None,
@@ -76,6 +84,10 @@ def with_overrides(
     if device is not None:
         if device not in ("cpu", "cuda", "auto") and not device.startswith("cuda:"):
             raise InputError(f"--device: expected cpu, cuda or auto, got {device!r}")
+        try:
+            device_name(device)
+        except InputError as exc:
+            raise InputError(f"--device: {exc}") from None
         changes["device"] = device
     if not changes:
         return spec
@@ -136,7 +148,7 @@ def solve_spec_arrays(spec: OdeSpec, progress: Callable[[Progress], None] | None
 def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Solution | ArraySolution:
     """Whichever engine runs, its own result type: arrays from C, tensors from the PyTorch loop."""
     s = spec.solver
-    device = device_name(s.device)
+    device = spec_device(spec)
     check_memory(spec, device)
     controller = make_controller(
         s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,

@@ -177,6 +177,35 @@ def test_bad_flags_and_missing_files_exit_2(tmp_path):
         assert "error:" in result.output
 
 
+INVERSE = """\
+inverse:
+  unknowns: {params: {mu: {init: 1.0, bounds: [0.1, 30.0]}}}
+  data: {truth: {params: {mu: 2.0}}}
+  observed: [x]
+"""
+
+
+def test_a_gpu_that_is_not_there_is_named_as_the_field_or_flag_that_asked(tmp_path, monkeypatch):
+    """solver.device: cuda on a machine without CUDA said neither the file nor the field."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    unavailable = "device 'cuda' requested but CUDA is not available; use cpu or auto"
+    spec = write(tmp_path, VDP.replace("  atol: 1.0e-6", "  atol: 1.0e-6\n  device: cuda"))
+    fit = write(tmp_path, VDP.replace("  atol: 1.0e-6", "  atol: 1.0e-6\n  device: cuda") + INVERSE, "fit.yaml")
+    out = tmp_path / "run.h5"
+    for args, message in (
+        (["solve", str(spec), "-o", str(out)], f"error: {spec}: solver.device: {unavailable}"),
+        (["solve", str(write(tmp_path, VDP, "plain.yaml")), "-o", str(out), "--device", "cuda"],
+         f"error: --device: {unavailable}"),
+        (["train-inverse", str(fit), "-o", str(out), "--iterations", "1"], f"error: {fit}: solver.device: {unavailable}"),
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip().splitlines() == [message], result.output
+        assert not out.exists()
+
+
 def test_stats_rejects_a_file_that_is_not_a_run(tmp_path):
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"not hdf5")

@@ -334,12 +334,12 @@ def _share_cores(ranks_on_node: int) -> None:
 
 def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str, tuple[int, int]]:
     """Checks every rank makes alike, agreed collectively so no rank is left waiting on another."""
-    from odecli.runner import device_name, native_unsupported
+    from odecli.runner import device_name, native_unsupported, spec_device
     from odecli.spec import build_c_equations, build_rhs
 
     problem: tuple[str, int, bool] | None = None
     try:
-        file_device = device_name(spec.solver.device)
+        file_device = spec_device(spec)
         device = _rank_device(spec.solver.device, local_rank)
         if native_unsupported(spec, device_name(device)):
             # Import the PyTorch engine now, not on the first chunk: a rank still importing
