@@ -45,6 +45,7 @@ def _named(values: dict[str, Any], description: str) -> dict[str, Any]:
 
 
 def _unknowns() -> dict[str, Any]:
+    """unknowns: at least one group, as the validator wants at least one value to fit."""
     settings = _object(inv.UNKNOWN_KEYS, {
         "per_sample": {"type": "boolean", "description": "one value per sample (default), or false: one shared"},
         "init": {**_NUMBER_OR_LIST, "description": "starting value, or one per sample; default: the spec's value"},
@@ -59,6 +60,7 @@ def _unknowns() -> dict[str, Any]:
 
 
 def _data() -> dict[str, Any]:
+    """data: oneOf, since the validator takes exactly one source (file or truth), never both."""
     truth = _object(inv.VALUE_GROUPS, {
         "params": _named(_NUMBER_OR_LIST, "true parameter values (one, or one per sample)"),
         "initial": _named(_NUMBER_OR_LIST, "true initial values (one, or one per sample)"),
@@ -75,6 +77,7 @@ def _data() -> dict[str, Any]:
 
 
 def _optimizer() -> dict[str, Any]:
+    """optimizer: lr and iterations default by type, so their defaults go in the description."""
     defaults = "; ".join(f"{name}: lr {d['lr']:g}, {d['iterations']} iterations"
                          for name, d in inv.OPTIMIZER_DEFAULTS.items())
     return _object(inv.OPTIMIZER_KEYS, {
