@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 from pathlib import Path
 
 import jsonschema
@@ -11,6 +13,10 @@ import yaml
 from typer.testing import CliRunner
 
 from odecli.cli import app
+from odecli.errors import SpecError
+from odecli.spec.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
+                                 LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OPTIMIZER_KEYS, OPTIMIZERS,
+                                 UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,6 +80,7 @@ def test_schema_accepts_every_bundled_spec_of_both_kinds():
     document = _ode_schema()
     assert set(document["$defs"]) == {"ode", "pde-inverse"}
     assert ODE_EXAMPLES and PDE_EXAMPLES, "expected bundled specs of both kinds"
+    assert any("inverse" in yaml.safe_load(p.read_text()) for p in ODE_EXAMPLES), "expected an ODE fit example"
     for path in ODE_EXAMPLES + PDE_EXAMPLES:
         jsonschema.validate(yaml.safe_load(path.read_text()), document)
 
@@ -116,6 +123,85 @@ def test_schema_rejects_bad_pde_specs(change):
     spec.update(change)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(spec, document)
+
+
+# Each object level of an ODE spec's inverse section and the validator's table of its keys
+# ('*': the settings of every name in a mapping).
+INVERSE_LEVELS = {"": INVERSE_KEYS, "unknowns": VALUE_GROUPS, "unknowns.params.*": UNKNOWN_KEYS,
+                  "unknowns.initial.*": UNKNOWN_KEYS, "data": DATA_KEYS, "data.truth": VALUE_GROUPS,
+                  "loss": LOSS_KEYS, "optimizer": OPTIMIZER_KEYS, "checkpoint": CHECKPOINT_KEYS}
+INVERSE_FIT = {"kind": "ode", "system": {"states": ["x"], "params": {"k": 1.0}, "equations": {"x": "-k * x"}},
+               "initial": {"x": 1.0}, "batch": 2, "time": {"start": 0, "end": 1, "eval": 5},
+               "inverse": {"unknowns": {"params": {"k": {"bounds": [0, 5]}}},
+                           "data": {"truth": {"params": {"k": 2.0}}}}}
+
+
+def _inverse_level(document: dict, path: str) -> dict:
+    """The schema at a dotted path under the ODE spec's inverse section."""
+    node = document["$defs"]["ode"]["properties"]["inverse"]
+    for step in filter(None, path.split(".")):
+        node = node["additionalProperties"] if step == "*" else node["properties"][step]
+    return node
+
+
+def test_schema_lists_every_inverse_key_the_validator_accepts():
+    document = _ode_schema()
+    for path, keys in INVERSE_LEVELS.items():
+        level = _inverse_level(document, path)
+        assert set(level["properties"]) == set(keys), path
+        assert level["additionalProperties"] is False, path
+    for path, values in {"adjoint": ADJOINT_MODES, "loss.type": LOSS_TYPES, "optimizer.type": OPTIMIZERS}.items():
+        assert _inverse_level(document, path)["enum"] == list(values), path
+
+
+def test_schema_states_the_inverse_validators_lower_limits():
+    document = _ode_schema()
+    for path, limit in NUMBER_MINIMUMS.items():
+        number = _inverse_level(document, path + (".*" if path == "loss.weights" else ""))
+        assert number["type"] == "number", path
+        assert number["exclusiveMinimum" if limit.exclusive else "minimum"] == limit.value, path
+    for path, minimum in INTEGER_MINIMUMS.items():
+        integer = _inverse_level(document, path)
+        assert (integer["type"], integer["minimum"]) == ("integer", minimum), path
+
+
+def _fit_with(path: str, value) -> dict:
+    spec = copy.deepcopy(INVERSE_FIT)
+    *parents, last = path.split(".")
+    node = spec["inverse"]
+    for step in parents:
+        node = node.setdefault(step, {})
+    node[last] = value
+    return spec
+
+
+@pytest.mark.parametrize("path,value", [
+    ("adjoint", "backsolve"), ("unknowns.params.k", None), ("unknowns.initial", None),
+    ("unknowns.initial.x", {"per_sample": False, "init": 0.5}), ("unknowns.params.k.bounds", [0, math.inf]),
+    ("data.noise", 0.0), ("data.seed", 0), ("data.relative", True), ("observed", ["x"]), ("loss", None),
+    ("loss.weights.x", 0.5), ("optimizer", None), ("optimizer.type", "adam"), ("optimizer.iterations", 1),
+    ("optimizer.gtol", 0), ("checkpoint", None), ("checkpoint.every", 0),
+])
+def test_schema_accepts_the_inverse_sections_the_validator_accepts(path, value):
+    spec = _fit_with(path, value)
+    parse_ode_inverse_spec(copy.deepcopy(spec), "", "fit.yaml")
+    jsonschema.validate(spec, _ode_schema())
+
+
+@pytest.mark.parametrize("path,value", [
+    ("bogus", 1), ("adjoint", "reverse"), ("unknowns", {}), ("unknowns.shared", {}), ("unknowns.params.k.guess", 1.0),
+    ("unknowns.params.k.per_sample", "no"), ("unknowns.params.k.bounds", [0]), ("data.file", "truth.h5"),
+    ("data.truth.extra", {}), ("data.noise", -0.1), ("data.seed", -1), ("data.relative", "yes"),
+    ("observed", []), ("loss.type", "mae"), ("loss.weights.x", -1.0), ("optimizer.type", "sgd"),
+    ("optimizer.lr", 0), ("optimizer.iterations", 0), ("optimizer.history", 0), ("optimizer.tol", -1.0),
+    ("optimizer.gtol", -1e-3), ("optimizer.step", 1), ("checkpoint.every", -1), ("checkpoint.each", 2),
+])
+def test_schema_rejects_the_inverse_sections_the_validator_rejects(path, value):
+    spec = _fit_with(path, value)
+    with pytest.raises(SpecError):
+        parse_ode_inverse_spec(copy.deepcopy(spec), "", "fit.yaml")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(spec, _ode_schema())
 
 
 def test_train_inverse_logs_and_never_overwrites_without_force(tmp_path):

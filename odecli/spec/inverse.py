@@ -34,15 +34,39 @@ from odecli.errors import SpecError
 from odecli.spec.loader import describe, load_yaml
 from odecli.spec.ode import OdeSpec, parse_ode_spec
 
+# The section's keys, enums and lower limits. The JSON Schema (odecli.spec.schema) is built from
+# these same tables, so an editor completes and checks exactly what this validator accepts.
 INVERSE_KEYS = ("unknowns", "data", "observed", "loss", "optimizer", "adjoint", "checkpoint")
+VALUE_GROUPS = ("params", "initial")  # keys of unknowns and of data.truth
 UNKNOWN_KEYS = ("per_sample", "init", "bounds")
 DATA_KEYS = ("file", "truth", "noise", "relative", "seed")
 LOSS_KEYS = ("type", "weights")
+LOSS_TYPES = ("mse",)
 OPTIMIZER_KEYS = ("type", "lr", "iterations", "tol", "gtol", "history")
+CHECKPOINT_KEYS = ("every",)
 OPTIMIZERS = ("adam", "lbfgs")
 ADJOINT_MODES = ("direct", "backsolve", "checkpoint")
 OPTIMIZER_DEFAULTS = {"adam": {"lr": 0.05, "iterations": 200}, "lbfgs": {"lr": 1.0, "iterations": 50}}
 CHECKPOINT_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Minimum:
+    """A number's lower limit; exclusive when the limit itself is rejected (a learning rate of 0)."""
+
+    value: float
+    exclusive: bool = False
+
+
+# Lower limits by field path (loss.weights: each weight).
+NUMBER_MINIMUMS = {
+    "data.noise": Minimum(0.0),
+    "loss.weights": Minimum(0.0),
+    "optimizer.lr": Minimum(0.0, exclusive=True),
+    "optimizer.tol": Minimum(0.0),
+    "optimizer.gtol": Minimum(0.0),
+}
+INTEGER_MINIMUMS = {"data.seed": 0, "optimizer.iterations": 1, "optimizer.history": 1, "checkpoint.every": 0}
 
 
 @dataclass(frozen=True)
@@ -110,9 +134,8 @@ def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
     adjoint = section.get("adjoint", ode.solver.adjoint)
     if adjoint not in ADJOINT_MODES:
         fail("adjoint", f"expected one of {', '.join(ADJOINT_MODES)}, got {describe(adjoint)}")
-    every = _mapping(section.get("checkpoint"), "checkpoint", ("every",), fail).get("every", CHECKPOINT_EVERY)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        fail("checkpoint.every", f"expected an integer >= 0 (0: no checkpoints), got {describe(every)}")
+    every = _mapping(section.get("checkpoint"), "checkpoint", CHECKPOINT_KEYS, fail).get("every", CHECKPOINT_EVERY)
+    every = _count(every, "checkpoint.every", fail, " (0: no checkpoints)")
     return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, adjoint=adjoint,
                        checkpoint_every=every, **opt)
 
@@ -138,6 +161,25 @@ def _number(value: Any, field: str, fail, *, finite: bool = True) -> float:
     return value
 
 
+def _limited(value: Any, path: str, fail, field: str | None = None) -> float:
+    """A finite number held to its NUMBER_MINIMUMS[path] entry, the limit the schema states too;
+    ``field`` names it in the error where that is finer than ``path`` (one of loss.weights)."""
+    field = field or path
+    number = _number(value, field, fail)
+    limit = NUMBER_MINIMUMS[path]
+    if number < limit.value or (limit.exclusive and number == limit.value):
+        fail(field, f"must be {'>' if limit.exclusive else '>='} {limit.value:g}, got {number:g}")
+    return number
+
+
+def _count(value: Any, field: str, fail, note: str = "") -> int:
+    """An integer (not a bool, not 2.0) held to its INTEGER_MINIMUMS[field] entry."""
+    minimum = INTEGER_MINIMUMS[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        fail(field, f"expected an integer >= {minimum}{note}, got {describe(value)}")
+    return value
+
+
 def _per_sample(value: Any, field: str, batch: int, fail) -> tuple[float, ...]:
     if isinstance(value, list):
         if len(value) not in (1, batch):
@@ -150,9 +192,9 @@ def _per_sample(value: Any, field: str, batch: int, fail) -> tuple[float, ...]:
 def _unknowns(value: Any, ode: OdeSpec, fail) -> tuple[UnknownSpec, ...]:
     if value is None:
         fail("unknowns", "required key is missing; name at least one of params or initial")
-    section = _mapping(value, "unknowns", ("params", "initial"), fail)
+    section = _mapping(value, "unknowns", VALUE_GROUPS, fail)
     unknowns: list[UnknownSpec] = []
-    for kind, group, names in (("param", "params", tuple(ode.params)), ("initial", "initial", ode.states)):
+    for kind, group, names in zip(("param", "initial"), VALUE_GROUPS, (tuple(ode.params), ode.states)):
         entries = section.get(group) or {}
         if not isinstance(entries, dict):
             fail(f"unknowns.{group}", f"expected a mapping of name: settings, got {describe(entries)}")
@@ -212,8 +254,8 @@ def _data(value: Any, ode: OdeSpec, file: str, fail) -> DataSpec:
             candidate = Path(file).resolve().parent / candidate
         path = str(candidate)
     else:
-        truth = _mapping(section["truth"], "data.truth", ("params", "initial"), fail)
-        for group, names, out in (("params", tuple(ode.params), truth_params), ("initial", ode.states, truth_initial)):
+        truth = _mapping(section["truth"], "data.truth", VALUE_GROUPS, fail)
+        for group, names, out in zip(VALUE_GROUPS, (tuple(ode.params), ode.states), (truth_params, truth_initial)):
             entries = truth.get(group) or {}
             if not isinstance(entries, dict):
                 fail(f"data.truth.{group}", f"expected a mapping of name: value(s), got {describe(entries)}")
@@ -221,15 +263,11 @@ def _data(value: Any, ode: OdeSpec, file: str, fail) -> DataSpec:
                 if name not in names:
                     fail(f"data.truth.{group}.{name}", f"not a known {'parameter' if group == 'params' else 'state'}")
                 out[name] = _per_sample(raw, f"data.truth.{group}.{name}", ode.batch, fail)
-    noise = _number(section.get("noise", 0.0), "data.noise", fail)
-    if noise < 0:
-        fail("data.noise", f"must be >= 0, got {noise:g}")
+    noise = _limited(section.get("noise", 0.0), "data.noise", fail)
     relative = section.get("relative", False)
     if not isinstance(relative, bool):
         fail("data.relative", f"expected true or false, got {describe(relative)}")
-    seed = section.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        fail("data.seed", f"expected a non-negative integer, got {describe(seed)}")
+    seed = _count(section.get("seed", 0), "data.seed", fail)
     return DataSpec(path, truth_params, truth_initial, noise, relative, seed)
 
 
@@ -248,8 +286,9 @@ def _observed(value: Any, ode: OdeSpec, fail) -> tuple[str, ...]:
 
 def _loss(value: Any, observed: tuple[str, ...], fail) -> tuple[float, ...]:
     section = _mapping(value, "loss", LOSS_KEYS, fail)
-    if section.get("type", "mse") != "mse":
-        fail("loss.type", f"expected 'mse', got {describe(section.get('type'))}")
+    kind = section.get("type", LOSS_TYPES[0])
+    if kind not in LOSS_TYPES:
+        fail("loss.type", f"expected one of {', '.join(LOSS_TYPES)}, got {describe(kind)}")
     weights = section.get("weights") or {}
     if not isinstance(weights, dict):
         fail("loss.weights", f"expected a mapping of state: weight, got {describe(weights)}")
@@ -258,10 +297,7 @@ def _loss(value: Any, observed: tuple[str, ...], fail) -> tuple[float, ...]:
             fail(f"loss.weights.{name}", f"not an observed state ({', '.join(observed)})")
     out = []
     for name in observed:
-        w = _number(weights.get(name, 1.0), f"loss.weights.{name}", fail)
-        if w < 0:
-            fail(f"loss.weights.{name}", f"must be >= 0, got {w:g}")
-        out.append(w)
+        out.append(_limited(weights.get(name, 1.0), "loss.weights", fail, f"loss.weights.{name}"))
     if not any(out):
         fail("loss.weights", "every weight is zero")
     return tuple(out)
@@ -273,18 +309,9 @@ def _optimizer(value: Any, fail) -> dict[str, Any]:
     if kind not in OPTIMIZERS:
         fail("optimizer.type", f"expected one of {', '.join(OPTIMIZERS)}, got {describe(kind)}")
     defaults = OPTIMIZER_DEFAULTS[kind]
-    lr = _number(section.get("lr", defaults["lr"]), "optimizer.lr", fail)
-    if lr <= 0:
-        fail("optimizer.lr", f"must be > 0, got {lr:g}")
-    out: dict[str, Any] = {"optimizer": kind, "lr": lr}
-    for key, default, minimum in (("iterations", defaults["iterations"], 1), ("history", 10, 1)):
-        raw = section.get(key, default)
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-            fail(f"optimizer.{key}", f"expected an integer >= {minimum}, got {describe(raw)}")
-        out[key] = raw
+    out: dict[str, Any] = {"optimizer": kind, "lr": _limited(section.get("lr", defaults["lr"]), "optimizer.lr", fail)}
+    for key, default in (("iterations", defaults["iterations"]), ("history", 10)):
+        out[key] = _count(section.get(key, default), f"optimizer.{key}", fail)
     for key, default in (("tol", 1e-10), ("gtol", 0.0)):
-        number = _number(section.get(key, default), f"optimizer.{key}", fail)
-        if number < 0:
-            fail(f"optimizer.{key}", f"must be >= 0, got {number:g}")
-        out[key] = number
+        out[key] = _limited(section.get(key, default), f"optimizer.{key}", fail)
     return out
