@@ -57,6 +57,23 @@ def test_validate_accepts_a_good_spec_and_flags_python_code(tmp_path):
     assert "runs Python code" in result.output and "valid ode spec" in result.output
 
 
+@pytest.mark.parametrize("change, message", [
+    (("type: lbfgs", "type: sgd"), "inverse.optimizer.type: expected one of adam, lbfgs, got string 'sgd'"),
+    (("observed: [x, v]", "observed: [x, q]"), "inverse.observed"),
+    (("noise: 0.01", "noise: -1"), "inverse.data.noise"),
+])
+def test_validate_checks_an_ode_specs_inverse_section_as_train_inverse_does(tmp_path, change, message):
+    """validate imported a function that does not exist, caught the ImportError and passed every inverse: section."""
+    spec = tmp_path / "fit.yaml"
+    spec.write_text((ROOT / "examples" / "vdp-fit.yaml").read_text().replace(*change))
+    result = runner.invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {spec}: {message}"), result.output
+    fit = runner.invoke(app, ["train-inverse", str(spec), "-o", str(tmp_path / "fit.h5")])
+    assert fit.exit_code == 2 and errors[0] in fit.output, fit.output
+
+
 def test_init_writes_a_starter_that_validates_and_solves(tmp_path):
     target = tmp_path / "starter.yaml"
     assert runner.invoke(app, ["init", "ode", "-o", str(target)]).exit_code == 0
