@@ -171,6 +171,11 @@ UNSTABLE = [
                           "size": 50}, "true_model", "2100"),
     (_without_bounds(FAST), "unknown.initial", 2100, "unknown", "2100"),
     (FAST, "unknown.bounds", [1500, 2050], "unknown.bounds", "2050"),
+    # sigmoid and softplus start from the initial field itself (up to rounding)
+    (_set(_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2600]), "unknown.transform",
+     "sigmoid", "unknown", "2100"),
+    (_set(_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2600]), "unknown.transform",
+     "softplus", "unknown", "2100"),
     # clamped into its bounds, the initial field reaches the upper bound, named before the bound
     (_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2050], "unknown", "2050"),
     (FAST, "unknown", {"type": "scalars", "bounds": [1500, 2600], "transform": "clamp",
