@@ -304,17 +304,22 @@ def _check_physical(V: _V, spec: dict, raw: dict) -> None:
         raise V.err("unknown.bounds[0]", f"a {what} bound must be >= 0, got {unk['bounds'][0]:g}")
 
 
+# The node coordinates ``(y values, x values)`` of the grid, in metres.
+Nodes = tuple[list[float], list[float]]
+
+
 def _check_stability(V: _V, spec: dict) -> None:
     """The run's stability check (odecli.pde.problem) on the fields the spec pins down.
 
     Same limit, message and order as the run (true model, the unknown's starting field, the
     unknown's upper bound), each judged by the largest value the run evaluates on a grid node, so
-    validate refuses exactly the time steps the run refuses. Fields known only once evaluated
+    validate refuses the time steps the run refuses, and no others. Fields known only once evaluated
     (file, smoothed and marmousi models, an MLP) are left to the run: a bound such as a smoothed
     model's unsmoothed peak would refuse specs that run. It comes after every other spec check;
     the run's own checks of files (a wavelet, a model's values) and of the ranks come later.
-    Values are taken in float64; a float32 run rounds them, which can matter within rounding of
-    the limit.
+    Values are taken in float64, and a sigmoid or softplus unknown's start is the initial value
+    itself; the run's field differs from these by rounding only, which can matter within
+    rounding of the limit.
     """
     eq, dt = spec["equation"], spec["time"]["dt"]
     dy, dx = spec["grid"]["spacing"]
@@ -327,7 +332,7 @@ def _check_stability(V: _V, spec: dict) -> None:
 def _largest_values(spec: dict) -> list[tuple[str, float]]:
     """``(field as the run names it, its largest value)`` for each field the spec pins down."""
     (ny, nx), (dy, dx) = spec["grid"]["shape"], spec["grid"]["spacing"]
-    nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # as Block.coords
+    nodes: Nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # Block.coords
     unk = spec["unknown"]
     found = []
     if spec["true_model"] is not None:
@@ -336,9 +341,6 @@ def _largest_values(spec: dict) -> list[tuple[str, float]]:
     if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value
         found.append(("unknown.bounds", unk["bounds"][1]))
     return [(field, v) for field, v in found if v is not None]
-
-
-Nodes = tuple[list[float], list[float]]
 
 
 def _largest(m: dict, nodes: Nodes) -> float | None:
