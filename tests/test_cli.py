@@ -274,7 +274,8 @@ def test_bad_input_is_reported_before_torch_is_imported(tmp_path):
     assert existing.read_bytes() == b"not ours to overwrite"
 
 
-@pytest.mark.parametrize("example", ["vdp-sweep.yaml", "vdp-fit.yaml", "acoustic-anomaly.yaml"])
+@pytest.mark.parametrize("example", ["vdp-sweep.yaml", "vdp-fit.yaml", "acoustic-anomaly.yaml",
+                                     "heat-conductivity.yaml"])
 def test_validate_never_imports_torch(example):
     spec = Path(__file__).resolve().parents[1] / "examples" / example
     code = ("import sys; from odecli.cli import app; sys.argv = ['odecli', 'validate', sys.argv[1]]\n"

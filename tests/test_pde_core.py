@@ -13,9 +13,11 @@ import torch
 
 from odecli.errors import SpecError
 from odecli.parallel.comm import get_comm
+from odecli.pde import models
+from odecli.pde.grid import Block, Grid
 from odecli.pde.problem import Problem
 from odecli.pde.sources import ricker
-from odecli.pde.spec import load_spec, validate
+from odecli.pde.spec import _largest, load_spec, validate
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
 from pde_equivalence import BASE, variants  # noqa: E402
@@ -160,3 +162,29 @@ def test_sponge_absorbs():
         _, u_rig = P0.prop.forward(P0.true_local, return_field=True)
     assert float(u_abs.abs().max()) < 0.1 * float(u_rig.abs().max())
     assert math.isfinite(float(u_abs.abs().max()))
+
+
+# Normalised model specs (as odecli.pde.spec writes them) on a 30x26 grid of 10 m nodes.
+MODEL_PEAKS = [
+    {"type": "constant", "value": 2100.0},
+    {"type": "layered", "interfaces": [100.0, 105.0, 400.0], "values": [2000.0, 9000.0, 2100.0, 8000.0]},
+    {"type": "gaussian", "background": 2000.0, "amplitude": 200.0, "center": [153.0, 127.0],
+     "sigma": [40.0, 25.0]},
+    {"type": "gaussian", "background": 2000.0, "amplitude": 200.0, "center": [-80.0, 900.0],
+     "sigma": [40.0, 40.0]},
+    {"type": "gaussian", "background": 2100.0, "amplitude": -300.0, "center": [150.0, 125.0],
+     "sigma": [60.0, 90.0]},
+    {"type": "checkerboard", "background": 2000.0, "amplitude": -100.0, "size": [50.0, 70.0]},
+    {"type": "checkerboard", "background": 2000.0, "amplitude": 100.0, "size": [1000.0, 30.0]},
+    {"type": "checkerboard", "background": 2000.0, "amplitude": -100.0, "size": [1000.0, 1000.0]},
+]
+
+
+@pytest.mark.parametrize("model", MODEL_PEAKS, ids=lambda m: m["type"])
+def test_validate_sees_the_largest_value_the_run_evaluates(model):
+    """validate judges dt by this value without torch; it must be what the run's field reaches
+    (not a bound), or validate would refuse time steps the run accepts."""
+    grid = Grid(30, 26, 10.0, 10.0)
+    field = models.evaluate(model, grid, Block.whole(grid))
+    nodes = ([iy * grid.dy for iy in range(grid.ny)], [ix * grid.dx for ix in range(grid.nx)])
+    assert _largest(model, nodes) == pytest.approx(float(field.max()), rel=1e-15, abs=0)

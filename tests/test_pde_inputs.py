@@ -143,3 +143,89 @@ def test_a_model_file_with_a_negative_speed_is_named(tmp_path, field):
     assert result.exit_code == 2, result.output
     assert _errors(result) == [f"error: {spec}: {field}: wave speed must be > 0 everywhere, got -7 "
                                "(the field's minimum)"], result.output
+
+
+# ---------------------------------------------------------------- time step stability
+# dt=0.003 on SMALL's 10 m grid allows c <= 2041.24; dt=0.01 on HEAT's 1 cm grid kappa <= 0.0025.
+CFL = ("CFL limit c*dt*sqrt(1/dx^2+1/dy^2) <= 0.8660 (leapfrog, 4th-order space), "
+       "i.e. c <= 2041.24 at dt=0.003")
+EULER = ("stability limit kappa*dt*(1/dx^2+1/dy^2) <= 0.5 (explicit Euler), "
+         "i.e. kappa <= 0.0025 at dt=0.01")
+FAST = _set(_set(_set(SMALL, "time.dt", 0.003), "unknown.bounds", [1500, 2040]), "true_model", 2000)
+
+
+def _without_bounds(raw: dict) -> dict:
+    raw = copy.deepcopy(raw)
+    raw["unknown"].pop("bounds")
+    return raw
+
+
+# Each: a change to FAST (or HEAT), the field the run names and the value it reports.
+UNSTABLE = [
+    (FAST, "true_model", 2100, "true_model", "2100"),
+    (FAST, "true_model", {"type": "layered", "interfaces": [100], "values": [2000, 2100]},
+     "true_model", "2100"),
+    # the centre (150, 125) lies between nodes: the run sees 2000 + 200*exp(-0.5*(5/40)^2)
+    (FAST, "true_model", SMALL["true_model"], "true_model", "2198.44"),
+    (FAST, "true_model", {"type": "checkerboard", "background": 2000, "amplitude": -100,
+                          "size": 50}, "true_model", "2100"),
+    (_without_bounds(FAST), "unknown.initial", 2100, "unknown", "2100"),
+    (FAST, "unknown.bounds", [1500, 2050], "unknown.bounds", "2050"),
+    # sigmoid and softplus start from the initial field itself (up to rounding)
+    (_set(_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2600]), "unknown.transform",
+     "sigmoid", "unknown", "2100"),
+    (_set(_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2600]), "unknown.transform",
+     "softplus", "unknown", "2100"),
+    # clamped into its bounds, the initial field reaches the upper bound, named before the bound
+    (_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2050], "unknown", "2050"),
+    (FAST, "unknown", {"type": "scalars", "bounds": [1500, 2600], "transform": "clamp",
+                       "model": {"type": "layered", "interfaces": [100], "values": [2000, 2100]}},
+     "unknown", "2100"),
+    (HEAT, "true_model.value", 0.003, "true_model", "0.003"),
+    (_without_bounds(HEAT), "unknown.initial", {"type": "gaussian", "background": 0.0002, "amplitude": 0.0028,
+                               "center": [0.1, 0.1], "sigma": 0.02}, "unknown", "0.003"),
+    (HEAT, "unknown.bounds", [0.00005, 0.003], "unknown.bounds", "0.003"),
+]
+
+
+@pytest.mark.parametrize("base,field,value,named,reached", UNSTABLE,
+                         ids=[f"{c[1]}={c[2]}" for c in UNSTABLE])
+def test_an_unstable_time_step_is_reported_by_validate_as_the_run_reports_it(
+        tmp_path, base, field, value, named, reached):
+    """validate used to accept these; the run refused them only after loading the spec."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(base, field, value)))
+    what, limit = ("wave speed", CFL) if base["equation"] == "acoustic2d" else ("conductivity", EULER)
+    line = f"error: {spec}: time.dt: unstable: {named} reaches {what} {reached}; {limit}"
+    for result in (CliRunner().invoke(app, ["validate", str(spec)]), _train(spec, tmp_path)):
+        assert result.exit_code == 2, result.output
+        assert _errors(result) == [line], result.output
+    assert not (tmp_path / "out.h5").exists()
+
+
+@pytest.mark.parametrize("base,field,value", [
+    (FAST, "true_model", 2041),                          # just under the limit
+    (FAST, "true_model", {**SMALL["true_model"], "center": [150, 1000]}),  # peak off the grid
+    (FAST, "true_model", {"type": "layered", "interfaces": [1000], "values": [2000, 9000]}),
+    (_set(FAST, "unknown.initial", 2100), "unknown.bounds", [1500, 2040]),  # clamped below
+    (HEAT, "true_model.value", 0.0024),
+])
+def test_a_stable_time_step_still_validates(tmp_path, base, field, value):
+    """Only what the run evaluates counts: a peak or layer no grid node reaches is no limit."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(base, field, value)))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "valid pde-inverse spec" in result.output, result.output
+
+
+def test_a_smoothed_model_is_judged_by_the_run_on_its_smoothed_field(tmp_path):
+    """Smoothing lowers a narrow peak (here 2300 to about 2030, under the limit of 2041): the
+    spec cannot tell by how much, so validate leaves it to the run, which accepts it."""
+    peak = {"type": "gaussian", "background": 2000, "amplitude": 300, "center": [150, 120],
+            "sigma": 10}
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(FAST, "true_model", {"type": "smoothed", "of": peak,
+                                                             "sigma": 3})))
+    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0
+    result = _train(spec, tmp_path)
+    assert result.exit_code == 0, result.output

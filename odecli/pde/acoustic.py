@@ -24,7 +24,7 @@ from odecli.pde.acoustic_native import Loop, Workspace, propagate
 from odecli.pde.grid import Block, Grid
 from odecli.pde.leapfrog import RING, interior, native_available, reference_step, sponge_spans
 from odecli.pde.sources import Geometry, LocalGeometry
-from odecli.pde.stencils import acoustic_cfl_limit
+from odecli.pde.stability import acoustic_speed_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
@@ -187,7 +187,7 @@ class AcousticPropagator:
 
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""
-        return acoustic_cfl_limit(self.grid.dy, self.grid.dx) / self.dt
+        return acoustic_speed_limit(self.dt, self.grid.dy, self.grid.dx)
 
     def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
         """Reference steps ``t0 .. t1-1`` on ringed fields (autograd records them)."""

@@ -13,7 +13,8 @@ from torch.utils.checkpoint import checkpoint
 from odecli.pde.acoustic import segment_bounds
 from odecli.pde.grid import Block, Grid
 from odecli.pde.sources import LocalGeometry
-from odecli.pde.stencils import divergence_flux, heat_dt_limit
+from odecli.pde.stability import heat_conductivity_limit
+from odecli.pde.stencils import divergence_flux
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = 1
@@ -56,7 +57,7 @@ class HeatPropagator:
 
     def stability_limit(self) -> float:
         """Largest stable conductivity for this dt and grid."""
-        return 1.0 / (2.0 * self.dt * (1.0 / self.grid.dx**2 + 1.0 / self.grid.dy**2))
+        return heat_conductivity_limit(self.dt, self.grid.dy, self.grid.dx)
 
     def face_conductivities(self, k: torch.Tensor):
         kp = timed_halo(k, self.decomp, self.comm, HALO, 0.0, self.timer)
@@ -105,4 +106,4 @@ class HeatPropagator:
         return (traces, u) if return_field else traces
 
 
-__all__ = ["HeatPropagator", "heat_dt_limit", "SIDES"]
+__all__ = ["HeatPropagator", "SIDES"]

@@ -11,7 +11,7 @@ import torch
 from odecli.errors import InputError, SpecError
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
-from odecli.pde import models
+from odecli.pde import models, stability
 from odecli.pde.acoustic import (HALO, AcousticPropagator, auto_exchange_every,
                                  available_memory_bytes, fused_auto_segments, max_exchange_every,
                                  sponge_profile)
@@ -19,7 +19,6 @@ from odecli.pde.grid import Block, Grid
 from odecli.pde.heat import HeatPropagator
 from odecli.pde.leapfrog import native_available
 from odecli.pde.sources import Geometry, ricker
-from odecli.pde.stencils import acoustic_cfl_limit
 from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import make_unknown
 from odecli.runner import resolve_device
@@ -213,14 +212,10 @@ class Problem:
 
     # ------------------------------------------------------------------ checks
     def _what(self) -> str:
-        return "wave speed" if self.spec["equation"] == "acoustic2d" else "conductivity"
+        return stability.quantity(self.spec["equation"])
 
     def _limit_text(self) -> str:
-        if self.spec["equation"] == "acoustic2d":
-            return (f"CFL limit c*dt*sqrt(1/dx^2+1/dy^2) <= {acoustic_cfl_limit(1, 1) * math.sqrt(2):.4f} "
-                    f"(leapfrog, 4th-order space), i.e. c <= {self.limit:.6g} at dt={self.dt:g}")
-        return (f"stability limit kappa*dt*(1/dx^2+1/dy^2) <= 0.5 (explicit Euler), "
-                f"i.e. kappa <= {self.limit:.6g} at dt={self.dt:g}")
+        return stability.limit_text(self.spec["equation"], self.limit, self.dt)
 
     def global_max(self, local: torch.Tensor) -> float:
         v = float(local.detach().max())
@@ -241,9 +236,8 @@ class Problem:
             checks.append(("unknown.bounds", float(hi)))
         for field, v in checks:
             if v > self.limit:
-                raise collective(SpecError(
-                    file, "time.dt",
-                    f"unstable: {field} reaches {self._what()} {v:.6g}; {self._limit_text()}"))
+                raise collective(SpecError(file, "time.dt", stability.unstable(
+                    self.spec["equation"], field, v, self.limit, self.dt)))
 
     def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
         """Wave speed > 0, conductivity >= 0 over the evaluated fields: the spec's check

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from odecli.errors import SpecError
+from odecli.pde import stability
 
 # The model field types odecli.pde.models builds (kept here so that checking a spec needs no torch).
 MODEL_TYPES = ("constant", "layered", "gaussian", "checkerboard", "marmousi", "file", "smoothed")
@@ -25,6 +27,9 @@ OPTIMIZERS = ("adam", "lbfgs")
 BOUNDARY_TYPES = ("dirichlet", "neumann")
 DEVICES = ("cpu", "cuda", "auto")  # plus cuda:N; auto: cuda when available, else cpu (as for ODEs)
 SIDES = ("top", "bottom", "left", "right")
+# How far inside its bounds the sigmoid and softplus transforms start a value (their inverses
+# cannot reach the bound itself); odecli.pde.unknowns.Transform uses it.
+TRANSFORM_EDGE = 1e-6
 
 _MISSING = object()
 
@@ -250,6 +255,7 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
         raise V.err("unknown.fixed_border",
                     f"{out['unknown']['fixed_border']} cells leave no free cell to invert in a "
                     f"{ny}x{nx} grid; use at most {most}")
+    _check_stability(V, out)
     return out
 
 
@@ -296,6 +302,115 @@ def _check_physical(V: _V, spec: dict, raw: dict) -> None:
         check(unk["base"], "unknown.base")
     if unk["bounds"] is not None and unk["bounds"][0] < 0:
         raise V.err("unknown.bounds[0]", f"a {what} bound must be >= 0, got {unk['bounds'][0]:g}")
+
+
+# The node coordinates ``(y values, x values)`` of the grid, in metres.
+Nodes = tuple[list[float], list[float]]
+
+
+def _check_stability(V: _V, spec: dict) -> None:
+    """The run's stability check (odecli.pde.problem) on the fields the spec pins down.
+
+    Same limit, message and order as the run (true model, the unknown's starting field, the
+    unknown's upper bound), each judged by the largest value the run evaluates on a grid node, so
+    validate refuses the time steps the run refuses, and no others. Fields known only once evaluated
+    (file, smoothed and marmousi models, an MLP) are left to the run: a bound such as a smoothed
+    model's unsmoothed peak would refuse specs that run. It comes after every other spec check;
+    the run's own checks of files (a wavelet, a model's values) and of the ranks come later.
+    Values are taken in float64, and a sigmoid or softplus unknown's start is the initial value
+    itself; the run's field differs from these by rounding only, which can matter within
+    rounding of the limit.
+    """
+    eq, dt = spec["equation"], spec["time"]["dt"]
+    dy, dx = spec["grid"]["spacing"]
+    most = stability.limit(eq, dt, dy, dx)
+    for field, value in _largest_values(spec):
+        if value > most:
+            raise V.err("time.dt", stability.unstable(eq, field, value, most, dt))
+
+
+def _largest_values(spec: dict) -> list[tuple[str, float]]:
+    """``(field as the run names it, its largest value)`` for each field the spec pins down."""
+    (ny, nx), (dy, dx) = spec["grid"]["shape"], spec["grid"]["spacing"]
+    nodes: Nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # Block.coords
+    unk = spec["unknown"]
+    found = []
+    if spec["true_model"] is not None:
+        found.append(("true_model", _largest(spec["true_model"], nodes)))
+    found.append(("unknown", _unknown_largest(unk, nodes)))
+    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value
+        found.append(("unknown.bounds", unk["bounds"][1]))
+    return [(field, v) for field, v in found if v is not None]
+
+
+def _largest(m: dict, nodes: Nodes) -> float | None:
+    """The largest value of model ``m`` (odecli.pde.models.evaluate) on the grid's nodes.
+
+    Not a bound but the value itself: a Gaussian centred between nodes, or a layer below the
+    grid, must not count more than the run sees. None where it needs the evaluated field.
+    """
+    ys, xs = nodes
+    kind = m["type"]
+    if kind == "constant":
+        return m["value"]
+    if kind == "layered":  # torch.bucketize(right=True) is bisect_right
+        return max(m["values"][i] for i in {bisect_right(m["interfaces"], y) for y in ys})
+    if kind == "gaussian":
+        return max(_gaussian(m, y, x) for y in _extremes(ys, m["center"][0])
+                   for x in _extremes(xs, m["center"][1]))
+    if kind == "checkerboard":
+        sy, sx = m["size"]
+        return max(m["background"] + m["amplitude"] * a * b
+                   for a in _sin_signs(ys, sy) for b in _sin_signs(xs, sx))
+    return None
+
+
+def _gaussian(m: dict, y: float, x: float) -> float:
+    """The gaussian model at one node, in the order models.evaluate computes it."""
+    (cy, cx), (sy, sx) = m["center"], m["sigma"]
+    r2 = ((y - cy) / sy) ** 2 + ((x - cx) / sx) ** 2
+    return m["background"] + m["amplitude"] * math.exp(-0.5 * r2)
+
+
+def _extremes(coords: list[float], centre: float) -> list[float]:
+    """The coordinates nearest to and farthest from ``centre``: a Gaussian's largest value on a
+    grid lies at one of them in each axis (nearest for a peak, farthest for a dip)."""
+    k = bisect_left(coords, centre)
+    return [coords[0], coords[-1]] + coords[max(k - 1, 0): k + 1]
+
+
+def _sin_signs(coords: list[float], size: float) -> set[int]:
+    """The signs ``sin(pi * c / size)`` takes over the nodes (one factor of a checkerboard)."""
+    return {(s > 0) - (s < 0) for s in (math.sin(math.pi * c / size) for c in coords)}
+
+
+def _unknown_largest(unk: dict, nodes: Nodes) -> float | None:
+    """The largest value of the unknown's starting field (odecli.pde.unknowns), or None for an
+    MLP, whose network is drawn only by the run."""
+    if unk["type"] == "grid":
+        v = _largest(unk["initial"], nodes)
+        return None if v is None else _transformed(unk, v)
+    if unk["type"] == "scalars":  # the transform acts on each trainable number
+        model = dict(unk["model"])
+        for k in unk["trainable"]:
+            v = model[k]
+            model[k] = [_transformed(unk, x) for x in v] if isinstance(v, list) else _transformed(unk, v)
+        return _largest(model, nodes)
+    return None
+
+
+def _transformed(unk: dict, v: float) -> float:
+    """What ``v`` becomes through the unknown's transform and back (Transform.inverse then
+    forward), as the run starts from it; equal up to rounding for sigmoid and softplus."""
+    kind = unk["transform"]
+    if kind == "none":
+        return v
+    lo, hi = unk["bounds"]
+    if kind == "clamp":
+        return min(max(v, lo), hi)
+    if kind == "sigmoid":
+        return lo + (hi - lo) * min(max((v - lo) / (hi - lo), TRANSFORM_EDGE), 1 - TRANSFORM_EDGE)
+    return lo + max(v - lo, TRANSFORM_EDGE)
 
 
 def line_points(start, end, count: int) -> list[tuple[float, float]]:

@@ -11,8 +11,6 @@ import torch
 
 # 4th-order central second derivative: (-1/12, 4/3, -5/2, 4/3, -1/12) / h^2
 C0, C1, C2 = -5.0 / 2.0, 4.0 / 3.0, -1.0 / 12.0
-# largest eigenvalue of that 1-D operator times h^2 (for the CFL limit)
-LAMBDA_4TH = 16.0 / 3.0
 
 
 def laplacian4(up: torch.Tensor, dy: float, dx: float) -> torch.Tensor:
@@ -34,16 +32,6 @@ def laplacian4(up: torch.Tensor, dy: float, dx: float) -> torch.Tensor:
     t = up[..., 0:ny, 2 : 2 + nx] + up[..., 4 : 4 + ny, 2 : 2 + nx]
     lap.add_(t.mul_(C2 * iy2))
     return lap
-
-
-def acoustic_cfl_limit(dy: float, dx: float) -> float:
-    """Largest ``c*dt`` for the leapfrog / 4th-order scheme: (c dt)^2 * 16/3 * (1/dx^2+1/dy^2) <= 4."""
-    return (4.0 / (LAMBDA_4TH * (1.0 / dx**2 + 1.0 / dy**2))) ** 0.5
-
-
-def heat_dt_limit(kappa_max: float, dy: float, dx: float) -> float:
-    """Largest stable ``dt`` for forward Euler with the 5-point conservative operator."""
-    return 1.0 / (2.0 * kappa_max * (1.0 / dx**2 + 1.0 / dy**2))
 
 
 def divergence_flux(up: torch.Tensor, kxm, kxp, kym, kyp, dy: float, dx: float) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from odecli.pde import models
 from odecli.pde.grid import Block, Grid
+from odecli.pde.spec import TRANSFORM_EDGE
 
 
 class Transform:
@@ -36,10 +37,10 @@ class Transform:
         if self.kind == "clamp":
             return torch.clamp(v, self.lo, self.hi)
         if self.kind == "sigmoid":
-            r = ((v - self.lo) / (self.hi - self.lo)).clamp(1e-6, 1 - 1e-6)
+            r = ((v - self.lo) / (self.hi - self.lo)).clamp(TRANSFORM_EDGE, 1 - TRANSFORM_EDGE)
             return torch.log(r) - torch.log1p(-r)
         if self.kind == "softplus":
-            r = (v - self.lo).clamp(min=1e-6)
+            r = (v - self.lo).clamp(min=TRANSFORM_EDGE)
             return r + torch.log(-torch.expm1(-r))
         return v.clone()
 
