@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any
@@ -317,9 +318,10 @@ def _check_stability(V: _V, spec: dict) -> None:
     (file, smoothed and marmousi models, an MLP) are left to the run: a bound such as a smoothed
     model's unsmoothed peak would refuse specs that run. It comes after every other spec check;
     the run's own checks of files (a wavelet, a model's values) and of the ranks come later.
-    Values are taken in float64, and a sigmoid or softplus unknown's start is the initial value
-    itself; the run's field differs from these by rounding only, which can matter within
-    rounding of the limit.
+    Values are taken in float64 and, for a float32 run, rounded to float32 as the run holds them
+    (a constant, layer or checkerboard value is then exactly the run's); a Gaussian's exp and a
+    sigmoid or softplus unknown's start (taken as the initial value itself) differ from the run's
+    field by rounding only, which can matter within rounding of the limit.
     """
     eq, dt = spec["equation"], spec["time"]["dt"]
     dy, dx = spec["grid"]["spacing"]
@@ -338,9 +340,23 @@ def _largest_values(spec: dict) -> list[tuple[str, float]]:
     if spec["true_model"] is not None:
         found.append(("true_model", _largest(spec["true_model"], nodes)))
     found.append(("unknown", _unknown_largest(unk, nodes)))
-    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value
+    if spec["compute"]["dtype"] == "float32":  # the run holds its fields in float32 (not the bound)
+        found = [(field, None if v is None else _float32(v)) for field, v in found]
+    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value, a Python float in the run too
         found.append(("unknown.bounds", unk["bounds"][1]))
     return [(field, v) for field, v in found if v is not None]
+
+
+def _float32(v: float) -> float:
+    """``v`` rounded to the nearest float32, as a float32 run's field holds it (inf beyond its range).
+
+    A value within a float32 rounding of the limit is on the side the run sees it on: 2355.2786 is
+    2355.27856 in float32, under the limit 2355.27860 at dt=0.0026, and the run accepts it.
+    """
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 def _largest(m: dict, nodes: Nodes) -> float | None:
