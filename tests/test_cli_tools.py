@@ -198,6 +198,7 @@ def _fit_with(path: str, value) -> dict:
     ("data.noise", 0.0), ("data.seed", 0), ("data.relative", True), ("observed", ["x"]), ("loss", None),
     ("loss.weights.x", 0.5), ("optimizer", None), ("optimizer.type", "adam"), ("optimizer.iterations", 1),
     ("optimizer.gtol", 0), ("checkpoint", None), ("checkpoint.every", 0),
+    ("observed", None), ("loss.weights", None),  # an empty `observed:` fits every state, as if left out
 ])
 def test_schema_accepts_the_inverse_sections_the_validator_accepts(path, value):
     spec = _fit_with(path, value)

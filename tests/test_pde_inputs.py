@@ -218,6 +218,50 @@ def test_a_stable_time_step_still_validates(tmp_path, base, field, value):
     assert result.exit_code == 0 and "valid pde-inverse spec" in result.output, result.output
 
 
+# float32 runs hold the fields in float32: a value is judged as the run rounds it, not as written.
+# At dt=0.0026 the limit is 2355.27859883 and 2355.2786 rounds down to 2355.27856 in float32;
+# at dt=0.003 the limit is 2041.24145232 and 2041.2414 rounds up to 2041.24146.
+F32 = _set(_set(SMALL, "compute.dtype", "float32"), "unknown.bounds", [1500, 2300])
+
+
+def test_a_float32_field_that_rounds_under_the_limit_validates_and_runs(tmp_path):
+    """validate refused it on the float64 value while the float32 run accepted it."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(_set(F32, "time.dt", 0.0026), "true_model", 2355.2786)))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    assert result.exit_code == 0 and "valid pde-inverse spec" in result.output, result.output
+    result = _train(spec, tmp_path)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_float32_field_that_rounds_over_the_limit_is_refused_by_both(tmp_path):
+    """validate accepted it on the float64 value while the float32 run refused it."""
+    spec = tmp_path / "spec.yaml"
+    raw = _set(_set(_set(F32, "time.dt", 0.003), "true_model", 2041.2414), "unknown.bounds", [1500, 2040])
+    spec.write_text(yaml.safe_dump(raw))
+    line = f"error: {spec}: time.dt: unstable: true_model reaches wave speed 2041.24; {CFL}"
+    for result in (CliRunner().invoke(app, ["validate", str(spec)]), _train(spec, tmp_path)):
+        assert result.exit_code == 2, result.output
+        assert _errors(result) == [line], result.output
+
+
+def test_a_float32_checkerboard_is_judged_by_the_signs_float32_gives_its_border_nodes(tmp_path):
+    """The last node (y = 290 m) lies on a square's edge: sin(pi*290/290) is +1e-16 in float64 but
+    -9e-8 in float32, so the float32 run sees background - amplitude = 2100 there. validate took
+    the float64 signs, saw at most 2000 and accepted what the run then refused."""
+    board = {"type": "checkerboard", "background": 2000, "amplitude": -100, "size": [290, 1000]}
+    raw = _set(_set(_set(F32, "time.dt", 0.003), "true_model", board), "unknown.bounds", [1500, 2040])
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    line = f"error: {spec}: time.dt: unstable: true_model reaches wave speed 2100; {CFL}"
+    for result in (CliRunner().invoke(app, ["validate", str(spec)]), _train(spec, tmp_path)):
+        assert result.exit_code == 2, result.output
+        assert _errors(result) == [line], result.output
+    spec.write_text(yaml.safe_dump(_set(raw, "compute.dtype", "float64")))  # float64: 2000 at most
+    assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0
+    assert _train(spec, tmp_path).exit_code == 0
+
+
 def test_a_smoothed_model_is_judged_by_the_run_on_its_smoothed_field(tmp_path):
     """Smoothing lowers a narrow peak (here 2300 to about 2030, under the limit of 2041): the
     spec cannot tell by how much, so validate leaves it to the run, which accepts it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any
@@ -317,9 +318,10 @@ def _check_stability(V: _V, spec: dict) -> None:
     (file, smoothed and marmousi models, an MLP) are left to the run: a bound such as a smoothed
     model's unsmoothed peak would refuse specs that run. It comes after every other spec check;
     the run's own checks of files (a wavelet, a model's values) and of the ranks come later.
-    Values are taken in float64, and a sigmoid or softplus unknown's start is the initial value
-    itself; the run's field differs from these by rounding only, which can matter within
-    rounding of the limit.
+    Values are taken in float64 and, for a float32 run, rounded to float32 as the run holds them
+    (a constant, layer or checkerboard value is then exactly the run's); a Gaussian's exp and a
+    sigmoid or softplus unknown's start (taken as the initial value itself) differ from the run's
+    field by rounding only, which can matter within rounding of the limit.
     """
     eq, dt = spec["equation"], spec["time"]["dt"]
     dy, dx = spec["grid"]["spacing"]
@@ -332,22 +334,42 @@ def _check_stability(V: _V, spec: dict) -> None:
 def _largest_values(spec: dict) -> list[tuple[str, float]]:
     """``(field as the run names it, its largest value)`` for each field the spec pins down."""
     (ny, nx), (dy, dx) = spec["grid"]["shape"], spec["grid"]["spacing"]
-    nodes: Nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # Block.coords
+    single = spec["compute"]["dtype"] == "float32"  # the run holds its fields in float32 (not the bound)
+    if single:  # Block.coords: iy.to(float32) * dy, in float32
+        nodes: Nodes = ([_float32(float(iy) * _float32(dy)) for iy in range(ny)],
+                        [_float32(float(ix) * _float32(dx)) for ix in range(nx)])
+    else:
+        nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # Block.coords
     unk = spec["unknown"]
     found = []
     if spec["true_model"] is not None:
-        found.append(("true_model", _largest(spec["true_model"], nodes)))
-    found.append(("unknown", _unknown_largest(unk, nodes)))
-    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value
+        found.append(("true_model", _largest(spec["true_model"], nodes, single)))
+    found.append(("unknown", _unknown_largest(unk, nodes, single)))
+    if single:
+        found = [(field, None if v is None else _float32(v)) for field, v in found]
+    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value, a Python float in the run too
         found.append(("unknown.bounds", unk["bounds"][1]))
     return [(field, v) for field, v in found if v is not None]
 
 
-def _largest(m: dict, nodes: Nodes) -> float | None:
+def _float32(v: float) -> float:
+    """``v`` rounded to the nearest float32, as a float32 run's field holds it (inf beyond its range).
+
+    A value within a float32 rounding of the limit is on the side the run sees it on: 2355.2786 is
+    2355.27856 in float32, under the limit 2355.27860 at dt=0.0026, and the run accepts it.
+    """
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
+def _largest(m: dict, nodes: Nodes, single: bool = False) -> float | None:
     """The largest value of model ``m`` (odecli.pde.models.evaluate) on the grid's nodes.
 
     Not a bound but the value itself: a Gaussian centred between nodes, or a layer below the
     grid, must not count more than the run sees. None where it needs the evaluated field.
+    ``single``: the nodes are a float32 run's, whose checkerboard signs are taken in float32.
     """
     ys, xs = nodes
     kind = m["type"]
@@ -361,7 +383,7 @@ def _largest(m: dict, nodes: Nodes) -> float | None:
     if kind == "checkerboard":
         sy, sx = m["size"]
         return max(m["background"] + m["amplitude"] * a * b
-                   for a in _sin_signs(ys, sy) for b in _sin_signs(xs, sx))
+                   for a in _sin_signs(ys, sy, single) for b in _sin_signs(xs, sx, single))
     return None
 
 
@@ -379,23 +401,33 @@ def _extremes(coords: list[float], centre: float) -> list[float]:
     return [coords[0], coords[-1]] + coords[max(k - 1, 0): k + 1]
 
 
-def _sin_signs(coords: list[float], size: float) -> set[int]:
-    """The signs ``sin(pi * c / size)`` takes over the nodes (one factor of a checkerboard)."""
-    return {(s > 0) - (s < 0) for s in (math.sin(math.pi * c / size) for c in coords)}
+def _sin_signs(coords: list[float], size: float, single: bool = False) -> set[int]:
+    """The signs ``sin(pi * c / size)`` takes over the nodes (one factor of a checkerboard).
+
+    On a node at a multiple of ``size`` the sine is a rounding error whose sign the arithmetic
+    decides: ``single`` takes it as a float32 run does (pi, the product and the quotient in
+    float32; the sine of that float32 argument has its sign). In float32 pi is above pi, in
+    float64 below: the last node of a 230 m grid with 230 m squares is on opposite sides.
+    """
+    if not single:
+        return {(s > 0) - (s < 0) for s in (math.sin(math.pi * c / size) for c in coords)}
+    pi, size = _float32(math.pi), _float32(size)
+    args = (_float32(_float32(pi * c) / size) for c in coords)
+    return {(s > 0) - (s < 0) for s in (math.sin(a) for a in args)}
 
 
-def _unknown_largest(unk: dict, nodes: Nodes) -> float | None:
+def _unknown_largest(unk: dict, nodes: Nodes, single: bool = False) -> float | None:
     """The largest value of the unknown's starting field (odecli.pde.unknowns), or None for an
     MLP, whose network is drawn only by the run."""
     if unk["type"] == "grid":
-        v = _largest(unk["initial"], nodes)
+        v = _largest(unk["initial"], nodes, single)
         return None if v is None else _transformed(unk, v)
     if unk["type"] == "scalars":  # the transform acts on each trainable number
         model = dict(unk["model"])
         for k in unk["trainable"]:
             v = model[k]
             model[k] = [_transformed(unk, x) for x in v] if isinstance(v, list) else _transformed(unk, v)
-        return _largest(model, nodes)
+        return _largest(model, nodes, single)
     return None
 
 

@@ -95,8 +95,9 @@ def ode_inverse_schema() -> dict[str, Any]:
     section = _object(inv.INVERSE_KEYS, {
         "unknowns": _unknowns(),
         "data": _data(),
-        "observed": {"type": "array", "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
-                     "description": "states compared with the data; default: every state"},
+        # null: the validator reads an empty `observed:` as left out (every state)
+        "observed": {"type": ["array", "null"], "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
+                     "description": "states compared with the data; default (or empty): every state"},
         "loss": _object(inv.LOSS_KEYS, {
             "type": {"enum": list(inv.LOSS_TYPES), "description": "mean squared error"},
             "weights": _named(_limited("loss.weights", "weight of this state (default 1)"),
