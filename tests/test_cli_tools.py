@@ -13,10 +13,13 @@ import yaml
 from typer.testing import CliRunner
 
 from odecli.cli import app
-from odecli.errors import SpecError
+from odecli.errors import InputError, SpecError
+from odecli.pde.spec import TOP_KEYS as PDE_TOP_KEYS
+from odecli.spec.ode import TOP_KEYS as ODE_TOP_KEYS
 from odecli.spec.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
                                  LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OPTIMIZER_KEYS, OPTIMIZERS,
                                  UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
+from odecli.spec.validate import validate_data
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +143,60 @@ def test_schema_rejects_bad_pde_specs(change):
     spec.update(change)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(spec, document)
+
+
+def _key_paths(node, prefix: tuple = ()) -> list[tuple]:
+    """Every key path through the mappings of a loaded spec (lists are not entered)."""
+    paths = []
+    for key, value in node.items():
+        paths.append(prefix + (key,))
+        if isinstance(value, dict):
+            paths += _key_paths(value, prefix + (key,))
+    return paths
+
+
+def _with_null(spec: dict, path: tuple) -> dict:
+    spec = copy.deepcopy(spec)
+    node = spec
+    for step in path[:-1]:
+        if not isinstance(node.get(step), dict):
+            node[step] = {}
+        node = node[step]
+    node[path[-1]] = None
+    return spec
+
+
+def _validator_accepts(spec: dict, path: Path) -> bool:
+    try:
+        return not validate_data(spec, path.read_text(), path).problems
+    except (SpecError, InputError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def schema_validator():
+    return jsonschema.Draft202012Validator(_ode_schema())
+
+
+@pytest.mark.parametrize("path", ODE_EXAMPLES + PDE_EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_schema_and_validator_agree_on_every_empty_value(path, schema_validator):
+    """A section whose keys a user commented out is left empty (null): the schema must accept it
+    exactly when validate does, at every key of every bundled spec and every top-level section
+    the validator knows (and each key the schema lists in those sections), present or not."""
+    spec = yaml.safe_load(path.read_text())
+    assert _validator_accepts(spec, path) and schema_validator.is_valid(spec)
+    kind = schema_validator.schema["$defs"][spec["kind"]]
+    sections = {(key,) for key in (ODE_TOP_KEYS + ("inverse",) if spec["kind"] == "ode" else PDE_TOP_KEYS)}
+    for key, section in kind["properties"].items():
+        sections |= {(key, sub) for sub in section.get("properties", {})}
+    disagree = []
+    for keys in sorted(set(_key_paths(spec)) | sections, key=str):
+        probe = _with_null(spec, keys)
+        validator, schema = _validator_accepts(probe, path), schema_validator.is_valid(probe)
+        if validator != schema:
+            disagree.append(f"{'.'.join(map(str, keys))}: null is {'valid' if validator else 'invalid'} "
+                            f"to validate, {'valid' if schema else 'invalid'} to the schema")
+    assert not disagree, "\n".join(disagree)
 
 
 # Each object level of an ODE spec's inverse section and the validator's table of its keys
