@@ -216,6 +216,7 @@ def all_schemas() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "odecli spec",
-        "oneOf": list(kinds.values()),
+        # each kind once, referenced: the document stays small enough for editors to check quickly
+        "oneOf": [{"$ref": f"#/$defs/{kind}"} for kind in kinds],
         "$defs": kinds,
     }
