@@ -9,22 +9,40 @@ from __future__ import annotations
 from typing import Any
 
 from odecli.spec import inverse as inv
+from odecli.spec.ode import SOLVER_KEYS, SYSTEM_KEYS, TIME_KEYS
 
 _NUMBER_OR_LIST: dict[str, Any] = {
     "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}, "minItems": 1}]
 }
 
 
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or null, for a key the validator reads as left out (its default) when empty,
+    as it is when a user comments out every key under it."""
+    if "enum" in schema:
+        return {**schema, "enum": [*schema["enum"], None]}
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        return {**schema, "type": [*types, "null"]}
+    if "oneOf" in schema:
+        return {**schema, "oneOf": [{"type": "null"}, *schema["oneOf"]]}
+    raise ValueError(f"cannot make {schema} nullable")
+
+
 def _positive(description: str) -> dict[str, Any]:
     return {"type": "number", "exclusiveMinimum": 0, "description": description}
+
+
+_nullable = nullable  # the name _object's keyword shadows
 
 
 def _object(keys: tuple[str, ...], fields: dict[str, dict[str, Any]], description: str, *,
             nullable: bool = False) -> dict[str, Any]:
     """A mapping with exactly the validator's ``keys`` (a key without a field here fails loudly);
     ``nullable`` where the validator reads an empty value as an empty mapping."""
-    return {"type": ["object", "null"] if nullable else "object", "description": description,
-            "properties": {key: fields[key] for key in keys}, "additionalProperties": False}
+    section = {"type": "object", "description": description,
+               "properties": {key: fields[key] for key in keys}, "additionalProperties": False}
+    return _nullable(section) if nullable else section
 
 
 def _limited(path: str, description: str) -> dict[str, Any]:
@@ -41,7 +59,7 @@ def _count(path: str, description: str) -> dict[str, Any]:
 
 def _named(values: dict[str, Any], description: str) -> dict[str, Any]:
     """A mapping of parameter or state names (checked against system: by the validator) to ``values``."""
-    return {"type": ["object", "null"], "additionalProperties": values, "description": description}
+    return nullable({"type": "object", "additionalProperties": values, "description": description})
 
 
 def _unknowns() -> dict[str, Any]:
@@ -56,7 +74,9 @@ def _unknowns() -> dict[str, Any]:
         "params": _named(settings, "parameters to fit, names from system.params"),
         "initial": _named(settings, "initial values to fit, names from system.states"),
     }, "the values to fit (at least one)")
-    return {**section, "minProperties": 1}
+    # at least one group that names a value: an empty group is read as none
+    return {**section, "anyOf": [{"required": [group], "properties": {group: {"type": "object", "minProperties": 1}}}
+                                 for group in inv.VALUE_GROUPS]}
 
 
 def _data() -> dict[str, Any]:
@@ -114,36 +134,52 @@ def ode_inverse_schema() -> dict[str, Any]:
     return {**section, "required": ["unknowns", "data"]}
 
 
-def ode_schema(methods: list[str]) -> dict[str, Any]:
-    solver = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "method": {"enum": methods, "default": "dopri5"},
-            "rtol": _positive("relative tolerance"),
-            "atol": _positive("absolute tolerance"),
-            "controller": {"enum": ["integral", "pi", "pid"], "default": "integral"},
-            "dt0": {"oneOf": [{"type": "null"}, _positive("initial (or fixed) step")]},
-            "max_steps": {"type": "integer", "minimum": 1},
-            "dtype": {"enum": ["float32", "float64"]},
-            "device": {"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"},
-            "dt_min": {"type": "number", "minimum": 0},
-            "dt_max": _positive("largest step"),
-            "safety": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "factor_min": _positive("smallest step-size factor"),
-            "factor_max": _positive("largest step-size factor"),
-            "pcoeff": {"type": ["number", "null"]},
-            "icoeff": {"type": ["number", "null"]},
-            "dcoeff": {"type": ["number", "null"]},
-            "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
-            "compile": {"enum": [True, False, "wait"],
-                        "description": "fuse each explicit step with torch.compile: true once the eager "
-                                       "steps have cost about a compile, wait before the first step"},
-            "engine": {"enum": ["auto", "native", "torch"],
-                       "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
-        },
-    }
+def ode_schema(methods: list[str], fixed_step: list[str] = ()) -> dict[str, Any]:
+    """The ``kind: ode`` schema; ``fixed_step``: the methods that need ``solver.dt0`` as their step."""
+    # every solver key is nullable: the validator reads an empty one as its default
+    solver = _object(SOLVER_KEYS, {key: nullable(value) for key, value in {
+        "method": {"enum": methods, "default": "dopri5"},
+        "rtol": _positive("relative tolerance"),
+        "atol": _positive("absolute tolerance"),
+        "controller": {"enum": ["integral", "pi", "pid"], "default": "integral"},
+        "dt0": _positive("initial (or fixed) step"),
+        "max_steps": {"type": "integer", "minimum": 1},
+        "dtype": {"enum": ["float32", "float64"]},
+        "device": {"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"},
+        "dt_min": {"type": "number", "minimum": 0},
+        "dt_max": _positive("largest step"),
+        "safety": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "factor_min": _positive("smallest step-size factor"),
+        "factor_max": _positive("largest step-size factor"),
+        "pcoeff": {"type": "number"},
+        "icoeff": {"type": "number"},
+        "dcoeff": {"type": "number"},
+        "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
+        "compile": {"enum": [True, False, "wait"],
+                    "description": "fuse each explicit step with torch.compile: true once the eager "
+                                   "steps have cost about a compile, wait before the first step"},
+        "engine": {"enum": ["auto", "native", "torch"],
+                   "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
+    }.items()}, "solver settings; an empty key takes its default", nullable=True)
+    if fixed_step:  # a fixed-step method's dt0 is its step, so it cannot be left out
+        solver["if"] = {"properties": {"method": {"enum": list(fixed_step)}}, "required": ["method"]}
+        solver["then"] = {"required": ["dt0"], "properties": {"dt0": {"type": "number"}}}
     identifier = {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
+    system = _object(SYSTEM_KEYS, {
+        "states": {"type": "array", "items": identifier, "minItems": 1, "uniqueItems": True},
+        "params": nullable({"type": "object", "additionalProperties": _NUMBER_OR_LIST}),
+        "equations": nullable({"type": "object", "additionalProperties": {"type": ["string", "number"]}}),
+        "python": nullable({"type": "string", "pattern": "^.+\\.py:[A-Za-z_][A-Za-z0-9_]*$"}),
+    }, "the state names and their right-hand side: equations or python")
+    # exactly one of equations and python, an empty one counting as left out
+    system["oneOf"] = [{"required": [key], "properties": {key: {"not": {"type": "null"}}}}
+                       for key in ("equations", "python")]
+    time = _object(TIME_KEYS, {
+        "start": _NUMBER_OR_LIST,
+        "end": _NUMBER_OR_LIST,
+        "eval": nullable({"oneOf": [{"type": "integer", "minimum": 1},
+                                    {"type": "array", "items": {"type": "number"}, "minItems": 1}]}),
+    }, "time span per sample; eval: output times (default: start and end)")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "odecli ODE spec (kind: ode)",
@@ -152,35 +188,14 @@ def ode_schema(methods: list[str]) -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "kind": {"const": "ode"},
-            "name": {"type": "string"},
-            "system": {
-                "type": "object",
-                "required": ["states"],
-                "additionalProperties": False,
-                "properties": {
-                    "states": {"type": "array", "items": identifier, "minItems": 1, "uniqueItems": True},
-                    "params": {"type": "object", "additionalProperties": _NUMBER_OR_LIST},
-                    "equations": {"type": "object", "additionalProperties": {"type": ["string", "number"]}},
-                    "python": {"type": "string", "pattern": "^.+\\.py:[A-Za-z_][A-Za-z0-9_]*$"},
-                },
-                "oneOf": [{"required": ["equations"]}, {"required": ["python"]}],
-            },
+            "name": nullable({"type": "string"}),
+            "system": {**system, "required": ["states"]},
             "initial": {"type": "object", "additionalProperties": _NUMBER_OR_LIST},
-            "batch": {"type": "integer", "minimum": 1},
-            "time": {
-                "type": "object",
-                "required": ["start", "end"],
-                "additionalProperties": False,
-                "properties": {
-                    "start": _NUMBER_OR_LIST,
-                    "end": _NUMBER_OR_LIST,
-                    "eval": {"oneOf": [{"type": "integer", "minimum": 1},
-                                       {"type": "array", "items": {"type": "number"}, "minItems": 1}]},
-                },
-            },
+            "batch": nullable({"type": "integer", "minimum": 1}),
+            "time": {**time, "required": ["start", "end"]},
             "solver": solver,
             "inverse": ode_inverse_schema(),
-            "output": {"type": "string"},
+            "output": nullable({"type": "string"}),
         },
     }
 
@@ -189,7 +204,8 @@ def all_schemas() -> dict[str, Any]:
     """One document with a schema per kind, selected by the ``kind`` field."""
     from odecli.ode.stepper import available_methods
 
-    ode = ode_schema(sorted(available_methods()))
+    methods = available_methods()
+    ode = ode_schema(sorted(methods), sorted(name for name, method in methods.items() if not method.adaptive))
     kinds = {"ode": ode}
     try:
         from odecli.pde.schema import pde_inverse_schema
@@ -200,6 +216,7 @@ def all_schemas() -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "odecli spec",
-        "oneOf": list(kinds.values()),
+        # each kind once, referenced: the document stays small enough for editors to check quickly
+        "oneOf": [{"$ref": f"#/$defs/{kind}"} for kind in kinds],
         "$defs": kinds,
     }

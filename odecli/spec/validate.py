@@ -23,6 +23,11 @@ class ValidationReport:
 def validate_file(path: Path) -> ValidationReport:
     """Every problem in a spec file (one-line messages with field paths) plus notes for the user."""
     data, text = load_yaml(path)
+    return validate_data(data, text, path)
+
+
+def validate_data(data: dict, text: str, path: Path) -> ValidationReport:
+    """``validate_file`` on a spec already loaded from ``path`` (relative paths are read from its folder)."""
     kind = spec_kind(data, str(path))
     report = ValidationReport(kind)
     if kind == "ode":
