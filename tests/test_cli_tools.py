@@ -181,11 +181,6 @@ def _related(field: str, keys: tuple) -> bool:
     return field == nulled or field.startswith(nulled + ".") or nulled.startswith(field + ".")
 
 
-# Empty values validate lets through although the run cannot use them; the schema rejects them
-# (a marmousi model's seed goes to int(None)). Reported, the validator left as it is.
-VALIDATOR_GAPS = {"true_model.seed", "unknown.initial.seed", "unknown.initial.of.seed", "unknown.model.seed"}
-
-
 @pytest.fixture(scope="module")
 def schema_validator():
     return jsonschema.Draft202012Validator(_ode_schema())
@@ -212,8 +207,6 @@ def test_schema_and_validator_agree_on_every_empty_value(path, schema_validator)
         if keys in present and problems and not any(_related(field, keys) for field in problems):
             continue  # a cross-reference the schema cannot check (say equations naming a nulled param)
         validator, schema = not problems, schema_validator.is_valid(probe)
-        if validator and not schema and ".".join(map(str, keys)) in VALIDATOR_GAPS:
-            continue
         if validator != schema:
             disagree.append(f"{'.'.join(map(str, keys))}: null is {'valid' if validator else 'invalid'} "
                             f"to validate, {'valid' if schema else 'invalid'} to the schema")

@@ -273,3 +273,33 @@ def test_a_smoothed_model_is_judged_by_the_run_on_its_smoothed_field(tmp_path):
     assert CliRunner().invoke(app, ["validate", str(spec)]).exit_code == 0
     result = _train(spec, tmp_path)
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("field", ["compute.time_segments", "compute.device", "boundary.free_surface",
+                                   "loss.normalize", "parallel.exchange_every", "optimizer.betas"])
+def test_an_emptied_optional_value_is_its_default(tmp_path, field):
+    """Commenting out a value (`time_segments:` left empty) gave 'required' or passed None on;
+    every key with a default reads an empty value as left out."""
+    from odecli.pde.spec import validate
+
+    default = validate(copy.deepcopy(SMALL), "spec.yaml")
+    emptied = validate(_set(SMALL, field, None), "spec.yaml")
+    section, key = field.split(".")
+    assert emptied[section][key] == default[section][key]
+
+
+def test_an_emptied_marmousi_seed_is_seed_0_in_the_run(tmp_path):
+    """validate let `seed:` left empty through and the model then ran int(None): 'internal error'."""
+    import torch
+
+    from odecli.pde import models
+    from odecli.pde.grid import Block, Grid
+    from odecli.pde.spec import validate
+
+    fields = []
+    for seed in ({}, {"seed": None}, {"seed": 0}):
+        raw = _set(SMALL, "true_model", {"type": "marmousi", "vmin": 1500, "vmax": 2400, **seed})
+        spec = validate(raw, "spec.yaml")
+        grid = Grid(*spec["grid"]["shape"], *spec["grid"]["spacing"])
+        fields.append(models.evaluate(spec["true_model"], grid, Block.whole(grid), torch.float64, torch.device("cpu")))
+    assert torch.equal(fields[0], fields[1]) and torch.equal(fields[0], fields[2])

@@ -57,8 +57,8 @@ def _model(depth: int = 1) -> dict[str, Any]:
         fields = {**values, "sigma": _NONNEGATIVE if kind == "smoothed" else _POSITIVE_PAIR}
         if kind == "smoothed":
             fields["of"] = _model(depth - 1)
-        kinds.append(_object({"type": {"const": kind}, **{key: fields[key] for key in MODEL_KEYS[kind]}},
-                             ("type",) + MODEL_REQUIRED[kind]))
+        keys = {key: fields[key] if key in MODEL_REQUIRED[kind] else nullable(fields[key]) for key in MODEL_KEYS[kind]}
+        kinds.append(_object({"type": {"const": kind}, **keys}, ("type",) + MODEL_REQUIRED[kind]))
     return {"oneOf": [_NUMBER, *kinds]}
 
 
@@ -96,7 +96,7 @@ def pde_inverse_schema() -> dict[str, Any]:
     boundary = _object({
         "absorbing_width": nullable(_integer(0)),
         "absorbing_strength": nullable(_POSITIVE),
-        "free_surface": {"type": "boolean"},  # validate takes an empty one as an error, not as false
+        "free_surface": nullable({"type": "boolean"}),
         "type": nullable({"enum": list(BOUNDARY_TYPES)}),
         "value": nullable(_NUMBER),
         **{s: side for s in SIDES},
@@ -120,8 +120,8 @@ def pde_inverse_schema() -> dict[str, Any]:
         "trainable": nullable({"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
         "fixed_border": nullable(_integer(0)),
     }, ("type",))
-    # an unknown's type decides which keys it needs; `hidden:` left empty is an error, not [20, 20]
-    unknown["allOf"] = [_given_for("type", "grid", ("initial",)), _given_for("type", "mlp", ("base",), ("hidden",)),
+    # an unknown's type decides which keys it needs
+    unknown["allOf"] = [_given_for("type", "grid", ("initial",)), _given_for("type", "mlp", ("base",)),
                         _given_for("type", "scalars", ("model",))]
     sources = _object({"wavelet": wavelet, "amplitude": nullable(_NUMBER),
                        "shots": nullable({"type": "array"}), **_points()}, ("wavelet",))
@@ -164,21 +164,20 @@ def pde_inverse_schema() -> dict[str, Any]:
                 "learning_rate": nullable(_POSITIVE),
                 "iterations": _integer(1),
                 "tolerance": nullable(_NONNEGATIVE),
-                "betas": {"type": "array", "items": _NONNEGATIVE, "minItems": 2, "maxItems": 2},
+                "betas": nullable({"type": "array", "items": _NONNEGATIVE, "minItems": 2, "maxItems": 2}),
                 "history_size": nullable(_integer(1)),
                 "max_line_search": nullable(_integer(1)),
             }, ("iterations",)),
-            "loss": _object({"normalize": {"type": "boolean"}}, nullable=True),
+            "loss": _object({"normalize": nullable({"type": "boolean"})}, nullable=True),
             "parallel": _object({
                 "proc_grid": nullable({"type": "array", "items": _integer(1), "minItems": 2, "maxItems": 2}),
-                "exchange_every": {"oneOf": [{"const": "auto"}, _integer(1)]},
+                "exchange_every": nullable({"oneOf": [{"const": "auto"}, _integer(1)]}),
             }, nullable=True),
             "checkpoint": _object({"every": nullable(_integer(0))}, nullable=True),
             "compute": _object({
-                "device": {"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"},
+                "device": nullable({"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"}),
                 "dtype": nullable({"enum": ["float64", "float32"]}),
-                # an empty time_segments is an error to validate, not auto
-                "time_segments": {"oneOf": [{"const": "auto"}, _integer(1)]},
+                "time_segments": nullable({"oneOf": [{"const": "auto"}, _integer(1)]}),
                 "threads": nullable(_integer(0)),
             }, nullable=True),
         },
