@@ -164,7 +164,7 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
         aw = V.num(b, "absorbing_width", "boundary", 20, integer=True, nonneg=True)
         if 2 * aw >= min(ny, nx):
             raise V.err("boundary.absorbing_width", f"{aw} cells leaves no interior in a {ny}x{nx} grid")
-        fs = _given(b, "free_surface", False)
+        fs = V.get(b, "free_surface", "boundary", False)
         if not isinstance(fs, bool):
             raise V.err("boundary.free_surface", f"expected true/false, got {fs!r}")
         out["boundary"] = {"absorbing_width": aw,
@@ -200,7 +200,7 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     obs = V.mapping(raw.get("observed"), "observed", ("noise", "seed", "file", "dataset"))
     out["observed"] = {"noise": V.num(obs, "noise", "observed", 0.0, nonneg=True),
                        "seed": V.num(obs, "seed", "observed", 0, integer=True),
-                       "file": obs.get("file"), "dataset": _given(obs, "dataset", "data/observed")}
+                       "file": obs.get("file"), "dataset": V.get(obs, "dataset", "observed", "data/observed")}
     if out["observed"]["file"] is None and out["true_model"] is None:
         raise V.err("true_model", "required unless observed.file gives the data")
 
@@ -218,17 +218,17 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
         "learning_rate": V.num(o, "learning_rate", "optimizer", 1.0, positive=True),
         "iterations": V.num(o, "iterations", "optimizer", integer=True, minimum=1),
         "tolerance": V.num(o, "tolerance", "optimizer", 0.0, nonneg=True),
-        "betas": V.numlist(_given(o, "betas", [0.9, 0.999]), "optimizer.betas", length=2, nonneg=True),
+        "betas": V.numlist(V.get(o, "betas", "optimizer", [0.9, 0.999]), "optimizer.betas", length=2, nonneg=True),
         "history_size": V.num(o, "history_size", "optimizer", 10, integer=True, minimum=1),
         "max_line_search": V.num(o, "max_line_search", "optimizer", 12, integer=True, minimum=1),
     }
     lo = V.mapping(raw.get("loss"), "loss", ("normalize",))
-    norm = _given(lo, "normalize", True)
+    norm = V.get(lo, "normalize", "loss", True)
     if not isinstance(norm, bool):
         raise V.err("loss.normalize", f"expected true/false, got {norm!r}")
     out["loss"] = {"normalize": norm}
     p = V.mapping(raw.get("parallel"), "parallel", ("proc_grid", "exchange_every"))
-    every = _given(p, "exchange_every", "auto")
+    every = V.get(p, "exchange_every", "parallel", "auto")
     if isinstance(every, str) and every != "auto":
         raise V.err("parallel.exchange_every", f"expected auto or a whole number >= 1, got {every!r}")
     if every != "auto":
@@ -240,10 +240,10 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     c = V.mapping(raw.get("checkpoint"), "checkpoint", ("every",))
     out["checkpoint"] = {"every": V.num(c, "every", "checkpoint", 0, integer=True, nonneg=True)}
     cp = V.mapping(raw.get("compute"), "compute", ("dtype", "device", "time_segments", "threads"))
-    segs = _given(cp, "time_segments", "auto")
+    segs = V.get(cp, "time_segments", "compute", "auto")
     if segs != "auto":
         segs = V.num(cp, "time_segments", "compute", integer=True, minimum=1)
-    device = _given(cp, "device", "cpu")
+    device = V.get(cp, "device", "compute", "cpu")
     if device not in DEVICES and not (isinstance(device, str) and re.fullmatch(r"cuda:\d+", device)):
         raise V.err("compute.device", f"must be one of cpu, cuda, auto or cuda:N; got {device!r}")
     out["compute"] = {"dtype": V.choice(cp, "dtype", "compute", ("float64", "float32"), "float64"),
@@ -543,13 +543,6 @@ MODEL_REQUIRED = {
 }
 
 
-def _given(d: dict, key: str, default: Any) -> Any:
-    """``d[key]``, or ``default`` where the key is left out or empty (every key with a default
-    reads an empty value as left out, so commenting out a value restores its default)."""
-    value = d.get(key)
-    return default if value is None else value
-
-
 def _model(V: _V, d: Any, f: str) -> dict:
     if isinstance(d, (int, float)) and not isinstance(d, bool):
         d = {"type": "constant", "value": d}
@@ -611,7 +604,7 @@ def _unknown(V: _V, d: Any) -> dict:
     if kind == "grid":
         out["initial"] = _model(V, V.get(d, "initial", f), f"{f}.initial")
     elif kind == "mlp":
-        hidden = _given(d, "hidden", [20, 20])
+        hidden = V.get(d, "hidden", f, [20, 20])
         out["hidden"] = [int(x) for x in V.numlist(hidden, f"{f}.hidden", integer=True, minimum=1)]
         out["activation"] = V.choice(d, "activation", f, ("tanh", "relu", "sin", "softplus"), "tanh")
         out["base"] = V.num(d, "base", f)
