@@ -174,11 +174,9 @@ class AcousticPropagator:
         return ok
 
     def _fused_gradient_defined(self, c2dt2: torch.Tensor) -> bool:
-        """Whether the fused adjoint can give this gradient: it divides by ``c2dt2``, so a wave
+        """Whether the fused adjoint can give the gradient: it divides by ``c2dt2``, so a wave
         speed of exactly 0 anywhere sends the evaluation to the reference path (on every rank,
-        which must all take the same path)."""
-        if not c2dt2.requires_grad:
-            return True
+        which must all take the same path).  Collective."""
         # counted in one pass without a mask: 2.5x faster than (c2dt2 == 0).any()
         zero_speed = float(int(c2dt2.count_nonzero()) < c2dt2.numel())
         if self.comm.size > 1:
@@ -230,19 +228,21 @@ class AcousticPropagator:
         ``return_field`` also gives the final wavefield on the block (values: on the fused
         path no gradient flows through it).
         """
-        c2dt2 = (c * c) * (self.dt * self.dt)
-        if self._use_fused(c2dt2) and self._fused_gradient_defined(c2dt2):
-            loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
-                        self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain, self.decomp,
-                        self.comm, self.timer, self.workspace, self.threads, self.every, self.ring,
-                        self.exchange_plans, self.ext_receivers)
-            with torch.no_grad():  # the owned block has the whole gradient (Loop.owned_gradient)
-                stepped = self.extend(c2dt2.detach()).contiguous()
-            traces, u = propagate(loop, c2dt2, stepped, self.geom.nshots)
-            rn, _, rw, _ = self.ring
-            ny, nx = c2dt2.shape
-            u = u[..., rn : rn + ny, rw : rw + nx]
-        else:
-            traces, u = self._reference(c2dt2)
-            u = interior(u)
+        if self._use_fused(c):
+            # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
+            # the owned block has the whole gradient (Loop.owned_gradient)
+            with torch.no_grad():
+                stepped = self.extend((c * c) * (self.dt * self.dt)).contiguous()
+            if not c.requires_grad or self._fused_gradient_defined(stepped):
+                loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
+                            self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain,
+                            self.decomp, self.comm, self.timer, self.workspace, self.threads,
+                            self.every, self.ring, self.exchange_plans, self.ext_receivers)
+                traces, u = propagate(loop, c, stepped, self.geom.nshots)
+                rn, _, rw, _ = self.ring
+                ny, nx = c.shape
+                u = u[..., rn : rn + ny, rw : rw + nx]
+                return (traces, u) if return_field else traces
+        traces, u = self._reference((c * c) * (self.dt * self.dt))
+        u = interior(u)
         return (traces, u) if return_field else traces

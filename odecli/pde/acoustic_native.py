@@ -1,14 +1,16 @@
 """The acoustic time loop on the fused C kernels, with a hand-written adjoint time loop.
 
-The whole propagation is one autograd operation of the owned block's ``c2dt2``.  Forward, two
+The whole propagation is one autograd operation of the owned block's wave speed ``c`` (the
+steps read ``c2dt2 = c^2 dt^2``).  Forward, two
 ringed field buffers are recycled (each new field overwrites the one two steps back), so no step
 allocates; the state at the start of every time segment is kept.  Backward, each segment is
 recomputed from its start, storing every step's ``lap4(u)`` (the last segment's store is kept
 from the forward: the gradient of ``c2dt2`` needs nothing else of u), then the adjoint runs
-through it in reverse as the forward step itself: ``mu = c2dt2 G lambda`` (``lambda`` the
+through it in reverse as the forward step itself: ``mu = 2 c2dt2 G lambda`` (``lambda`` the
 adjoint of u) steps back in time with the receivers' residuals as sources, in passes of up to 8
 steps between halo exchanges (shared out over the kernel threads) that also sum ``mu lap4(u)``,
-the gradient of ``c2dt2`` times ``c2dt2`` (acoustic.c has the derivation).  Being a forward step,
+the gradient of ``c`` times ``c`` (acoustic.c has the derivation for ``c2dt2``; the 2 makes it
+c's, Loop.owned_gradient).  Being a forward step,
 it exchanges ghosts as the forward does; the redundant steps of an extended block get the
 neighbours' residuals there too, so each rank's owned block holds the whole adjoint, and its
 gradient stays there (nothing goes back to the neighbours).
@@ -110,19 +112,22 @@ class Loop:
         self._plan(u)([u_next, u])
         self._clock(t0)
 
-    def owned_gradient(self, grad_sum: Tensor, stepped: Tensor) -> Tensor:
-        """The gradient of the owned block's ``c2dt2`` from the adjoint's ``sum mu * lap4(u)``
-        over the stepped block (``stepped``: ``c2dt2`` there), in place: that sum divided by
-        ``c2dt2`` on the owned block.  The owned block has the whole gradient, because the
+    def owned_gradient(self, grad_sum: Tensor, speed: Tensor) -> Tensor:
+        """The gradient of the owned block's wave speed ``c`` from the adjoint's
+        ``sum mu * lap4(u)`` over the stepped block, in place: that sum divided by ``c``.  With
+        ``c2dt2 = c^2 dt^2`` the gradient of ``c2dt2`` is ``sum / c2dt2`` (acoustic.c), so c's
+        is ``2 c dt^2 sum / c2dt2 = 2 sum / c``, and the adjoint's sources carry the 2
+        (_adjoint_sources): one pass over the block, where autograd through ``c2dt2`` took five,
+        2-3 % of a float32 gradient at 1000^2 (benchmarks/RESULTS.md, "PDE: the gradient of the
+        wave speed in one pass").  The owned block has the whole gradient, because the
         adjoint's redundant steps repeat the neighbours' (the extension's terms are the
         neighbours' to sum), so nothing goes back to them.  Sending the extension's gradient
         home, as the exchange's own adjoint would, added zeros for 2.5-5 % of a 2-rank gradient
         at 2000^2 (benchmarks/RESULTS.md, "PDE over MPI: the gradient stays on the owned block").
         In place, because at 2000^2 a new array and a copy cost 3 % of a gradient."""
         rn, rs, rw, re = (r - RING for r in self.ring)
-        ny, nx = stepped.shape
-        owned = (slice(rn, ny - rs), slice(rw, nx - re))
-        return grad_sum[owned].div_(stepped[owned])
+        ny, nx = grad_sum.shape
+        return grad_sum[rn : ny - rs, rw : nx - re].div_(speed)
 
     def _plan(self, like: Tensor) -> GhostExchange:
         """The exchange of (u_next, u) for fields like ``like``, planned once."""
@@ -137,12 +142,12 @@ class Loop:
             self.timer.add(time.perf_counter() - t0)
 
 
-def propagate(loop: Loop, c2dt2: Tensor, stepped: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
+def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
     """Receiver traces ``(shots, nrec_local, nt)`` and the final field of the stepped block,
-    ring included (no gradient), for ``c2dt2`` on the owned block (the gradient is its) and
-    ``stepped``, its values on the stepped block (contiguous, no gradient; ``c2dt2`` itself
-    where the block has no extension)."""
-    return _Propagation.apply(c2dt2, stepped, loop, nshots)
+    ring included (no gradient), for the wave speed ``speed`` on the owned block (the gradient
+    is its) and ``stepped``, ``c2dt2 = speed^2 dt^2`` on the stepped block (contiguous, no
+    gradient)."""
+    return _Propagation.apply(speed, stepped, loop, nshots)
 
 
 class _Points:
@@ -206,9 +211,8 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
 
 class _Propagation(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, owned: Tensor, c2dt2: Tensor, loop: Loop, nshots: int):
-        # owned: the operand the gradient is for; its values are read through c2dt2, the
-        # stepped block's (see propagate)
+    def forward(ctx, speed: Tensor, c2dt2: Tensor, loop: Loop, nshots: int):
+        # speed: the operand the gradient is for; the steps read c2dt2 (see propagate)
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
         p, u = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
@@ -229,14 +233,14 @@ class _Propagation(torch.autograd.Function):
         if keep:
             ctx.loop, ctx.starts, ctx.kern, ctx.pts = loop, starts, kern, pts
             ctx.store, ctx.store_base = store, store_base
-            ctx.save_for_backward(c2dt2)
+            ctx.save_for_backward(speed, c2dt2)
         ctx.mark_non_differentiable(u)
         return traces.permute(1, 2, 0).contiguous(), u
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_traces: Tensor | None, _g_field):
-        (c2dt2,) = ctx.saved_tensors
+        speed, c2dt2 = ctx.saved_tensors
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
             loop.workspace.give("store", ctx.store_base)
@@ -270,13 +274,14 @@ class _Propagation(torch.autograd.Function):
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)
         ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
-        return loop.owned_gradient(grad_sum, c2dt2), None, None, None
+        return loop.owned_gradient(grad_sum, speed), None, None, None
 
 
 def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
                      ) -> tuple[RowPoints | None, Tensor]:
-    """The receivers as sources of the adjoint in the forward's form: ``mu = c2dt2 G lambda``
-    gets ``c2dt2 G r`` where the adjoint lambda gets the residual ``r``.  Returns them as points
+    """The receivers as sources of the adjoint in the forward's form: ``mu = 2 c2dt2 G lambda``
+    gets ``2 c2dt2 G r`` where the adjoint lambda gets the residual ``r`` (the 2 is d(c^2)/dc's,
+    see Loop.owned_gradient; the adjoint is linear in its sources).  Returns them as points
     of the fields, shots by receivers (None without receivers), and the values
     ``(nt + 1, shots * receivers)``, row ``m`` for time ``nt - 1 - m`` (the order the backward
     meets them) and a last row of zeros (after the first step, which has no residual before it).
@@ -290,7 +295,7 @@ def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[i
         summed = loop.comm.allreduce_array(g.scatter_traces(g_traces.detach()).numpy())
         residuals = torch.from_numpy(summed)[:, ids, :]
     shots, rows, cols = shape
-    weight = c2dt2[iy - RING, ix - RING]
+    weight = 2 * c2dt2[iy - RING, ix - RING]
     if loop.sponge is not None:
         weight = weight * loop.sponge[iy - RING, ix - RING]
     values = c2dt2.new_zeros((loop.nt + 1, shots, iy.numel()))
