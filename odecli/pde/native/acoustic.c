@@ -164,10 +164,10 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
  * in registers").  Loads stay within the columns the scalar loop reads: the lanes of the
  * vectors on either side that a run does not use are masked off. */
 #if defined(__AVX2__)
-#define DEFINE_VECTOR_RUN(T, SUFFIX, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, SET1, ADD,     \
-                          SUB, MUL, NEIGHBOURS)                                               \
+#define DEFINE_VECTOR_RUN(T, NAME, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, LAP_STORE,      \
+                          SET1, ADD, SUB, MUL, NEIGHBOURS)                                    \
 static inline __attribute__((always_inline)) long                                             \
-vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,                 \
+NAME(long j, long j1, long w, const T *restrict r, const T *p,                                \
                     const T *restrict cc, const T *restrict g, T *out, T kc_, T k1x_, T k2x_, \
                     T k1y_, T k2y_, T *restrict lap_out, const T *restrict lap_in,            \
                     T *restrict grad, const char *pf)                                         \
@@ -191,7 +191,7 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
                                   MUL(ADD(LOAD(c + j - w), LOAD(c + j + w)), k1y)),           \
                               MUL(ADD(LOAD(c + j - 2 * w), LOAD(c + j + 2 * w)), k2y));       \
         if (lap_out)                                                                          \
-            STORE(lap_out + j, lap);                                                          \
+            LAP_STORE(lap_out + j, lap);                                                      \
         if (g) {                                                                              \
             const V gj = LOAD(g + j);                                                         \
             STORE(out + j, MUL(ADD(SUB(ADD(centre, centre), MUL(LOAD(p + j), gj)),            \
@@ -207,15 +207,26 @@ vector_run_##SUFFIX(long j, long j1, long w, const T *restrict r, const T *p,   
     return prefetch_tail(pf, j, j1, sizeof(T));                                               \
 }
 /* vector_run_W_f64 and vector_run_W_f32 on W-bit vectors (256 or 512), with the masked loads
- * and the neighbour shifts of each type */
+ * and the neighbour shifts of each type, and streamed_run_W_*: the same with lap_out written
+ * by streaming stores (lap_out + j aligned to the vector, see forward_row_lap) */
 #define DEFINE_VECTOR_RUNS(W, last2_pd, first2_pd, neighbours_pd, last2_ps, first2_ps,        \
                            neighbours_ps)                                                     \
-    DEFINE_VECTOR_RUN(double, W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd, last2_pd,      \
-                      first2_pd, _mm##W##_storeu_pd, _mm##W##_set1_pd, _mm##W##_add_pd,       \
-                      _mm##W##_sub_pd, _mm##W##_mul_pd, neighbours_pd)                        \
-    DEFINE_VECTOR_RUN(float, W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps, last2_ps,          \
-                      first2_ps, _mm##W##_storeu_ps, _mm##W##_set1_ps, _mm##W##_add_ps,       \
-                      _mm##W##_sub_ps, _mm##W##_mul_ps, neighbours_ps)
+    DEFINE_VECTOR_RUN(double, vector_run_##W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd,   \
+                      last2_pd, first2_pd, _mm##W##_storeu_pd, _mm##W##_storeu_pd,            \
+                      _mm##W##_set1_pd, _mm##W##_add_pd, _mm##W##_sub_pd, _mm##W##_mul_pd,    \
+                      neighbours_pd)                                                          \
+    DEFINE_VECTOR_RUN(float, vector_run_##W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps,       \
+                      last2_ps, first2_ps, _mm##W##_storeu_ps, _mm##W##_storeu_ps,            \
+                      _mm##W##_set1_ps, _mm##W##_add_ps, _mm##W##_sub_ps, _mm##W##_mul_ps,    \
+                      neighbours_ps)                                                          \
+    DEFINE_VECTOR_RUN(double, streamed_run_##W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd, \
+                      last2_pd, first2_pd, _mm##W##_storeu_pd, _mm##W##_stream_pd,            \
+                      _mm##W##_set1_pd, _mm##W##_add_pd, _mm##W##_sub_pd, _mm##W##_mul_pd,    \
+                      neighbours_pd)                                                          \
+    DEFINE_VECTOR_RUN(float, streamed_run_##W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps,     \
+                      last2_ps, first2_ps, _mm##W##_storeu_ps, _mm##W##_stream_ps,            \
+                      _mm##W##_set1_ps, _mm##W##_add_ps, _mm##W##_sub_ps, _mm##W##_mul_ps,    \
+                      neighbours_ps)
 #endif
 
 #if defined(__AVX2__)
@@ -299,6 +310,13 @@ DEFINE_SCALAR_RUN(float, f32)
 #define FORWARD_RUN_F64 scalar_run_f64
 #define FORWARD_RUN_F32 scalar_run_f32
 #endif
+#if defined(__AVX512F__)
+#define STORING_RUN_F64 streamed_run_512_f64
+#define STORING_RUN_F32 streamed_run_512_f32
+#elif defined(__AVX2__)
+#define STORING_RUN_F64 streamed_run_256_f64
+#define STORING_RUN_F32 streamed_run_256_f32
+#endif
 #if defined(__AVX2__)
 #define ADJOINT_RUN_F64 vector_run_256_f64
 #define ADJOINT_RUN_F32 vector_run_256_f32
@@ -347,6 +365,45 @@ DEFINE_SCALAR_RUN(float, f32)
         RUN_BAND(KIND, hi > lo ? hi : lo, nx, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)   \
     } while (0)
 
+/* forward_row_lap's row with the lap streamed from the vector runs (STORING_RUN) straight to
+ * lp, which starts a line: without the stack buffer's copy the storing forward took 0.27-0.30
+ * ns a point and step against 0.29-0.36 in float32 at 1024^2 (benchmarks/RESULTS.md, "PDE: the
+ * store written straight from the registers").  Every vector must start a line (512-bit) or
+ * half of one (256-bit), and no line may be written in part (see stream_row), so the sponge's
+ * bands are widened to whole lines (the sponge's formula with G = 1 gives the plain one's bits)
+ * and the last, partial line of the row goes through the buffer, padding included. */
+#if defined(__AVX2__)
+#define STREAMS_RUNS 1
+#define STREAMED_ROW(i)                                                                       \
+    do {                                                                                      \
+        const long per_line = LINE / (long)sizeof(real), jl = nx / per_line * per_line;       \
+        long lo = sponge ? (long)span[2 * (i)] : 0, hi = sponge ? (long)span[2 * (i) + 1] : nx; \
+        lo = (lo + per_line - 1) / per_line * per_line;                                       \
+        lo = lo < jl ? lo : jl;                                                               \
+        hi = hi / per_line * per_line;                                                        \
+        hi = hi < jl ? hi : jl;                                                               \
+        hi = hi > lo ? hi : lo;                                                               \
+        RUN_BAND(STORING, 0, lo, g, FWD_DAMPED_LAP, lp, NULL, NULL, NULL)                     \
+        RUN_BAND(STORING, lo, hi, NULL, FWD_PLAIN_LAP, lp, NULL, NULL, NULL)                  \
+        if (sponge) {                                                                         \
+            RUN_BAND(STORING, hi, jl, g, FWD_DAMPED_LAP, lp, NULL, NULL, NULL)                \
+            for (long j = jl; j < nx; ++j)                                                    \
+                FWD_DAMPED_LAP(j);                                                            \
+        } else {                                                                              \
+            for (long j = jl; j < nx; ++j)                                                    \
+                FWD_PLAIN_LAP(j);                                                             \
+        }                                                                                     \
+        if (jl < nx) {                                                                        \
+            for (long j = nx; j < jl + per_line; ++j)                                         \
+                buf[j] = 0;                                                                   \
+            stream_row(lp + jl, buf + jl, sizeof(real) * per_line, sizeof(real) * per_line);  \
+        }                                                                                     \
+    } while (0)
+#else
+#define STREAMS_RUNS 0
+#define STREAMED_ROW(i) do { } while (0)
+#endif
+
 #define DEFINE_KERNELS(T, SUFFIX)                                                             \
 /* zero the ghost ring of ringed rows [R0, R1) of one shot's field */                         \
 static void zero_ring_##SUFFIX(T *f, long ny, long nx, long R0, long R1)                      \
@@ -364,8 +421,10 @@ static void zero_ring_##SUFFIX(T *f, long ny, long nx, long R0, long R1)        
                                                                                               \
 /* Block row i of a forward step that also writes its lap(u) into lp (a row of ls >= nx      \
  * elements).  A function, so that lp is a restrict parameter: without it GCC 12 does not    \
- * vectorize the row (2x slower).  The row's lap goes to a buffer on the stack (zeros in the  \
- * padding), then streams to lp. */                                                           \
+ * vectorize the row (2x slower).  Where lp starts a cache line and its rows are whole lines \
+ * (the gradient's store), the vector runs stream the lap straight to lp (STREAMED_ROW);     \
+ * elsewhere the row's lap goes to a buffer on the stack (zeros in the padding), then        \
+ * streams to lp. */                                                                          \
 static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *restrict r,    \
                                             const T *p, const T *restrict cc,                \
                                             const T *restrict g, const T *restrict sponge,   \
@@ -382,6 +441,10 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     }                                                                                         \
     T row[ls];                                                                                \
     T *restrict buf = row;                                                                    \
+    if (STREAMS_RUNS && ((uintptr_t)lp & (LINE - 1)) == 0 && (ls * sizeof(T)) % LINE == 0) {  \
+        STREAMED_ROW(i);                                                                      \
+        return;                                                                               \
+    }                                                                                         \
     SPLIT_ROW(i, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);              \
     for (long j = nx; j < ls; ++j)                                                            \
         row[j] = 0;                                                                           \
