@@ -118,7 +118,7 @@ class Loop:
         ``c2dt2 = c^2 dt^2`` the gradient of ``c2dt2`` is ``sum / c2dt2`` (acoustic.c), so c's
         is ``2 c dt^2 sum / c2dt2 = 2 sum / c``, and the adjoint's sources carry the 2
         (_adjoint_sources): one pass over the block, where autograd through ``c2dt2`` took five,
-        2-3 % of a float32 gradient at 1000^2 (benchmarks/RESULTS.md, "PDE: the gradient of the
+        1.5-3 % of a float32 gradient at 1000^2 (benchmarks/RESULTS.md, "PDE: the gradient of the
         wave speed in one pass").  The owned block has the whole gradient, because the
         adjoint's redundant steps repeat the neighbours' (the extension's terms are the
         neighbours' to sum), so nothing goes back to them.  Sending the extension's gradient
