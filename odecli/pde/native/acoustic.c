@@ -366,9 +366,10 @@ DEFINE_SCALAR_RUN(float, f32)
     } while (0)
 
 /* forward_row_lap's row with the lap streamed from the vector runs (STORING_RUN) straight to
- * lp, which starts a line: without the stack buffer's copy the storing forward took 0.27-0.30
- * ns a point and step against 0.29-0.36 in float32 at 1024^2 (benchmarks/RESULTS.md, "PDE: the
- * store written straight from the registers").  Every vector must start a line (512-bit) or
+ * lp, which starts a line: without the stack buffer's copy the storing forward took 0.64-0.67
+ * ns a point and step against 0.71-0.74 in float64 at 2000^2 (float32 at 1000^2, bound by the
+ * memory's writes, did not change: benchmarks/RESULTS.md, "PDE: the store written straight
+ * from the registers").  Every vector must start a line (512-bit) or
  * half of one (256-bit), and no line may be written in part (see stream_row), so the sponge's
  * bands are widened to whole lines (the sponge's formula with G = 1 gives the plain one's bits)
  * and the last, partial line of the row goes through the buffer, padding included. */
