@@ -209,24 +209,18 @@ NAME(long j, long j1, long w, const T *restrict r, const T *p,                  
 /* vector_run_W_f64 and vector_run_W_f32 on W-bit vectors (256 or 512), with the masked loads
  * and the neighbour shifts of each type, and streamed_run_W_*: the same with lap_out written
  * by streaming stores (lap_out + j aligned to the vector, see forward_row_lap) */
+#define DEFINE_RUN_PAIR(T, W, SUFFIX, V, L, X, last2, first2, neighbours)                     \
+    DEFINE_VECTOR_RUN(T, vector_run_##W##_##SUFFIX, V, L, _mm##W##_loadu_##X, last2, first2,  \
+                      _mm##W##_storeu_##X, _mm##W##_storeu_##X, _mm##W##_set1_##X,            \
+                      _mm##W##_add_##X, _mm##W##_sub_##X, _mm##W##_mul_##X, neighbours)       \
+    DEFINE_VECTOR_RUN(T, streamed_run_##W##_##SUFFIX, V, L, _mm##W##_loadu_##X, last2, first2,\
+                      _mm##W##_storeu_##X, _mm##W##_stream_##X, _mm##W##_set1_##X,            \
+                      _mm##W##_add_##X, _mm##W##_sub_##X, _mm##W##_mul_##X, neighbours)
 #define DEFINE_VECTOR_RUNS(W, last2_pd, first2_pd, neighbours_pd, last2_ps, first2_ps,        \
                            neighbours_ps)                                                     \
-    DEFINE_VECTOR_RUN(double, vector_run_##W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd,   \
-                      last2_pd, first2_pd, _mm##W##_storeu_pd, _mm##W##_storeu_pd,            \
-                      _mm##W##_set1_pd, _mm##W##_add_pd, _mm##W##_sub_pd, _mm##W##_mul_pd,    \
-                      neighbours_pd)                                                          \
-    DEFINE_VECTOR_RUN(float, vector_run_##W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps,       \
-                      last2_ps, first2_ps, _mm##W##_storeu_ps, _mm##W##_storeu_ps,            \
-                      _mm##W##_set1_ps, _mm##W##_add_ps, _mm##W##_sub_ps, _mm##W##_mul_ps,    \
-                      neighbours_ps)                                                          \
-    DEFINE_VECTOR_RUN(double, streamed_run_##W##_f64, __m##W##d, (W) / 64, _mm##W##_loadu_pd, \
-                      last2_pd, first2_pd, _mm##W##_storeu_pd, _mm##W##_stream_pd,            \
-                      _mm##W##_set1_pd, _mm##W##_add_pd, _mm##W##_sub_pd, _mm##W##_mul_pd,    \
-                      neighbours_pd)                                                          \
-    DEFINE_VECTOR_RUN(float, streamed_run_##W##_f32, __m##W, (W) / 32, _mm##W##_loadu_ps,     \
-                      last2_ps, first2_ps, _mm##W##_storeu_ps, _mm##W##_stream_ps,            \
-                      _mm##W##_set1_ps, _mm##W##_add_ps, _mm##W##_sub_ps, _mm##W##_mul_ps,    \
-                      neighbours_ps)
+    DEFINE_RUN_PAIR(double, W, f64, __m##W##d, (W) / 64, pd, last2_pd, first2_pd,             \
+                    neighbours_pd)                                                            \
+    DEFINE_RUN_PAIR(float, W, f32, __m##W, (W) / 32, ps, last2_ps, first2_ps, neighbours_ps)
 #endif
 
 #if defined(__AVX2__)
