@@ -111,6 +111,35 @@ def test_forward_without_autograd_recycles_buffers_but_not_results():
     assert torch.equal(recycled, tracked.detach())
 
 
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping that holds ``address`` in this process (Linux)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and huge pages are Linux's")
+def test_the_gradients_store_asks_for_huge_pages_and_other_buffers_do_not():
+    """The store is read as eight streams of 4 KB rows; on 4 KB pages each row is a new page,
+    so the gradient asks Linux for transparent huge pages (madvise, flag "hg") on its store."""
+    raw = copy.deepcopy(BASE)
+    raw["grid"]["shape"] = [129, 128]  # a store of 24 MB: whole 2 MB pages inside it
+    raw["compute"]["time_segments"] = 1
+    P = _problem(raw, True)
+    P.evaluate(None)
+    (store,) = P.prop.workspace._free["store"]
+    (adjoint, _) = P.prop.workspace._free["adjoint"]
+    huge = 2 << 20
+    assert "hg" in _vm_flags(-(-store.data_ptr() // huge) * huge + huge)
+    assert "hg" not in _vm_flags(adjoint.data_ptr())
+
+
 def _edge_sponge(ny: int, nx: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
     """G < 1 on i + 1 columns at the left of row i and 2i + 3 at its right, exactly 1 between:
     damped and plain runs of every length up to 19, ending anywhere in a vector of lanes."""
