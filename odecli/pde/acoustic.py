@@ -238,11 +238,12 @@ class AcousticPropagator:
                             self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain,
                             self.decomp, self.comm, self.timer, self.workspace, self.threads,
                             self.every, self.ring, self.exchange_plans, self.ext_receivers)
-                traces, u = propagate(loop, c, stepped, self.geom.nshots)
+                traces, u = propagate(loop, c, stepped, self.geom.nshots, return_field)
+                if not return_field:
+                    return traces
                 rn, _, rw, _ = self.ring
                 ny, nx = c.shape
-                u = u[..., rn : rn + ny, rw : rw + nx]
-                return (traces, u) if return_field else traces
+                return traces, u[..., rn : rn + ny, rw : rw + nx]
         traces, u = self._reference((c * c) * (self.dt * self.dt))
         u = interior(u)
         return (traces, u) if return_field else traces

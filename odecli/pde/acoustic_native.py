@@ -174,12 +174,16 @@ class Loop:
             self.timer.add(time.perf_counter() - t0)
 
 
-def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int) -> tuple[Tensor, Tensor]:
-    """Receiver traces ``(shots, nrec_local, nt)`` and the final field of the stepped block,
-    ring included (no gradient), for the wave speed ``speed`` on the owned block (the gradient
-    is its) and ``stepped``, ``c2dt2 = speed^2 dt^2`` on the stepped block (contiguous, no
-    gradient)."""
-    return _Propagation.apply(speed, stepped, loop, nshots)
+def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int,
+              keep_field: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Receiver traces ``(shots, nrec_local, nt)`` for the wave speed ``speed`` on the owned
+    block (the gradient is its) and ``stepped``, ``c2dt2 = speed^2 dt^2`` on the stepped block
+    (contiguous, no gradient); with ``keep_field`` also the final field of the stepped block,
+    ring included (no gradient), else None.  Without it both field buffers go back to the
+    workspace: new ones page-faulted 8000 pages a call at 2000^2 (benchmarks/RESULTS.md, "PDE:
+    the time loop's fields from the workspace")."""
+    traces, field = _Propagation.apply(speed, stepped, loop, nshots, keep_field)
+    return traces, (field if keep_field else None)
 
 
 class _Points:
@@ -243,11 +247,12 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
 
 class _Propagation(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, speed: Tensor, c2dt2: Tensor, loop: Loop, nshots: int):
+    def forward(ctx, speed: Tensor, c2dt2: Tensor, loop: Loop, nshots: int, keep_field: bool):
         # speed: the operand the gradient is for; the steps read c2dt2 (see propagate)
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
-        p, u = c2dt2.new_zeros(shape), c2dt2.new_zeros(shape)
+        p, u = (loop.workspace.take("field", c2dt2, shape, huge_pages=True).zero_()
+                for _ in range(2))
         kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads)
         pts = _Points(loop, shape)
         traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
@@ -266,6 +271,10 @@ class _Propagation(torch.autograd.Function):
             ctx.loop, ctx.starts, ctx.kern, ctx.pts = loop, starts, kern, pts
             ctx.store, ctx.store_base = store, store_base
             ctx.save_for_backward(speed, c2dt2)
+        loop.workspace.give("field", p)  # u_prev: read by nothing after the last step
+        if not keep_field:
+            loop.workspace.give("field", u)
+            u = u.new_empty(0)
         ctx.mark_non_differentiable(u)
         return traces.permute(1, 2, 0).contiguous(), u
 
@@ -276,7 +285,7 @@ class _Propagation(torch.autograd.Function):
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
             loop.workspace.give("store", ctx.store_base)
-            return None, None, None, None
+            return None, None, None, None, None
         kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
         rows, values = _adjoint_sources(loop, g_traces, c2dt2, shape)
@@ -306,7 +315,7 @@ class _Propagation(torch.autograd.Function):
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)
         ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
-        return loop.owned_gradient(grad_sum, speed), None, None, None
+        return loop.owned_gradient(grad_sum, speed), None, None, None, None
 
 
 def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
