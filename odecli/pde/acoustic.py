@@ -231,8 +231,8 @@ class AcousticPropagator:
         if self._use_fused(c):
             # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
             # the owned block has the whole gradient (Loop.owned_gradient)
-            with torch.no_grad():
-                stepped = self.extend((c * c) * (self.dt * self.dt)).contiguous()
+            with torch.no_grad():  # one new array, not two (the same rounding)
+                stepped = self.extend(torch.mul(c, c).mul_(self.dt * self.dt)).contiguous()
             if not c.requires_grad or self._fused_gradient_defined(stepped):
                 loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
                             self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain,

@@ -64,10 +64,12 @@ def _libc() -> ctypes.CDLL:
 
 
 class Workspace:
-    """Buffers handed back after each backward (the gradient's store, the adjoint's fields), so
-    an inversion allocates and page-faults them once instead of every iteration: at 2000^2 on
-    2 ranks, new zeroed adjoint fields cost 3 % of an evaluation.  A buffer whose graph dies
-    unused is simply freed."""
+    """Buffers handed back after each forward or backward (the time loop's fields, the segments'
+    starts, the gradient's store, the adjoint's fields), so an inversion allocates and
+    page-faults them once instead of every iteration: at 2000^2 on 2 ranks, new zeroed adjoint
+    fields cost 3 % of an evaluation, and new segment starts 30,000 faults of 2 us at 1000^2
+    with 8 segments (benchmarks/RESULTS.md, "PDE: the time loop's fields from the workspace").
+    A buffer whose graph dies unused is simply freed."""
 
     def __init__(self) -> None:
         self._free: dict[str, list[Tensor]] = {}
@@ -265,7 +267,8 @@ class _Propagation(torch.autograd.Function):
                 store_base = loop.workspace.take("store", c2dt2, padded, huge_pages=True)
                 store = new_lap_store(c2dt2, longest, nshots, store_base)
             elif keep:
-                starts.append((p.clone(), u.clone()))
+                starts.append(tuple(loop.workspace.take("start", c2dt2, shape).copy_(f)
+                                    for f in (p, u)))
             p, u = _steps(loop, kern, pts, p, u, t0, t1, traces, store)
         if keep:
             ctx.loop, ctx.starts, ctx.kern, ctx.pts = loop, starts, kern, pts
@@ -284,7 +287,7 @@ class _Propagation(torch.autograd.Function):
         speed, c2dt2 = ctx.saved_tensors
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
-            loop.workspace.give("store", ctx.store_base)
+            _give_back(loop.workspace, ctx)
             return None, None, None, None, None
         kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
@@ -311,11 +314,19 @@ class _Propagation(torch.autograd.Function):
                                   rows, _address(values, nt - k))
                 mu_after, mu = ([mu_after, mu, *outs])[-2:]
                 k -= n
-        loop.workspace.give("store", ctx.store_base)
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)
-        ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
+        _give_back(loop.workspace, ctx)
         return loop.owned_gradient(grad_sum, speed), None, None, None, None
+
+
+def _give_back(workspace: Workspace, ctx) -> None:
+    """Hand the forward's store and segment starts back to the workspace, and drop the rest."""
+    workspace.give("store", ctx.store_base)
+    for pair in ctx.starts:
+        for buffer in pair:
+            workspace.give("start", buffer)
+    ctx.starts = ctx.store = ctx.store_base = ctx.kern = ctx.pts = None
 
 
 def _adjoint_sources(loop: Loop, g_traces: Tensor, c2dt2: Tensor, shape: tuple[int, int, int]
