@@ -253,8 +253,7 @@ class _Propagation(torch.autograd.Function):
         # speed: the operand the gradient is for; the steps read c2dt2 (see propagate)
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
-        p, u = (loop.workspace.take("field", c2dt2, shape).zero_()
-                for _ in range(2))
+        p, u = (loop.workspace.take("field", c2dt2, shape).zero_() for _ in range(2))
         kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads)
         pts = _Points(loop, shape)
         traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
