@@ -125,19 +125,18 @@ def _vm_flags(address: int) -> list[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and huge pages are Linux's")
-def test_the_gradients_store_asks_for_huge_pages_and_other_buffers_do_not():
+def test_the_gradients_store_asks_for_huge_pages():
     """The store is read as eight streams of 4 KB rows; on 4 KB pages each row is a new page,
-    so the gradient asks Linux for transparent huge pages (madvise, flag "hg") on its store."""
+    so the gradient asks Linux for transparent huge pages (madvise, flag "hg") on its store.
+    (Not on smaller buffers, which glibc may place in its heap: the flag would outlive them.)"""
     raw = copy.deepcopy(BASE)
-    raw["grid"]["shape"] = [129, 128]  # a store of 24 MB: whole 2 MB pages inside it
+    raw["grid"]["shape"] = [181, 180]  # a store of 48 MB, in a mapping of its own
     raw["compute"]["time_segments"] = 1
     P = _problem(raw, True)
     P.evaluate(None)
     (store,) = P.prop.workspace._free["store"]
-    (adjoint, _) = P.prop.workspace._free["adjoint"]
     huge = 2 << 20
     assert "hg" in _vm_flags(-(-store.data_ptr() // huge) * huge + huge)
-    assert "hg" not in _vm_flags(adjoint.data_ptr())
 
 
 def test_repeated_forwards_reuse_their_field_buffers():

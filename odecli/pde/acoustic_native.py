@@ -40,6 +40,9 @@ from odecli.pde.timing import CommTimer
 
 _HUGE_PAGE = 2 << 20  # bytes in a transparent huge page on x86-64 and most aarch64 Linux
 _MADV_HUGEPAGE = 14  # from <sys/mman.h> on Linux
+# glibc's largest mmap threshold: a buffer this big has a mapping of its own, where a smaller one
+# may sit in the heap, whose pages later serve other arrays (the advice would outlive it)
+_OWN_MAPPING = 32 << 20
 
 
 def advise_huge_pages(t: Tensor) -> None:
@@ -49,11 +52,13 @@ def advise_huge_pages(t: Tensor) -> None:
     pages every row is a new page, whose TLB miss the prefetches do not hide.  In the kernel
     harness, float32 at 1000^2, the storing forward took 0.27-0.30 ns a point and step against
     0.31-0.35, the adjoint 0.35-0.40 against 0.39-0.43 (benchmarks/RESULTS.md, "PDE: the
-    gradient's store on huge pages").  A no-op elsewhere, or if the kernel refuses."""
-    if t.device.type != "cpu" or not sys.platform.startswith("linux"):
+    gradient's store on huge pages").  A no-op for buffers under 32 MB, off Linux, or if the
+    kernel refuses."""
+    size = t.numel() * t.element_size()
+    if t.device.type != "cpu" or not sys.platform.startswith("linux") or size < _OWN_MAPPING:
         return
     start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
-    end = (t.data_ptr() + t.numel() * t.element_size()) // _HUGE_PAGE * _HUGE_PAGE
+    end = (t.data_ptr() + size) // _HUGE_PAGE * _HUGE_PAGE
     if end > start:
         _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
 
