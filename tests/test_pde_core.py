@@ -188,3 +188,18 @@ def test_validate_sees_the_largest_value_the_run_evaluates(model):
     field = models.evaluate(model, grid, Block.whole(grid))
     nodes = ([iy * grid.dy for iy in range(grid.ny)], [ix * grid.dx for ix in range(grid.nx)])
     assert _largest(model, nodes) == pytest.approx(float(field.max()), rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("side, expected", [(40, 2), (200, 7), (256, 8), (300, 8), (479, 8),
+                                            (480, 16), (1000, 16), (4000, 16)])
+def test_auto_exchange_every_takes_whole_passes_above_one(side, expected):
+    """One more step per 32 cells of the smallest block; above one 8-step pass only whole
+    passes (9 steps ran slower than 8 at 256^2 per rank), and 16 for blocks of 480 or more
+    (3-5 % faster than 8 at 2000^2 on 2 ranks)."""
+    from types import SimpleNamespace
+
+    from odecli.pde.acoustic import auto_exchange_every
+
+    two_ranks = SimpleNamespace(nranks=2, min_local_shape=(side, 2 * side))
+    assert auto_exchange_every(two_ranks) == expected
+    assert auto_exchange_every(SimpleNamespace(nranks=1, min_local_shape=(side, side))) == 1

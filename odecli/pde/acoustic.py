@@ -22,22 +22,28 @@ from torch.utils.checkpoint import checkpoint
 from odecli.parallel.ops import halo_exchange
 from odecli.pde.acoustic_native import Loop, Workspace, propagate
 from odecli.pde.grid import Block, Grid
-from odecli.pde.leapfrog import RING, interior, native_available, reference_step, sponge_spans
+from odecli.pde.leapfrog import (RING, STEPS_PER_PASS, interior, native_available, reference_step,
+                                 sponge_spans)
 from odecli.pde.sources import Geometry, LocalGeometry
 from odecli.pde.stability import acoustic_speed_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
 MIN_POINTS_PER_THREAD = 50_000  # grid points per step below which another kernel thread does not pay
-MAX_EXCHANGE_EVERY = 8  # at 256^2 per rank 8 beat 4 by ~10 % and 16 was no better (RESULTS.md)
+# at 256^2 per rank 8 beat 4 by ~10 % and 16 was no better; at 2000^2 on 2 ranks (1000-row
+# blocks) 16 took 3-5 % less than 8 for forward + gradient (RESULTS.md)
+MAX_EXCHANGE_EVERY = 16
 
 
 def auto_exchange_every(decomp) -> int:
     """Steps between halo exchanges on the fused path: one more step per 32 cells of the smallest
-    block, up to 8, so the redundant band (2 cells per extra step) stays under 1/16 of a block."""
+    block, up to 16, so the redundant band (2 cells per extra step) stays under 1/16 of a block;
+    above one pass (STEPS_PER_PASS) only whole passes, since a short pass after the full ones
+    costs more than it saves (9 steps ran 4-7 % slower than 8 at 256^2 per rank)."""
     if decomp.nranks == 1:
         return 1
-    return max(1, min(MAX_EXCHANGE_EVERY, 1 + min(decomp.min_local_shape) // 32))
+    k = max(1, min(MAX_EXCHANGE_EVERY, 1 + min(decomp.min_local_shape) // 32))
+    return k if k <= STEPS_PER_PASS else k // STEPS_PER_PASS * STEPS_PER_PASS
 
 
 def max_exchange_every(decomp) -> int:
