@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from odecli.parallel.ops import halo_exchange
+from odecli.parallel.ops import GhostExchange, halo_exchange
 from odecli.pde.acoustic_native import Loop, Workspace, propagate
 from odecli.pde.grid import Block, Grid
 from odecli.pde.leapfrog import (RING, STEPS_PER_PASS, interior, native_available, reference_step,
@@ -171,6 +171,27 @@ class AcousticPropagator:
         padded = halo_exchange(field, self.decomp, self.comm, e)
         return padded[..., e - en : e + ny + es, e - ew : e + nx + ee].contiguous()
 
+    def _stepped_c2dt2(self, c: torch.Tensor) -> torch.Tensor:
+        """``c^2 dt^2`` on the stepped block, without a graph, in a buffer from the workspace that
+        the propagation gives back (:func:`propagate`): the owned block computed in place, the
+        extension filled by a planned exchange.  Why: :meth:`extend` pads, exchanges and copies
+        out through three new arrays, and at 2000^2 on 2 ranks building ``c2dt2`` that way took
+        6-15 ms of a 120 ms forward, page faults mostly (benchmarks/RESULTS.md, "PDE over MPI:
+        the wave speed's square from the workspace")."""
+        en, es, ew, ee = self.ext
+        ny, nx = c.shape
+        shape = (ny + en + es, nx + ew + ee)
+        stepped = self.workspace.take("speed", c, shape)
+        with torch.no_grad():  # the same rounding as (c * c) * dt^2
+            torch.mul(c, c, out=stepped[en : en + ny, ew : ew + nx]).mul_(self.dt * self.dt)
+        if any(self.ext):
+            key = ("extension", shape, c.dtype)
+            if key not in self.exchange_plans:
+                self.exchange_plans[key] = GhostExchange(shape, c.dtype, self.decomp, self.comm,
+                                                         self.ext, (max(self.ext),))
+            self.exchange_plans[key]([stepped])
+        return stepped
+
     def _use_fused(self, like: torch.Tensor) -> bool:
         if self.fused is False:
             return False
@@ -237,8 +258,7 @@ class AcousticPropagator:
         if self._use_fused(c):
             # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
             # the owned block has the whole gradient (Loop.owned_gradient)
-            with torch.no_grad():  # one new array, not two (the same rounding)
-                stepped = self.extend(torch.mul(c, c).mul_(self.dt * self.dt)).contiguous()
+            stepped = self._stepped_c2dt2(c)
             if not c.requires_grad or self._fused_gradient_defined(stepped):
                 loop = Loop(self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
                             self.ext_sponge, self.spans, self.ext_geom, self.ext_src_gain,
@@ -250,6 +270,7 @@ class AcousticPropagator:
                 rn, _, rw, _ = self.ring
                 ny, nx = c.shape
                 return traces, u[..., rn : rn + ny, rw : rw + nx]
+            self.workspace.give("speed", stepped)
         traces, u = self._reference((c * c) * (self.dt * self.dt))
         u = interior(u)
         return (traces, u) if return_field else traces

@@ -188,7 +188,9 @@ def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int,
     (contiguous, no gradient); with ``keep_field`` also the final field of the stepped block,
     ring included (no gradient), else None.  Without it both field buffers go back to the
     workspace: new ones page-faulted 8000 pages a call at 2000^2 (benchmarks/RESULTS.md, "PDE:
-    the time loop's fields from the workspace")."""
+    the time loop's fields from the workspace").  ``stepped`` is the propagation's from here
+    on: it goes back to the workspace as "speed" once the forward, or the backward that reads
+    it, is done."""
     traces, field = _Propagation.apply(speed, stepped, loop, nshots, keep_field)
     return traces, (field if keep_field else None)
 
@@ -278,6 +280,8 @@ class _Propagation(torch.autograd.Function):
             ctx.loop, ctx.starts, ctx.kern, ctx.pts = loop, starts, kern, pts
             ctx.store, ctx.store_base = store, store_base
             ctx.save_for_backward(speed, c2dt2)
+        if not keep:
+            loop.workspace.give("speed", c2dt2)
         loop.workspace.give("field", p)  # u_prev: read by nothing after the last step
         if not keep_field:
             loop.workspace.give("field", u)
@@ -291,7 +295,7 @@ class _Propagation(torch.autograd.Function):
         speed, c2dt2 = ctx.saved_tensors
         loop, store = ctx.loop, ctx.store
         if g_traces is None:
-            _give_back(loop.workspace, ctx)
+            _give_back(loop.workspace, ctx, c2dt2)
             return None, None, None, None, None
         kern = ctx.kern
         shape = kern.shape  # of the ringed fields (the store holds blocks)
@@ -320,12 +324,14 @@ class _Propagation(torch.autograd.Function):
                 k -= n
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)
-        _give_back(loop.workspace, ctx)
+        _give_back(loop.workspace, ctx, c2dt2)
         return loop.owned_gradient(grad_sum, speed), None, None, None, None
 
 
-def _give_back(workspace: Workspace, ctx) -> None:
-    """Hand the forward's store and segment starts back to the workspace, and drop the rest."""
+def _give_back(workspace: Workspace, ctx, c2dt2: Tensor) -> None:
+    """Hand the forward's ``c2dt2``, store and segment starts back to the workspace, and drop
+    the rest."""
+    workspace.give("speed", c2dt2)
     workspace.give("store", ctx.store_base)
     for pair in ctx.starts:
         for buffer in pair:
