@@ -18,7 +18,7 @@ import torch
 from odecli.parallel.comm import get_comm
 import odecli.native
 from odecli.pde import native
-from odecli.pde.leapfrog import (Kernels, RowPoints, kernels_flush_subnormals, lap_row_stride,
+from odecli.pde.leapfrog import (RING, Kernels, RowPoints, kernels_flush_subnormals, lap_row_stride,
                                  native_available, new_lap_store, reference_step, step_forward)
 from odecli.pde.problem import Problem
 from odecli.pde.spec import validate
@@ -481,6 +481,45 @@ def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_spong
         fields, laps, grad2, RowPoints(flat, shape), values.data_ptr())
     assert float(grad1.abs().max()) > 0
     assert torch.equal(grad1, grad2) and torch.equal(fields[-1], u1) and torch.equal(fields[-2], p1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("nx", [30, 700])
+def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, nx):
+    """Between halo exchanges step m needs exact cells only 2 (K - 1 - m) beyond the owned
+    block, so it makes only those (Loop.windows): here windows shrinking by 2 rows from the
+    north and 2 columns from the east per step.  Inside the last window the result is the
+    whole pass's, bit for bit; rows no step made keep what they held; the adjoint sums its
+    gradient only on ``gradient_rows``, and there it is the whole pass's where every step made
+    the cell (the sponge's bands cut anywhere in the windows' columns)."""
+    gen = torch.Generator().manual_seed(5)
+    b, ny, n = 2, 20, 5
+    shape = (b, ny + 4, nx + 4)
+    rnd = lambda *s: torch.randn(*s, generator=gen, dtype=dtype)  # noqa: E731
+    c2dt2 = 0.1 + rnd(ny, nx).abs() * 0.1
+    sponge = _edge_sponge(ny, nx, gen, dtype)
+    windows = (ctypes.c_int64 * (4 * n))(*[x for m in range(1, n + 1) for x in (2 * m, ny, 0, nx - 2 * m)])
+    last = (slice(None), slice(RING + 2 * n, RING + ny), slice(RING, RING + nx - 2 * n))
+    laps = rnd(n, b, ny, nx)
+    p0, u0 = rnd(*shape), rnd(*shape)
+    for grad_rows in (None, (4, ny - 3)):
+        runs = []
+        for win in (None, windows):
+            kern = Kernels(p0, c2dt2, sponge, 10.0, 12.0, gradient_rows=grad_rows if win else None)
+            p, u = p0.clone(), u0.clone()
+            kern.forward_run([p, u, *[(p, u)[j % 2] for j in range(n)]], None, 0, None, 0, None, win)
+            a, a_next, grad = p0.clone(), u0.clone(), torch.zeros_like(c2dt2)
+            kern.adjoint_pass([a, a_next, *[(a, a_next)[j % 2] for j in range(n)]], laps, grad, None, 0, win)
+            runs.append((p, a, grad))
+        (p1, a1, g1), (p2, a2, g2) = runs
+        for whole, windowed in ((p1, p2), (a1, a2)):  # the last outputs
+            assert torch.equal(whole[last], windowed[last])
+            assert not torch.equal(whole, windowed)
+        assert torch.equal(p2[:, RING : RING + 2], p0[:, RING : RING + 2])  # no step made rows 0, 1
+        r0, r1 = grad_rows or (0, ny)
+        inside = (slice(max(r0, 2 * n), r1), slice(0, nx - 2 * n))
+        assert float(g1[inside].abs().min()) > 0 and torch.equal(g1[inside], g2[inside])
+        assert (g2[:r0] == 0).all() and (g2[r1:] == 0).all()
 
 
 @pytest.mark.parametrize("per_pass", [1, 3, 5])

@@ -106,9 +106,10 @@ class Loop:
     its block extended by ``RING * (K - 1)`` cells there (``c2dt2``, the sponge and the sources
     cover the extension, and in the adjoint the receivers).  Each step spoils ``RING`` more
     cells from the outside in, so the owned block is exact after K steps, when the next
-    exchange refreshes the ghosts of both time levels, packed in one message per neighbour.
-    The redundant steps repeat the neighbour's arithmetic, so results are bit for bit those of
-    exchanging every step.
+    exchange refreshes the ghosts of both time levels, packed in one message per neighbour;
+    and each step makes only the cells it keeps exact (:meth:`windows`).  The redundant steps
+    repeat the neighbour's arithmetic, so results are bit for bit those of exchanging every
+    step.
     """
 
     segments: list[tuple[int, int]]
@@ -150,6 +151,31 @@ class Loop:
         t0 = time.perf_counter()
         self._plan(u)([u_next, u])
         self._clock(t0)
+
+    def owned_rows(self, ny: int) -> tuple[int, int]:
+        """The owned block's rows ``[a, b)`` in the stepped block of ``ny`` rows."""
+        return self.ring[0] - RING, ny - (self.ring[1] - RING)
+
+    def windows(self, positions: tuple[int, ...], shape: tuple[int, int]) -> ctypes.Array | None:
+        """For steps ``positions[j]`` steps after the last exchange, the block rows and columns
+        of the stepped block (``shape``) each makes, ``r0, r1, c0, c1`` per step (None: the
+        whole block, without an extension).  Step m after an exchange needs exact values only
+        ``RING * (K - 1 - m)`` cells beyond the owned block, as each step spoils ``RING`` more
+        from the outside in; so it makes no more, and the redundant band costs half of what
+        stepping the whole extension did (benchmarks/RESULTS.md, "PDE over MPI: each step makes
+        only the cells it keeps exact").  Planned once per pass shape (kept in ``plans``)."""
+        if not self.extension:
+            return None
+        key = ("windows", positions, shape)
+        if key not in self.plans:
+            ny, nx = shape
+            sides = [r > RING for r in self.ring]  # north, south, west, east extended
+            spans = []
+            for m in positions:
+                n_, s_, w_, e_ = (RING * m if extended else 0 for extended in sides)
+                spans += [n_, ny - s_, w_, nx - e_]
+            self.plans[key] = (ctypes.c_int64 * len(spans))(*spans)
+        return self.plans[key]
 
     def owned_gradient(self, grad_sum: Tensor, speed: Tensor) -> Tensor:
         """The gradient of the owned block's wave speed ``c`` from the adjoint's
@@ -239,7 +265,9 @@ def _steps(loop: Loop, kern: Kernels, pts: _Points, p: Tensor, u: Tensor, t0: in
             kern.forward_run([p, u, *outs], pts.source_rows, _address(pts.values, k),
                              None if record is None else pts.receiver_rows,
                              0 if record is None else _address(traces, k),
-                             None if store is None else store[k - t0:k - t0 + n])
+                             None if store is None else store[k - t0:k - t0 + n],
+                             loop.windows(tuple((k + j) % loop.every for j in range(n)),
+                                          kern.block_shape))
             p, u = ([p, u, *outs])[-2:]
         else:
             out = p
@@ -261,7 +289,8 @@ class _Propagation(torch.autograd.Function):
         ny, nx = c2dt2.shape
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
         p, u = (loop.workspace.take("field", c2dt2, shape).zero_() for _ in range(2))
-        kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads)
+        kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads,
+                       loop.owned_rows(ny))
         pts = _Points(loop, shape)
         traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
         keep = ctx.needs_input_grad[0]
@@ -306,6 +335,7 @@ class _Propagation(torch.autograd.Function):
             kern.points(mu, rows.flat, _row(values, 0))
         grad_sum = torch.zeros_like(c2dt2)
         nt = loop.nt
+        since = 0  # adjoint steps since the last exchange
         for s in reversed(range(len(loop.segments))):
             t0, t1 = loop.segments[s]
             if s < len(loop.segments) - 1:  # recompute this segment's laps from its start
@@ -314,13 +344,16 @@ class _Propagation(torch.autograd.Function):
             while k >= t0:
                 if loop.comm.size > 1 and (k == nt - 1 or loop.exchanges_after(k)):
                     loop.exchange(mu, mu_after)  # the ghosts the next K adjoint steps read
+                    since = 0
                 n = 1  # adjoint steps k .. k-n+1: up to the next exchange or segment start
                 while n < STEPS_PER_PASS and k - n >= t0 and not loop.exchanges_after(k - n):
                     n += 1
                 outs = [(mu_after, mu)[j % 2] for j in range(n)]
                 kern.adjoint_pass([mu_after, mu, *outs], store[k - n + 1 - t0:k + 1 - t0], grad_sum,
-                                  rows, _address(values, nt - k))
+                                  rows, _address(values, nt - k),
+                                  loop.windows(tuple(range(since, since + n)), kern.block_shape))
                 mu_after, mu = ([mu_after, mu, *outs])[-2:]
+                since += n
                 k -= n
         for buffer in (mu_after, mu):
             loop.workspace.give("adjoint", buffer)

@@ -146,15 +146,19 @@ class Kernels:
     shape and dtype (checked cheaply)."""
 
     def __init__(self, like: Tensor, c2dt2: Tensor, sponge: Tensor | None, dy: float, dx: float,
-                 spans: Tensor | None = None, threads: int = 1) -> None:
+                 spans: Tensor | None = None, threads: int = 1,
+                 gradient_rows: tuple[int, int] | None = None) -> None:
+        """``gradient_rows``: the block rows ``[a, b)`` whose gradient :meth:`adjoint_pass`
+        sums (None: all)."""
         check_layout(like, c2dt2, sponge)
         self.shape, self.dtype = tuple(like.shape), like.dtype
         self.spans = _spans(sponge, spans)
         self._keep = (c2dt2, sponge)  # the kernels read them through raw pointers
-        self._grad_shape = tuple(c2dt2.shape)
+        self._grad_shape = self.block_shape = tuple(c2dt2.shape)
         ny, nx = c2dt2.shape
         self._nx = nx
         self._dims = _dims(like)
+        self._gradient_rows = tuple(ctypes.c_long(r) for r in (gradient_rows or (0, ny)))
         self._c2, self._sponge, self._span = _ptr(c2dt2), _ptr(sponge), _ptr(self.spans)
         self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
         self.threads = threads
@@ -214,14 +218,18 @@ class Kernels:
         return out
 
     def forward_run(self, fields: list[Tensor], sources: RowPoints | None, source_values: int,
-                    receivers: RowPoints | None, traces: int, laps: Tensor | None = None) -> None:
+                    receivers: RowPoints | None, traces: int, laps: Tensor | None = None,
+                    windows: ctypes.Array | None = None) -> None:
         """Steps with ``fields = [u_prev, u, out_1, ..., out_n]`` in one pass: ``out_j`` may be
         the field two before it (two buffers recycled).  After step j the sources get
         ``source_values + j * sources.stride`` (an address: rows of ``stride`` numbers, in
         source order) and the receivers are read into ``traces + j * receivers.stride``; with
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
-        Bit for bit the same as :meth:`forward` then :meth:`points` per step.  Several threads
-        share the steps out (:meth:`_pipelined`)."""
+        With ``windows`` (``4 n`` int64: block rows ``[r0, r1)`` and columns ``[c0, c1)`` per
+        step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window (and ``laps[j]`` on its rows);
+        the other cells keep what they held.  Bit for bit the same as :meth:`forward` then
+        :meth:`points` per step, in the windows.  Several threads share the steps out
+        (:meth:`_pipelined`)."""
         n = len(fields) - 2
         self._check(*set(fields))  # the outputs recycle two buffers: check each once
         if n < 1:
@@ -232,19 +240,23 @@ class Kernels:
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if sources is None else sources.args(source_values)),
                  *(none if receivers is None else receivers.args(traces)),
-                 None if laps is None else self._lap_addresses(laps, range(n)), rows, None)
+                 None if laps is None else self._lap_addresses(laps, range(n)), rows, None,
+                 windows, *self._gradient_rows)
         self._pipelined(self._forward_run, n, fixed)
 
     def adjoint_pass(self, fields: list[Tensor], laps: Tensor, grad_sum: Tensor,
-                     residuals: RowPoints | None, values: int) -> None:
+                     residuals: RowPoints | None, values: int,
+                     windows: ctypes.Array | None = None) -> None:
         """Adjoint steps in the forward's form, ``fields = [mu_after, mu, out_1, ..., out_n]``
         as in :meth:`forward_run` (``mu = c2dt2 G lambda``, ``lambda`` the adjoint of the
         field): step j reads ``laps[n - 1 - j]`` (``laps`` ``(n, B, ny, nx)`` in time order, as
         the forward stored them) and adds ``mu * lap4`` of its ``mu`` into ``grad_sum``; after
         it the residuals get ``values + j * residuals.stride`` (an address: rows of ``stride``
         numbers, ``c2dt2 G r`` for residuals ``r``), as sources do in :meth:`forward_run`.
-        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``.  A single step is split by rows
-        over the threads instead, as :meth:`forward` splits one, with the same results."""
+        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``, on the rows ``gradient_rows``
+        (the others get the step alone, and their laps are not read).  ``windows`` as in
+        :meth:`forward_run`.  A single step without windows is split by rows over the threads
+        instead, as :meth:`forward` splits one, with the same results."""
         n = len(fields) - 2
         self._check(*set(fields))
         if n < 1 or laps.shape[0] != n:
@@ -254,7 +266,7 @@ class Kernels:
                 or not grad_sum.is_contiguous():
             raise ValueError("leapfrog: grad_sum must be a contiguous array like c2dt2")
         rows = self._check_laps(laps, n)
-        if n == 1 and len(self._fwd_rows) > 1:
+        if n == 1 and len(self._fwd_rows) > 1 and windows is None:
             self.forward(fields[1], fields[0], fields[2], laps[0], grad_sum)
             if residuals is not None:
                 self.points(fields[2], residuals.flat, ctypes.c_void_p(values))
@@ -263,7 +275,8 @@ class Kernels:
         fixed = ((ctypes.c_void_p * len(fields))(*(f.data_ptr() for f in fields)),
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if residuals is None else residuals.args(values)), *none,
-                 self._lap_addresses(laps, range(n - 1, -1, -1)), rows, _ptr(grad_sum))
+                 self._lap_addresses(laps, range(n - 1, -1, -1)), rows, _ptr(grad_sum),
+                 windows, *self._gradient_rows)
         self._pipelined(self._forward_run, n, fixed)
 
     def _pipelined(self, kernel, n: int, fixed: tuple) -> None:

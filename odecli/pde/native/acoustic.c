@@ -345,18 +345,22 @@ DEFINE_SCALAR_RUN(float, f32)
     }
 #endif
 
-/* Run BODY(j) for j in [0, nx), with the sponge on [0, lo) and [hi, nx) and without it on
- * [lo, hi): DAMPED and PLAIN are the two versions of the loop body, and KIND's vector runs
- * write LAP_OUT, read LAP_IN and add into GRAD as those bodies do (NULL: not).  PF (else
- * NULL): a row brought into cache while the arithmetic runs, a line per vector of columns
- * (or per piece of PREFETCH_RUN_COLUMNS), instead of all at once when it is next read. */
-#define SPLIT_ROW(i, KIND, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                  \
+/* Run BODY(j) for j in the columns [JA, JB), with the sponge on [JA, lo) and [hi, JB) and
+ * without it on [lo, hi) (the row's span, clamped to the columns): DAMPED and PLAIN are the
+ * two versions of the loop body, and KIND's vector runs write LAP_OUT, read LAP_IN and add
+ * into GRAD as those bodies do (NULL: not).  PF (else NULL): a row brought into cache while
+ * the arithmetic runs, a line per vector of columns (or per piece of PREFETCH_RUN_COLUMNS),
+ * instead of all at once when it is next read. */
+#define SPLIT_ROW(i, JA, JB, KIND, DAMPED, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)          \
     do {                                                                              \
-        const long lo = sponge ? (long)span[2 * (i)] : 0;                             \
-        const long hi = sponge ? (long)span[2 * (i) + 1] : nx;                        \
-        RUN_BAND(KIND, 0, lo, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                   \
+        const long ja_ = (JA), jb_ = (JB);                                            \
+        long lo = sponge ? (long)span[2 * (i)] : 0;                                   \
+        long hi = sponge ? (long)span[2 * (i) + 1] : nx;                              \
+        lo = lo < ja_ ? ja_ : (lo > jb_ ? jb_ : lo);                                  \
+        hi = hi < lo ? lo : (hi > jb_ ? jb_ : hi);                                    \
+        RUN_BAND(KIND, ja_, lo, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                 \
         RUN_BAND(KIND, lo, hi, NULL, PLAIN, LAP_OUT, LAP_IN, GRAD, PF)                \
-        RUN_BAND(KIND, hi > lo ? hi : lo, nx, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)   \
+        RUN_BAND(KIND, hi, jb_, g, DAMPED, LAP_OUT, LAP_IN, GRAD, PF)                 \
     } while (0)
 
 /* forward_row_lap's row with the lap streamed from the vector runs (STORING_RUN) straight to
@@ -431,7 +435,7 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     COEFFS(T);                                                                                \
     if (ls > STREAM_ROW_MAX) {                                                                \
         T *restrict buf = lp;                                                                 \
-        SPLIT_ROW(i, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);          \
+        SPLIT_ROW(i, 0, nx, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);   \
         return;                                                                               \
     }                                                                                         \
     T row[ls];                                                                                \
@@ -440,7 +444,7 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
         STREAMED_ROW(i);                                                                      \
         return;                                                                               \
     }                                                                                         \
-    SPLIT_ROW(i, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);              \
+    SPLIT_ROW(i, 0, nx, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);       \
     for (long j = nx; j < ls; ++j)                                                            \
         row[j] = 0;                                                                           \
     stream_row(lp, buf, sizeof(T) * nx, sizeof(T) * ls);                                      \
@@ -453,7 +457,8 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
  * the next row iteration.  (Read on demand, among a dozen other streams, the pass took 1.5 ns \
  * a point and step at 1000^2 against 1.1; two rows ahead, 1.00-1.09 against 0.88-0.94 for     \
  * 3 KB ahead, and 2, 2.5, 3.5 and 4 KB did no better: benchmarks/RESULTS.md.) */              \
-static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, const T *p,     \
+static inline void adjoint_row_##SUFFIX(long i, long nx, long ja, long jb,                    \
+                                        const T *restrict r, const T *p,                     \
                                         const T *restrict cc, const T *restrict g,           \
                                         const T *restrict sponge,                            \
                                         const int64_t *restrict span, T *out,                \
@@ -464,7 +469,7 @@ static inline void adjoint_row_##SUFFIX(long i, long nx, const T *restrict r, co
     const long w = nx + 4;                                                                    \
     const char *pf = (const char *)l + PREFETCH_AHEAD; /* never faults, even past the store */ \
     COEFFS(T);                                                                                \
-    SPLIT_ROW(i, ADJOINT, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);                    \
+    SPLIT_ROW(i, ja, jb, ADJOINT, FWD_DAMPED_SUM, FWD_PLAIN_SUM, NULL, l, gc, pf);            \
 }                                                                                             \
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
@@ -491,10 +496,10 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
             T *out = u_next + row + 2;                                                        \
             T *restrict lp = lap ? lap + (b * ny + i) * ls : NULL;                            \
             if (grad)                                                                         \
-                adjoint_row_##SUFFIX(i, nx, r, p, cc, g, sponge, span, out, lp, grad + i * nx,\
-                                     iy2, ix2);                                               \
+                adjoint_row_##SUFFIX(i, nx, 0, nx, r, p, cc, g, sponge, span, out, lp,        \
+                                     grad + i * nx, iy2, ix2);                                \
             else                                                                              \
-                FORWARD_ROW(i, SUFFIX);                                                       \
+                FORWARD_ROW(i, 0, nx, SUFFIX);                                                \
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
                            i1 == ny ? ny + 4 : i1 + 2);                                       \
@@ -518,7 +523,11 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * Results are bit for bit those of n leapfrog_forward calls.                                 \
  * With grad (else NULL) the pass is the adjoint's (see the top of this file): step j reads   \
  * lap[j] instead, row by row in place, prefetching ahead (adjoint_row), and adds             \
- * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.                            \
+ * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order, on rows [own0, own1) (the   \
+ * others get the step alone, and lap[j] need not hold them).                                 \
+ * win (else NULL: the whole block): step j makes only block rows [win[4j], win[4j+1]) and    \
+ * columns [win[4j+2], win[4j+3]) (the store's rows whole), the cells its caller keeps exact   \
+ * between halo exchanges; the others keep what they held.                                    \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last row iteration q it has finished and waiting     \
  * before iteration q until the call of the steps before it (*ahead) has finished q.  Rows of \
@@ -533,7 +542,8 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                                    const int64_t *src_idx, const T *src_val, long src_stride, \
                                    const int64_t *rec_ptr, const int64_t *rec_at,             \
                                    const int64_t *rec_slot, T *traces, long rec_stride,       \
-                                   T *const *lap, long ls, T *restrict grad)                  \
+                                   T *const *lap, long ls, T *restrict grad,                  \
+                                   const int64_t *restrict win, long own0, long own1)         \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                           \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
@@ -545,8 +555,9 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 if (spins > 256) sched_yield();                                               \
         for (long j = j0; j < j1; ++j) {                                                      \
             const long i = q - j * FRUN_LAG;                                                  \
-            if (i < 0 || i >= ny)                                                             \
+            if (i < 0 || i >= ny || (win && (i < win[4 * j] || i >= win[4 * j + 1])))        \
                 continue;                                                                     \
+            const long ja = win ? (long)win[4 * j + 2] : 0, jb = win ? (long)win[4 * j + 3] : nx; \
             T *un = f[j + 2];                                                                 \
             for (long b = 0; b < B; ++b) {                                                    \
                 const long row = b * plane + (i + 2) * w;                                     \
@@ -556,11 +567,13 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 const T *restrict g = sponge ? sponge + i * nx : NULL;                        \
                 T *out = un + row + 2;                                                        \
                 T *restrict lp = lap ? lap[j] + (b * ny + i) * ls : NULL;                     \
-                if (grad)                                                                     \
-                    adjoint_row_##SUFFIX(i, nx, r, p, cc, g, sponge, span, out, lp,           \
+                if (grad && i >= own0 && i < own1)                                            \
+                    adjoint_row_##SUFFIX(i, nx, ja, jb, r, p, cc, g, sponge, span, out, lp,   \
                                          grad + i * nx, iy2, ix2);                            \
+                else if (grad) /* a row whose gradient is not summed: the step alone */       \
+                    SPLIT_ROW(i, ja, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL); \
                 else                                                                          \
-                    FORWARD_ROW(i, SUFFIX);                                                   \
+                    FORWARD_ROW(i, ja, jb, SUFFIX);                                           \
                 un[row] = un[row + 1] = un[row + nx + 2] = un[row + nx + 3] = 0;              \
                 if (i == 0)                                                                   \
                     memset(un + b * plane, 0, sizeof(T) * 2 * w);                             \
@@ -631,12 +644,14 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         gc[j] += c * l[j];                                                            \
     } while (0)
 /* block row i of a forward step, and its lap(u) where lp is not NULL */
-#define FORWARD_ROW(i, SUFFIX)                                                        \
+/* block row i of a forward step over the columns [ja, jb), and its lap(u) where lp is not
+ * NULL (over the whole row: the store's rows are streamed whole) */
+#define FORWARD_ROW(i, ja, jb, SUFFIX)                                                \
     do {                                                                              \
         if (lp)                                                                       \
             forward_row_lap_##SUFFIX(i, nx, ls, r, p, cc, g, sponge, span, out, lp, iy2, ix2); \
         else                                                                          \
-            SPLIT_ROW(i, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);             \
+            SPLIT_ROW(i, ja, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);     \
     } while (0)
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
