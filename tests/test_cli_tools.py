@@ -293,6 +293,26 @@ def test_schema_rejects_the_inverse_sections_the_validator_rejects(path, value):
         jsonschema.validate(spec, _ode_schema())
 
 
+def test_train_inverse_freezes_the_imported_modules_for_the_collector(tmp_path, monkeypatch):
+    """The run's modules live until exit, so train-inverse freezes them before the loop: the
+    collector's full passes then skip ~170,000 objects (70 ms a pass)."""
+    import gc
+
+    import odecli.pde.train
+
+    frozen = []
+    monkeypatch.setattr(odecli.pde.train, "train_inverse", lambda *a: frozen.append(gc.get_freeze_count()) or 0)
+    spec = tmp_path / "fit.yaml"
+    assert runner.invoke(app, ["init", "pde-inverse", "-o", str(spec)]).exit_code == 0
+    gc.unfreeze()
+    try:
+        result = runner.invoke(app, ["train-inverse", str(spec), "--quiet"])
+    finally:
+        gc.unfreeze()
+    assert result.exit_code == 0, result.output
+    assert frozen and frozen[0] > 10_000
+
+
 def test_train_inverse_logs_and_never_overwrites_without_force(tmp_path):
     spec, out, log = tmp_path / "fit.yaml", tmp_path / "fit.h5", tmp_path / "run.log"
     assert runner.invoke(app, ["init", "pde-inverse", "-o", str(spec)]).exit_code == 0
