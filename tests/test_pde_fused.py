@@ -489,9 +489,10 @@ def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, n
     """Between halo exchanges step m needs exact cells only 2 (K - 1 - m) beyond the owned
     block, so it makes only those (Loop.windows): here windows shrinking by 2 rows from the
     north and 2 columns from the east per step.  Inside the last window the result is the
-    whole pass's, bit for bit; rows no step made keep what they held; the adjoint sums its
-    gradient only on ``gradient_rows``, and there it is the whole pass's where every step made
-    the cell (the sponge's bands cut anywhere in the windows' columns)."""
+    whole pass's, bit for bit; rows no step made keep what they held; the forward stores its
+    laps, and the adjoint sums its gradient, only on ``gradient_rows``, and there they are the
+    whole pass's where the steps made the cells (the sponge's bands cut anywhere in the
+    windows' columns)."""
     gen = torch.Generator().manual_seed(5)
     b, ny, n = 2, 20, 5
     shape = (b, ny + 4, nx + 4)
@@ -503,11 +504,12 @@ def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, n
     laps = rnd(n, b, ny, nx)
     p0, u0 = rnd(*shape), rnd(*shape)
     for grad_rows in (None, (4, ny - 3)):
-        runs = []
+        runs, stores = [], []
         for win in (None, windows):
             kern = Kernels(p0, c2dt2, sponge, 10.0, 12.0, gradient_rows=grad_rows if win else None)
-            p, u = p0.clone(), u0.clone()
-            kern.forward_run([p, u, *[(p, u)[j % 2] for j in range(n)]], None, 0, None, 0, None, win)
+            p, u, store = p0.clone(), u0.clone(), laps.clone()
+            kern.forward_run([p, u, *[(p, u)[j % 2] for j in range(n)]], None, 0, None, 0, store, win)
+            stores.append(store)
             a, a_next, grad = p0.clone(), u0.clone(), torch.zeros_like(c2dt2)
             kern.adjoint_pass([a, a_next, *[(a, a_next)[j % 2] for j in range(n)]], laps, grad, None, 0, win)
             runs.append((p, a, grad))
@@ -520,6 +522,12 @@ def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, n
         inside = (slice(max(r0, 2 * n), r1), slice(0, nx - 2 * n))
         assert float(g1[inside].abs().min()) > 0 and torch.equal(g1[inside], g2[inside])
         assert (g2[:r0] == 0).all() and (g2[r1:] == 0).all()
+        # the store: the whole pass's laps on the gradient's rows that each step made, else untouched
+        for j in range(n):
+            made, cols = slice(max(r0, 2 * (j + 1)), r1), slice(0, nx - 2 * (j + 1))
+            assert torch.equal(stores[1][j][:, made, cols], stores[0][j][:, made, cols])
+            assert torch.equal(stores[1][j][:, :made.start], laps[j][:, :made.start])
+            assert torch.equal(stores[1][j][:, r1:], laps[j][:, r1:])
 
 
 @pytest.mark.parametrize("per_pass", [1, 3, 5])

@@ -149,7 +149,7 @@ class Kernels:
                  spans: Tensor | None = None, threads: int = 1,
                  gradient_rows: tuple[int, int] | None = None) -> None:
         """``gradient_rows``: the block rows ``[a, b)`` whose gradient :meth:`adjoint_pass`
-        sums (None: all)."""
+        sums, and so the only rows of the store :meth:`forward_run` writes (None: all)."""
         check_layout(like, c2dt2, sponge)
         self.shape, self.dtype = tuple(like.shape), like.dtype
         self.spans = _spans(sponge, spans)
@@ -226,8 +226,9 @@ class Kernels:
         source order) and the receivers are read into ``traces + j * receivers.stride``; with
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
         With ``windows`` (``4 n`` int64: block rows ``[r0, r1)`` and columns ``[c0, c1)`` per
-        step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window (and ``laps[j]`` on its rows);
-        the other cells keep what they held.  Bit for bit the same as :meth:`forward` then
+        step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window;
+        the other cells keep what they held.  ``laps[j]`` gets only the rows ``gradient_rows``
+        (all that :meth:`adjoint_pass` reads) that the window holds.  Bit for bit the same as :meth:`forward` then
         :meth:`points` per step, in the windows.  Several threads share the steps out
         (:meth:`_pipelined`)."""
         n = len(fields) - 2

@@ -524,7 +524,7 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * With grad (else NULL) the pass is the adjoint's (see the top of this file): step j reads   \
  * lap[j] instead, row by row in place, prefetching ahead (adjoint_row), and adds             \
  * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order, on rows [own0, own1) (the   \
- * others get the step alone, and lap[j] need not hold them).                                 \
+ * others get the step alone).  Only those rows of lap are written (forward) or read (adjoint).\
  * win (else NULL: the whole block): step j makes only block rows [win[4j], win[4j+1]) and    \
  * columns [win[4j+2], win[4j+3]) (the store's rows whole), the cells its caller keeps exact   \
  * between halo exchanges; the others keep what they held.                                    \
@@ -566,8 +566,9 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 const T *restrict cc = c2dt2 + i * nx;                                        \
                 const T *restrict g = sponge ? sponge + i * nx : NULL;                        \
                 T *out = un + row + 2;                                                        \
-                T *restrict lp = lap ? lap[j] + (b * ny + i) * ls : NULL;                     \
-                if (grad && i >= own0 && i < own1)                                            \
+                const int summed = i >= own0 && i < own1; /* a row whose gradient is summed */ \
+                T *restrict lp = lap && summed ? lap[j] + (b * ny + i) * ls : NULL;           \
+                if (grad && summed)                                                           \
                     adjoint_row_##SUFFIX(i, nx, ja, jb, r, p, cc, g, sponge, span, out, lp,   \
                                          grad + i * nx, iy2, ix2);                            \
                 else if (grad) /* a row whose gradient is not summed: the step alone */       \
