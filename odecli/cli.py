@@ -256,9 +256,11 @@ def train_inverse(
         raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse or ode, got {kind!r}")
     logger = _file_logger(log if _mpi_rank() == 0 else None)
     logger(f"train-inverse {spec} ({kind}) -> {output or 'default output'}{' (resume)' if resume else ''}")
-    # The ~170,000 objects of the modules imported so far live until exit: frozen, the garbage
-    # collector's full passes stop walking them (70 ms each, about every 60 evaluations at
-    # 256^2: 4 % of the run; benchmarks/RESULTS.md, "PDE: full garbage collections").
+    # The ~170,000 objects of the modules imported so far live until exit: frozen (after one
+    # collection, so no garbage is frozen with them), the collector's full passes stop walking
+    # them (70 ms each, about every 60 evaluations at 256^2: 4 % of the run;
+    # benchmarks/RESULTS.md, "PDE: full garbage collections").
+    gc.collect()
     gc.freeze()
     code = run(spec, output, iterations, resume, force, quiet)
     logger(f"train-inverse {spec}: finished with exit code {code}")
