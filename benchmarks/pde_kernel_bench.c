@@ -68,9 +68,9 @@ int main(int argc, char **argv)
 
     if (argc > 3) { /* an adjoint pass, a forward pass that stores, then hash every bit */
         leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL, NULL,
-                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, gc, NULL, 0, ny);
+                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, gc, NULL, NULL);
         leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL, NULL,
-                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, NULL, NULL, 0, ny);
+                                 NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, lap, ls, NULL, NULL, NULL);
         uint64_t h = 1469598103934665603ULL; /* FNV-1a over A, Bf, grad_c2 and the laps */
         const unsigned char *p = (const unsigned char *)A, *q = (const unsigned char *)gc;
         for (size_t k = 0; k < sizeof(double) * 2 * plane; ++k) h = (h ^ p[k]) * 1099511628211ULL;
@@ -92,7 +92,7 @@ int main(int argc, char **argv)
             double *cold[STEPS];
             for (int j = 0; j < n; ++j) cold[j] = laps + ((k % stores) * n + n - 1 - j) * ny * ls;
             leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
-                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, cold, ls, gc, NULL, 0, ny);
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, cold, ls, gc, NULL, NULL);
         }
         const double ta = (now() - t0) / reps / (ny * nx * n) * 1e9;
         adjoint = ta < adjoint ? ta : adjoint;
@@ -100,7 +100,7 @@ int main(int argc, char **argv)
         t0 = now();
         for (long k = 0; k < reps; ++k)
             leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
-                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL, 0, ny);
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, NULL, 0, NULL, NULL, NULL);
         const double tf = (now() - t0) / reps / (ny * nx * n) * 1e9;
         forward = tf < forward ? tf : forward;
         for (long k = 0; k < 2 * plane; ++k) A[k] = 1e-3 * uniform();
@@ -109,7 +109,7 @@ int main(int argc, char **argv)
             double *out[STEPS];
             for (int j = 0; j < n; ++j) out[j] = laps + ((k % stores) * n + j) * ny * ls;
             leapfrog_forward_run_f64(1, ny, nx, n, 0, n, NULL, NULL, f, c2, sp, span, 0.01, 0.01, NULL,
-                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, out, ls, NULL, NULL, 0, ny);
+                                     NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, out, ls, NULL, NULL, NULL);
         }
         const double ts = (now() - t0) / reps / (ny * nx * n) * 1e9;
         storing = ts < storing ? ts : storing;

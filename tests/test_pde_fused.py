@@ -485,14 +485,14 @@ def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_spong
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("nx", [30, 700])
-def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, nx):
+def test_passes_make_only_their_windows_and_store_only_the_gradients_block(dtype, nx):
     """Between halo exchanges step m needs exact cells only 2 (K - 1 - m) beyond the owned
     block, so it makes only those (Loop.windows): here windows shrinking by 2 rows from the
     north and 2 columns from the east per step.  Inside the last window the result is the
-    whole pass's, bit for bit; rows no step made keep what they held; the forward stores its
-    laps, and the adjoint sums its gradient, only on ``gradient_rows``, and there they are the
-    whole pass's where the steps made the cells (the sponge's bands cut anywhere in the
-    windows' columns)."""
+    whole pass's, bit for bit; rows no step made keep what they held.  With ``gradient_block``
+    the store holds that block only: the forward stores its laps there, the adjoint reads them
+    and sums its gradient only there, and both are the whole pass's where the steps made the
+    cells (the sponge's bands cut anywhere in the windows' and the block's columns)."""
     gen = torch.Generator().manual_seed(5)
     b, ny, n = 2, 20, 5
     shape = (b, ny + 4, nx + 4)
@@ -503,31 +503,35 @@ def test_passes_make_only_their_windows_and_sum_only_the_gradients_rows(dtype, n
     last = (slice(None), slice(RING + 2 * n, RING + ny), slice(RING, RING + nx - 2 * n))
     laps = rnd(n, b, ny, nx)
     p0, u0 = rnd(*shape), rnd(*shape)
-    for grad_rows in (None, (4, ny - 3)):
-        runs, stores = [], []
-        for win in (None, windows):
-            kern = Kernels(p0, c2dt2, sponge, 10.0, 12.0, gradient_rows=grad_rows if win else None)
-            p, u, store = p0.clone(), u0.clone(), laps.clone()
+    for block in (None, (4, ny - 3, 3, nx - 2 * n - 1)):
+        r0, r1, c0, c1 = block or (0, ny, 0, nx)
+        runs, stores, held = [], [], laps[:, :, r0:r1, c0:c1].contiguous()  # the block's laps
+        for own in (None, block):  # the whole pass, then the windowed one
+            win = None if len(runs) == 0 else windows
+            kern = Kernels(p0, c2dt2, sponge, 10.0, 12.0, gradient_block=own)
+            read = laps if own is None else held
+            p, u, store = p0.clone(), u0.clone(), read.clone()
             kern.forward_run([p, u, *[(p, u)[j % 2] for j in range(n)]], None, 0, None, 0, store, win)
             stores.append(store)
             a, a_next, grad = p0.clone(), u0.clone(), torch.zeros_like(c2dt2)
-            kern.adjoint_pass([a, a_next, *[(a, a_next)[j % 2] for j in range(n)]], laps, grad, None, 0, win)
+            kern.adjoint_pass([a, a_next, *[(a, a_next)[j % 2] for j in range(n)]], read, grad, None, 0, win)
             runs.append((p, a, grad))
         (p1, a1, g1), (p2, a2, g2) = runs
         for whole, windowed in ((p1, p2), (a1, a2)):  # the last outputs
             assert torch.equal(whole[last], windowed[last])
             assert not torch.equal(whole, windowed)
         assert torch.equal(p2[:, RING : RING + 2], p0[:, RING : RING + 2])  # no step made rows 0, 1
-        r0, r1 = grad_rows or (0, ny)
-        inside = (slice(max(r0, 2 * n), r1), slice(0, nx - 2 * n))
+        inside = (slice(max(r0, 2 * n), r1), slice(c0, min(c1, nx - 2 * n)))
         assert float(g1[inside].abs().min()) > 0 and torch.equal(g1[inside], g2[inside])
         assert (g2[:r0] == 0).all() and (g2[r1:] == 0).all()
-        # the store: the whole pass's laps on the gradient's rows that each step made, else untouched
+        assert (g2[:, :c0] == 0).all() and (g2[:, c1:] == 0).all()
+        # the store holds the block: the whole pass's laps where each step made them, else untouched
         for j in range(n):
-            made, cols = slice(max(r0, 2 * (j + 1)), r1), slice(0, nx - 2 * (j + 1))
-            assert torch.equal(stores[1][j][:, made, cols], stores[0][j][:, made, cols])
-            assert torch.equal(stores[1][j][:, :made.start], laps[j][:, :made.start])
-            assert torch.equal(stores[1][j][:, r1:], laps[j][:, r1:])
+            top = max(r0, 2 * (j + 1))
+            cols = slice(c0, min(c1, nx - 2 * (j + 1)))
+            made = stores[1][j][:, top - r0 :, cols.start - c0 : cols.stop - c0]
+            assert torch.equal(made, stores[0][j][:, top:r1, cols])
+            assert torch.equal(stores[1][j][:, : top - r0], read[j][:, : top - r0])
 
 
 @pytest.mark.parametrize("per_pass", [1, 3, 5])

@@ -152,9 +152,13 @@ class Loop:
         self._plan(u)([u_next, u])
         self._clock(t0)
 
-    def owned_rows(self, ny: int) -> tuple[int, int]:
-        """The owned block's rows ``[a, b)`` in the stepped block of ``ny`` rows."""
-        return self.ring[0] - RING, ny - (self.ring[1] - RING)
+    def owned_block(self, shape: tuple[int, int]) -> tuple[int, int, int, int] | None:
+        """The owned block's rows ``[r0, r1)`` and columns ``[c0, c1)`` in the stepped block of
+        ``shape`` (None: the whole of it, without an extension)."""
+        if not self.extension:
+            return None
+        rn, rs, rw, re = (r - RING for r in self.ring)
+        return rn, shape[0] - rs, rw, shape[1] - re
 
     def windows(self, positions: tuple[int, ...], shape: tuple[int, int]) -> ctypes.Array | None:
         """For steps ``positions[j]`` steps after the last exchange, the block rows and columns
@@ -290,7 +294,7 @@ class _Propagation(torch.autograd.Function):
         shape = (nshots, ny + 2 * RING, nx + 2 * RING)
         p, u = (loop.workspace.take("field", c2dt2, shape).zero_() for _ in range(2))
         kern = Kernels(p, c2dt2, loop.sponge, loop.dy, loop.dx, loop.spans, loop.threads,
-                       loop.owned_rows(ny))
+                       loop.owned_block((ny, nx)))
         pts = _Points(loop, shape)
         traces = c2dt2.new_zeros((loop.nt, nshots, loop.geom.nrec_local))  # per step: contiguous
         keep = ctx.needs_input_grad[0]
@@ -298,9 +302,10 @@ class _Propagation(torch.autograd.Function):
         for s, (t0, t1) in enumerate(loop.segments):
             if keep and s == len(loop.segments) - 1:  # the backward starts here: keep its laps
                 longest = max(b - a for a, b in loop.segments)
-                padded = (longest, nshots, ny, lap_row_stride(nx, c2dt2.dtype))
+                r0, r1, c0, c1 = loop.owned_block((ny, nx)) or (0, ny, 0, nx)  # all the adjoint reads
+                padded = (longest, nshots, r1 - r0, lap_row_stride(c1 - c0, c2dt2.dtype))
                 store_base = loop.workspace.take("store", c2dt2, padded, huge_pages=True)
-                store = new_lap_store(c2dt2, longest, nshots, store_base)
+                store = new_lap_store(c2dt2, longest, nshots, store_base, (r1 - r0, c1 - c0))
             elif keep:
                 starts.append(tuple(loop.workspace.take("start", c2dt2, shape).copy_(f)
                                     for f in (p, u)))

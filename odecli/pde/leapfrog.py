@@ -54,11 +54,13 @@ def lap_row_stride(nx: int, dtype: torch.dtype) -> int:
     return -(-nx // per_line) * per_line
 
 
-def new_lap_store(c2dt2: Tensor, steps: int, shots: int, base: Tensor | None = None) -> Tensor:
-    """A ``(steps, shots, ny, nx)`` store for the forward's ``lap4(u)``, rows
+def new_lap_store(c2dt2: Tensor, steps: int, shots: int, base: Tensor | None = None,
+                  block: tuple[int, int] | None = None) -> Tensor:
+    """A ``(steps, shots, ny, nx)`` store for the forward's ``lap4(u)`` on a block of ``block``
+    cells (None: ``c2dt2``'s, the whole one; see ``Kernels``' ``gradient_block``), rows
     :func:`lap_row_stride` apart: a view of ``base`` (``(steps, shots, ny, stride)``, new if
     None), which owns the memory."""
-    ny, nx = c2dt2.shape
+    ny, nx = block or c2dt2.shape
     shape = (steps, shots, ny, lap_row_stride(nx, c2dt2.dtype))
     if base is None:
         base = c2dt2.new_empty(shape)
@@ -147,9 +149,10 @@ class Kernels:
 
     def __init__(self, like: Tensor, c2dt2: Tensor, sponge: Tensor | None, dy: float, dx: float,
                  spans: Tensor | None = None, threads: int = 1,
-                 gradient_rows: tuple[int, int] | None = None) -> None:
-        """``gradient_rows``: the block rows ``[a, b)`` whose gradient :meth:`adjoint_pass`
-        sums, and so the only rows of the store :meth:`forward_run` writes (None: all)."""
+                 gradient_block: tuple[int, int, int, int] | None = None) -> None:
+        """``gradient_block``: the block rows ``[r0, r1)`` and columns ``[c0, c1)`` where
+        :meth:`adjoint_pass` sums the gradient (None: all); the store of ``lap4(u)`` then holds
+        that block only (:func:`new_lap_store` with ``block``), which is all the adjoint reads."""
         check_layout(like, c2dt2, sponge)
         self.shape, self.dtype = tuple(like.shape), like.dtype
         self.spans = _spans(sponge, spans)
@@ -158,7 +161,11 @@ class Kernels:
         ny, nx = c2dt2.shape
         self._nx = nx
         self._dims = _dims(like)
-        self._gradient_rows = tuple(ctypes.c_long(r) for r in (gradient_rows or (0, ny)))
+        r0, r1, c0, c1 = gradient_block or (0, ny, 0, nx)
+        if not (0 <= r0 < r1 <= ny and 0 <= c0 < c1 <= nx):
+            raise ValueError(f"leapfrog: gradient_block {gradient_block} is not a block of {ny}x{nx}")
+        self._store_shape = (r1 - r0, c1 - c0)
+        self._gradient_block = None if gradient_block is None else (ctypes.c_int64 * 4)(r0, r1, c0, c1)
         self._c2, self._sponge, self._span = _ptr(c2dt2), _ptr(sponge), _ptr(self.spans)
         self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
         self.threads = threads
@@ -175,10 +182,11 @@ class Kernels:
                                  f"{self.shape}, got {f.dtype} {tuple(f.shape)} on {f.device}")
 
     def _check_laps(self, laps: Tensor, steps: int | None = None) -> ctypes.c_long:
-        """One ``lap4(u)`` ``(B, ny, nx)``, or with ``steps`` a stack ``(steps, B, ny, nx)``,
+        """One ``lap4(u)`` ``(B, ny, nx)`` (the store's block), or with ``steps`` a stack
+        ``(steps, B, ny, nx)``,
         contiguous but for rows that may lie further apart (:func:`new_lap_store`); returns that
         row stride, in elements, for the kernels."""
-        one = (self.shape[0], *self._grad_shape)
+        one = (self.shape[0], *self._store_shape)
         want = one if steps is None else (steps, *one)
         rows = laps.stride(-2) if laps.dim() == len(want) else 0
         expected, step = [1], rows  # strides from the last dimension out
@@ -188,7 +196,7 @@ class Kernels:
         packed = all(size == 1 or stride == e for size, stride, e
                      in zip(reversed(laps.shape), reversed(laps.stride()), expected))
         if tuple(laps.shape) != want or laps.dtype != self.dtype or not packed \
-                or rows < self._nx or laps.device.type != "cpu":
+                or rows < self._store_shape[1] or laps.device.type != "cpu":
             raise ValueError(f"leapfrog: expected CPU {self.dtype} lap4(u) of shape {want} (rows "
                              f"contiguous, equally spaced, planes packed), got {laps.dtype} "
                              f"{tuple(laps.shape)} with strides {laps.stride()} on {laps.device}")
@@ -209,7 +217,7 @@ class Kernels:
         self._check(u, u_prev, out)
         rows = ctypes.c_long(0) if lap is None else self._check_laps(lap)
         fixed = (_ptr(u), _ptr(u_prev), self._c2, self._sponge, self._span, self._iy2, self._ix2,
-                 _ptr(out), _ptr(lap), rows, _ptr(grad_sum))
+                 _ptr(out), _ptr(lap), rows, _ptr(grad_sum), self._gradient_block)
         if len(self._fwd_rows) == 1:
             self._forward(*self._dims, *self._fwd_rows[0], *fixed)
         else:
@@ -227,8 +235,7 @@ class Kernels:
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
         With ``windows`` (``4 n`` int64: block rows ``[r0, r1)`` and columns ``[c0, c1)`` per
         step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window;
-        the other cells keep what they held.  ``laps[j]`` gets only the rows ``gradient_rows``
-        (all that :meth:`adjoint_pass` reads) that the window holds.  Bit for bit the same as :meth:`forward` then
+        the other cells keep what they held.  ``laps`` holds the block ``gradient_block``.  Bit for bit the same as :meth:`forward` then
         :meth:`points` per step, in the windows.  Several threads share the steps out
         (:meth:`_pipelined`)."""
         n = len(fields) - 2
@@ -242,7 +249,7 @@ class Kernels:
                  *(none if sources is None else sources.args(source_values)),
                  *(none if receivers is None else receivers.args(traces)),
                  None if laps is None else self._lap_addresses(laps, range(n)), rows, None,
-                 windows, *self._gradient_rows)
+                 windows, self._gradient_block)
         self._pipelined(self._forward_run, n, fixed)
 
     def adjoint_pass(self, fields: list[Tensor], laps: Tensor, grad_sum: Tensor,
@@ -254,8 +261,8 @@ class Kernels:
         the forward stored them) and adds ``mu * lap4`` of its ``mu`` into ``grad_sum``; after
         it the residuals get ``values + j * residuals.stride`` (an address: rows of ``stride``
         numbers, ``c2dt2 G r`` for residuals ``r``), as sources do in :meth:`forward_run`.
-        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``, on the rows ``gradient_rows``
-        (the others get the step alone, and their laps are not read).  ``windows`` as in
+        The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``, on ``gradient_block`` (the
+        other cells get the step alone).  ``windows`` as in
         :meth:`forward_run`.  A single step without windows is split by rows over the threads
         instead, as :meth:`forward` splits one, with the same results."""
         n = len(fields) - 2
@@ -277,7 +284,7 @@ class Kernels:
                  self._c2, self._sponge, self._span, self._iy2, self._ix2,
                  *(none if residuals is None else residuals.args(values)), *none,
                  self._lap_addresses(laps, range(n - 1, -1, -1)), rows, _ptr(grad_sum),
-                 windows, *self._gradient_rows)
+                 windows, self._gradient_block)
         self._pipelined(self._forward_run, n, fixed)
 
     def _pipelined(self, kernel, n: int, fixed: tuple) -> None:

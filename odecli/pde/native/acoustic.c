@@ -17,8 +17,9 @@
  * of u_next is written): the forward recycles two buffers.
  *
  * For the gradient the forward also writes lap(u) of every step, (B, ny, nx) without a ring
- * and with rows ls >= nx elements apart, into the store the adjoint reads, so the adjoint needs
- * no stencil of u.  The store is written once and read only by the backward, long after: its
+ * (or only the block whose gradient is summed, see leapfrog_forward_run's own) and with rows
+ * ls >= nx elements apart, into the store the adjoint reads, so the adjoint needs no stencil
+ * of u.  The store is written once and read only by the backward, long after: its
  * rows go out with non-temporal (streaming) stores, which skip reading each cache line before
  * writing it.  That read is a third of the store's memory traffic, and the store is most of
  * the gradient's.  The store pads its rows to whole 64-byte lines, so that no line is written
@@ -375,27 +376,30 @@ DEFINE_SCALAR_RUN(float, f32)
 #define STREAMS_RUNS 1
 #define STREAMED_ROW(i)                                                                       \
     do {                                                                                      \
-        const long per_line = LINE / (long)sizeof(real), jl = nx / per_line * per_line;       \
-        long lo = sponge ? (long)span[2 * (i)] : 0, hi = sponge ? (long)span[2 * (i) + 1] : nx; \
-        lo = (lo + per_line - 1) / per_line * per_line;                                       \
+        const long per_line = LINE / (long)sizeof(real);                                      \
+        const long jl = ca + (cb - ca) / per_line * per_line; /* the last whole line's end */ \
+        long lo = sponge ? (long)span[2 * (i)] : ca, hi = sponge ? (long)span[2 * (i) + 1] : cb; \
+        lo = lo < ca ? ca : lo;                                                               \
+        lo = ca + (lo - ca + per_line - 1) / per_line * per_line;                             \
         lo = lo < jl ? lo : jl;                                                               \
-        hi = hi / per_line * per_line;                                                        \
+        hi = hi < ca ? ca : hi;                                                               \
+        hi = ca + (hi - ca) / per_line * per_line;                                            \
         hi = hi < jl ? hi : jl;                                                               \
         hi = hi > lo ? hi : lo;                                                               \
-        RUN_BAND(STORING, 0, lo, g, FWD_DAMPED_LAP, lp, NULL, NULL, NULL)                     \
-        RUN_BAND(STORING, lo, hi, NULL, FWD_PLAIN_LAP, lp, NULL, NULL, NULL)                  \
+        RUN_BAND(STORING, ca, lo, g, FWD_DAMPED_LAP, lp - ca, NULL, NULL, NULL)               \
+        RUN_BAND(STORING, lo, hi, NULL, FWD_PLAIN_LAP, lp - ca, NULL, NULL, NULL)             \
         if (sponge) {                                                                         \
-            RUN_BAND(STORING, hi, jl, g, FWD_DAMPED_LAP, lp, NULL, NULL, NULL)                \
-            for (long j = jl; j < nx; ++j)                                                    \
+            RUN_BAND(STORING, hi, jl, g, FWD_DAMPED_LAP, lp - ca, NULL, NULL, NULL)           \
+            for (long j = jl; j < cb; ++j)                                                    \
                 FWD_DAMPED_LAP(j);                                                            \
         } else {                                                                              \
-            for (long j = jl; j < nx; ++j)                                                    \
+            for (long j = jl; j < cb; ++j)                                                    \
                 FWD_PLAIN_LAP(j);                                                             \
         }                                                                                     \
-        if (jl < nx) {                                                                        \
-            for (long j = nx; j < jl + per_line; ++j)                                         \
+        if (jl < cb) {                                                                        \
+            for (long j = cb; j < jl + per_line; ++j)                                         \
                 buf[j] = 0;                                                                   \
-            stream_row(lp + jl, buf + jl, sizeof(real) * per_line, sizeof(real) * per_line);  \
+            stream_row(lp + (jl - ca), buf + jl, sizeof(real) * per_line, sizeof(real) * per_line); \
         }                                                                                     \
     } while (0)
 #else
@@ -418,15 +422,17 @@ static void zero_ring_##SUFFIX(T *f, long ny, long nx, long R0, long R1)        
     }                                                                                         \
 }                                                                                             \
                                                                                               \
-/* Block row i of a forward step that also writes its lap(u) into lp (a row of ls >= nx      \
- * elements).  A function, so that lp is a restrict parameter: without it GCC 12 does not    \
- * vectorize the row (2x slower).  Where lp starts a cache line and its rows are whole lines \
- * (the gradient's store), the vector runs stream the lap straight to lp (STREAMED_ROW);     \
- * elsewhere the row's lap goes to a buffer on the stack (zeros in the padding), then        \
- * streams to lp. */                                                                          \
-static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *restrict r,    \
-                                            const T *p, const T *restrict cc,                \
-                                            const T *restrict g, const T *restrict sponge,   \
+/* Block row i of a forward step over the columns [ca, cb) that also writes their lap(u) into  \
+ * lp (a row of ls >= cb - ca elements, column ca first).  A function, so that lp is a        \
+ * restrict parameter: without it GCC 12 does not vectorize the row (2x slower).  Where lp    \
+ * starts a cache line and its rows are whole lines (the gradient's store), the vector runs   \
+ * stream the lap straight to lp (STREAMED_ROW); elsewhere the row's lap goes to a buffer on  \
+ * the stack (zeros in the padding), then streams to lp.  (buf and lp - ca are indexed by the \
+ * block's column.) */                                                                        \
+static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, long ca, long cb,       \
+                                            const T *restrict r, const T *p,                 \
+                                            const T *restrict cc, const T *restrict g,       \
+                                            const T *restrict sponge,                        \
                                             const int64_t *restrict span, T *out,            \
                                             T *restrict lp, double iy2, double ix2)          \
 {                                                                                             \
@@ -434,20 +440,20 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, const T *r
     const long w = nx + 4;                                                                    \
     COEFFS(T);                                                                                \
     if (ls > STREAM_ROW_MAX) {                                                                \
-        T *restrict buf = lp;                                                                 \
-        SPLIT_ROW(i, 0, nx, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);   \
+        T *restrict buf = lp - ca;                                                            \
+        SPLIT_ROW(i, ca, cb, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);  \
         return;                                                                               \
     }                                                                                         \
     T row[ls];                                                                                \
-    T *restrict buf = row;                                                                    \
+    T *restrict buf = row - ca;                                                               \
     if (STREAMS_RUNS && ((uintptr_t)lp & (LINE - 1)) == 0 && (ls * sizeof(T)) % LINE == 0) {  \
         STREAMED_ROW(i);                                                                      \
         return;                                                                               \
     }                                                                                         \
-    SPLIT_ROW(i, 0, nx, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);       \
-    for (long j = nx; j < ls; ++j)                                                            \
+    SPLIT_ROW(i, ca, cb, FORWARD, FWD_DAMPED_LAP, FWD_PLAIN_LAP, buf, NULL, NULL, NULL);      \
+    for (long j = cb - ca; j < ls; ++j)                                                       \
         row[j] = 0;                                                                           \
-    stream_row(lp, buf, sizeof(T) * nx, sizeof(T) * ls);                                      \
+    stream_row(lp, row, sizeof(T) * (cb - ca), sizeof(T) * ls);                               \
 }                                                                                             \
                                                                                               \
 /* Block row i of an adjoint step in the forward's form (leapfrog_forward_run with grad): the  \
@@ -474,16 +480,19 @@ static inline void adjoint_row_##SUFFIX(long i, long nx, long ja, long jb,      
                                                                                               \
 /* Block rows [i0, i1) of u_next, and its ring on the ringed rows they own (a caller splits   \
  * the rows between threads; the first and last piece own the ring rows above and below);     \
- * with lap (else NULL), their lap(u) too, in rows ls >= nx elements apart; with lap and grad  \
- * (else NULL), an adjoint step instead, as in leapfrog_forward_run. */                      \
+ * with lap (else NULL), their lap(u) too, into a store of the block own (as in               \
+ * leapfrog_forward_run) in rows ls elements apart; with lap and grad (else NULL), an adjoint \
+ * step instead, as in leapfrog_forward_run. */                                               \
 void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,                   \
                                const T *restrict up, const T *u_prev,                        \
                                const T *restrict c2dt2, const T *restrict sponge,            \
                                const int64_t *restrict span, double iy2, double ix2,         \
-                               T *u_next, T *restrict lap, long ls, T *restrict grad)        \
+                               T *u_next, T *restrict lap, long ls, T *restrict grad,        \
+                               const int64_t *restrict own)                                  \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                          \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    OWNED_BLOCK(own);                                                                         \
     const unsigned fp_mode = flush_subnormals();                                              \
     COEFFS(T);                                                                                \
     for (long b = 0; b < B; ++b) {                                                            \
@@ -494,12 +503,8 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
             const T *restrict cc = c2dt2 + i * nx;                                            \
             const T *restrict g = sponge ? sponge + i * nx : NULL;                            \
             T *out = u_next + row + 2;                                                        \
-            T *restrict lp = lap ? lap + (b * ny + i) * ls : NULL;                            \
-            if (grad)                                                                         \
-                adjoint_row_##SUFFIX(i, nx, 0, nx, r, p, cc, g, sponge, span, out, lp,        \
-                                     grad + i * nx, iy2, ix2);                                \
-            else                                                                              \
-                FORWARD_ROW(i, 0, nx, SUFFIX);                                                \
+            T *restrict lp = lap && i >= ra && i < rb ? lap + (b * (rb - ra) + i - ra) * ls : NULL; \
+            STEP_ROW(i, 0, nx, SUFFIX);                                                       \
         }                                                                                     \
         zero_ring_##SUFFIX(u_next + b * plane, ny, nx, i0 == 0 ? 0 : i0 + 2,                  \
                            i1 == ny ? ny + 4 : i1 + 2);                                       \
@@ -523,10 +528,12 @@ void leapfrog_forward_##SUFFIX(long B, long ny, long nx, long i0, long i1,      
  * Results are bit for bit those of n leapfrog_forward calls.                                 \
  * With grad (else NULL) the pass is the adjoint's (see the top of this file): step j reads   \
  * lap[j] instead, row by row in place, prefetching ahead (adjoint_row), and adds             \
- * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order, on rows [own0, own1) (the   \
- * others get the step alone).  Only those rows of lap are written (forward) or read (adjoint).\
+ * f[j+1] * lap[j] into grad (ny, nx), summed over shots in order.                            \
+ * own (else NULL: the whole block): the block rows [own[0], own[1]) and columns               \
+ * [own[2], own[3]) whose gradient is summed (the other cells get the step alone); the store  \
+ * lap[j] then holds that block only, (B, own[1] - own[0]) rows of ls >= own[3] - own[2].      \
  * win (else NULL: the whole block): step j makes only block rows [win[4j], win[4j+1]) and    \
- * columns [win[4j+2], win[4j+3]) (the store's rows whole), the cells its caller keeps exact   \
+ * columns [win[4j+2], win[4j+3]) (which hold own's), the cells its caller keeps exact        \
  * between halo exchanges; the others keep what they held.                                    \
  * Threads: a call does steps j0 .. j1-1 of the n; the calls for consecutive step ranges run  \
  * at once, each publishing in *done the last row iteration q it has finished and waiting     \
@@ -543,10 +550,11 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                                    const int64_t *rec_ptr, const int64_t *rec_at,             \
                                    const int64_t *rec_slot, T *traces, long rec_stride,       \
                                    T *const *lap, long ls, T *restrict grad,                  \
-                                   const int64_t *restrict win, long own0, long own1)         \
+                                   const int64_t *restrict win, const int64_t *restrict own)  \
 {                                                                                             \
     typedef T real; /* for the loop bodies below */                                           \
     const long w = nx + 4, plane = (ny + 4) * w;                                              \
+    OWNED_BLOCK(own);                                                                         \
     const unsigned fp_mode = flush_subnormals();                                              \
     COEFFS(T);                                                                                \
     for (long q = 0; q < ny + (n - 1) * FRUN_LAG; ++q) {                                      \
@@ -566,15 +574,8 @@ void leapfrog_forward_run_##SUFFIX(long B, long ny, long nx, long n, long j0, lo
                 const T *restrict cc = c2dt2 + i * nx;                                        \
                 const T *restrict g = sponge ? sponge + i * nx : NULL;                        \
                 T *out = un + row + 2;                                                        \
-                const int summed = i >= own0 && i < own1; /* a row whose gradient is summed */ \
-                T *restrict lp = lap && summed ? lap[j] + (b * ny + i) * ls : NULL;           \
-                if (grad && summed)                                                           \
-                    adjoint_row_##SUFFIX(i, nx, ja, jb, r, p, cc, g, sponge, span, out, lp,   \
-                                         grad + i * nx, iy2, ix2);                            \
-                else if (grad) /* a row whose gradient is not summed: the step alone */       \
-                    SPLIT_ROW(i, ja, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL); \
-                else                                                                          \
-                    FORWARD_ROW(i, ja, jb, SUFFIX);                                           \
+                T *restrict lp = lap && i >= ra && i < rb ? lap[j] + (b * (rb - ra) + i - ra) * ls : NULL; \
+                STEP_ROW(i, ja, jb, SUFFIX);                                                  \
                 un[row] = un[row + 1] = un[row + nx + 2] = un[row + nx + 3] = 0;              \
                 if (i == 0)                                                                   \
                     memset(un + b * plane, 0, sizeof(T) * 2 * w);                             \
@@ -645,15 +646,30 @@ void scatter_gather_##SUFFIX(T *field, const int64_t *restrict add, const T *res
         gc[j] += c * l[j];                                                            \
     } while (0)
 /* block row i of a forward step, and its lap(u) where lp is not NULL */
-/* block row i of a forward step over the columns [ja, jb), and its lap(u) where lp is not
- * NULL (over the whole row: the store's rows are streamed whole) */
-#define FORWARD_ROW(i, ja, jb, SUFFIX)                                                \
+/* Block row i of a step over the columns [ja, jb), which hold the owned ones [ca, cb): where lp
+ * (a row of the store) is given, the adjoint's with grad, summing the gradient on [ca, cb), else
+ * the forward's, writing lap(u) of [ca, cb) into lp; the step alone on the other columns. */
+#define STEP_ROW(i, ja, jb, SUFFIX)                                                   \
     do {                                                                              \
-        if (lp)                                                                       \
-            forward_row_lap_##SUFFIX(i, nx, ls, r, p, cc, g, sponge, span, out, lp, iy2, ix2); \
-        else                                                                          \
-            SPLIT_ROW(i, ja, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL);     \
+        if (lp) {                                                                     \
+            if (ja < ca)                                                              \
+                SPLIT_ROW(i, ja, ca, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL); \
+            if (grad)                                                                 \
+                adjoint_row_##SUFFIX(i, nx, ca, cb, r, p, cc, g, sponge, span, out,   \
+                                     lp - ca, grad + i * nx, iy2, ix2);               \
+            else                                                                      \
+                forward_row_lap_##SUFFIX(i, nx, ls, ca, cb, r, p, cc, g, sponge, span, \
+                                         out, lp, iy2, ix2);                          \
+            if (cb < jb)                                                              \
+                SPLIT_ROW(i, cb, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL); \
+        } else {                                                                      \
+            SPLIT_ROW(i, ja, jb, FORWARD, FWD_DAMPED, FWD_PLAIN, NULL, NULL, NULL, NULL); \
+        }                                                                             \
     } while (0)
+/* the rows [ra, rb) and columns [ca, cb) of the owned block own, or of the whole block */
+#define OWNED_BLOCK(own)                                                              \
+    const long ra = (own) ? (long)(own)[0] : 0, rb = (own) ? (long)(own)[1] : ny;    \
+    const long ca = (own) ? (long)(own)[2] : 0, cb = (own) ? (long)(own)[3] : nx
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
 DEFINE_POINTS(double, f64)
