@@ -532,6 +532,15 @@ def test_passes_make_only_their_windows_and_store_only_the_gradients_block(dtype
             made = stores[1][j][:, top - r0 :, cols.start - c0 : cols.stop - c0]
             assert torch.equal(made, stores[0][j][:, top:r1, cols])
             assert torch.equal(stores[1][j][:, : top - r0], read[j][:, : top - r0])
+    # a single adjoint step split by rows over threads reads and sums the same block
+    sums = []
+    for threads in (1, 3):
+        kern = Kernels(p0, c2dt2, sponge, 10.0, 12.0, threads=threads, gradient_block=block)
+        a, grad = p0.clone(), torch.zeros_like(c2dt2)
+        kern.adjoint_pass([a, u0.clone(), a], held[:1], grad, None, 0)
+        sums.append(grad)
+    assert torch.equal(sums[0], sums[1]) and float(sums[0].abs().max()) > 0
+    assert (sums[1][:r0] == 0).all() and (sums[1][:, c1:] == 0).all()
 
 
 @pytest.mark.parametrize("per_pass", [1, 3, 5])

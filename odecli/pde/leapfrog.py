@@ -159,7 +159,6 @@ class Kernels:
         self._keep = (c2dt2, sponge)  # the kernels read them through raw pointers
         self._grad_shape = self.block_shape = tuple(c2dt2.shape)
         ny, nx = c2dt2.shape
-        self._nx = nx
         self._dims = _dims(like)
         r0, r1, c0, c1 = gradient_block or (0, ny, 0, nx)
         if not (0 <= r0 < r1 <= ny and 0 <= c0 < c1 <= nx):
@@ -235,9 +234,9 @@ class Kernels:
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
         With ``windows`` (``4 n`` int64: block rows ``[r0, r1)`` and columns ``[c0, c1)`` per
         step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window;
-        the other cells keep what they held.  ``laps`` holds the block ``gradient_block``.  Bit for bit the same as :meth:`forward` then
-        :meth:`points` per step, in the windows.  Several threads share the steps out
-        (:meth:`_pipelined`)."""
+        the other cells keep what they held.  ``laps`` holds the block ``gradient_block``.  Bit
+        for bit the same as :meth:`forward` then :meth:`points` per step, in the windows.
+        Several threads share the steps out (:meth:`_pipelined`)."""
         n = len(fields) - 2
         self._check(*set(fields))  # the outputs recycle two buffers: check each once
         if n < 1:
@@ -262,9 +261,9 @@ class Kernels:
         it the residuals get ``values + j * residuals.stride`` (an address: rows of ``stride``
         numbers, ``c2dt2 G r`` for residuals ``r``), as sources do in :meth:`forward_run`.
         The gradient of ``c2dt2`` is then ``grad_sum / c2dt2``, on ``gradient_block`` (the
-        other cells get the step alone).  ``windows`` as in
-        :meth:`forward_run`.  A single step without windows is split by rows over the threads
-        instead, as :meth:`forward` splits one, with the same results."""
+        other cells get the step alone).  ``windows`` as in :meth:`forward_run`.  A single step
+        is split by rows over the threads instead, as :meth:`forward` splits one (on the whole
+        block), with the same results."""
         n = len(fields) - 2
         self._check(*set(fields))
         if n < 1 or laps.shape[0] != n:
@@ -274,7 +273,7 @@ class Kernels:
                 or not grad_sum.is_contiguous():
             raise ValueError("leapfrog: grad_sum must be a contiguous array like c2dt2")
         rows = self._check_laps(laps, n)
-        if n == 1 and len(self._fwd_rows) > 1 and windows is None:
+        if n == 1 and len(self._fwd_rows) > 1:
             self.forward(fields[1], fields[0], fields[2], laps[0], grad_sum)
             if residuals is not None:
                 self.points(fields[2], residuals.flat, ctypes.c_void_p(values))
