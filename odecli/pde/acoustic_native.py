@@ -183,7 +183,8 @@ class Loop:
 
     def owned_gradient(self, grad_sum: Tensor, speed: Tensor) -> Tensor:
         """The gradient of the owned block's wave speed ``c`` from the adjoint's
-        ``sum mu * lap4(u)`` over the stepped block, in place: that sum divided by ``c``.  With
+        ``sum mu * lap4(u)``, which it sums on the owned block only (``grad_sum`` covers the
+        stepped block), in place: that sum divided by ``c``.  With
         ``c2dt2 = c^2 dt^2`` the gradient of ``c2dt2`` is ``sum / c2dt2`` (acoustic.c), so c's
         is ``2 c dt^2 sum / c2dt2 = 2 sum / c``, and the adjoint's sources carry the 2
         (_adjoint_sources): one pass over the block, where autograd through ``c2dt2`` took five,
