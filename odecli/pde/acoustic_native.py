@@ -69,11 +69,12 @@ def _libc() -> ctypes.CDLL:
 
 
 class Workspace:
-    """Buffers handed back after each forward or backward (the time loop's fields, the segments'
-    starts, the gradient's store, the adjoint's fields), so an inversion allocates and
-    page-faults them once instead of every iteration: at 2000^2 on 2 ranks, new zeroed adjoint
-    fields cost 3 % of an evaluation, and new segment starts 30,000 faults of 2 us at 1000^2
-    with 8 segments (benchmarks/RESULTS.md, "PDE: the time loop's fields from the workspace").
+    """Buffers handed back after each forward or backward (``c2dt2`` on the stepped block, the
+    time loop's fields, the segments' starts, the gradient's store, the adjoint's fields), so an
+    inversion allocates and page-faults them once instead of every iteration: at 2000^2 on 2
+    ranks, new zeroed adjoint fields cost 3 % of an evaluation, and new segment starts 30,000
+    faults of 2 us at 1000^2 with 8 segments (benchmarks/RESULTS.md, "PDE: the time loop's
+    fields from the workspace").
     A buffer whose graph dies unused is simply freed."""
 
     def __init__(self) -> None:
