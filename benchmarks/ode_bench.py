@@ -322,7 +322,7 @@ def odecli_native_solver(prob: Problem, rtol: float, atol: float) -> Solver:
     its wall time with that many bare eager torch RHS calls, as for the other rows.
     """
     from odecli.ode.native import NativeRhs, solve_native
-    from odecli.spec.expr import expression_to_c
+    from odecli.specs.expr import expression_to_c
 
     states = list(prob.equations or {})
     params = list(prob.params)

@@ -60,8 +60,8 @@ def worker(args) -> None:
     import torch
 
     from odecli.parallel.comm import Comm, get_comm
-    from odecli.pde.problem import Problem
-    from odecli.pde.spec import validate
+    from odecli.app.pde_problem import Problem
+    from odecli.specs.pde import validate
 
     torch.set_num_threads(args.threads)
     comm = get_comm()

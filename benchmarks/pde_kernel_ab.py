@@ -41,8 +41,8 @@ def main() -> None:
     from odecli import native
     from odecli.parallel.comm import Comm
     from odecli.pde import leapfrog
-    from odecli.pde.problem import Problem
-    from odecli.pde.spec import validate
+    from odecli.app.pde_problem import Problem
+    from odecli.specs.pde import validate
 
     torch.set_num_threads(1)
     libs = {}

@@ -36,8 +36,8 @@ def main() -> None:
 
     import odecli.pde.acoustic_native as acoustic_native
     from odecli.parallel.comm import Comm
-    from odecli.pde.problem import Problem
-    from odecli.pde.spec import validate
+    from odecli.app.pde_problem import Problem
+    from odecli.specs.pde import validate
     from pde_bench import spec_dict
 
     torch.set_num_threads(args.threads)

@@ -121,7 +121,7 @@ def solve(
     Example: odecli solve examples/vdp-sweep.yaml -o vdp.h5
     """
     from odecli.io.atomic import check_writable
-    from odecli.spec import load_ode_spec
+    from odecli.specs import load_ode_spec
 
     # The spec and the output are checked before torch is imported: a bad input fails in a
     # fraction of a second instead of after the seconds ``import torch`` takes.
@@ -129,9 +129,9 @@ def solve(
     target = output or Path(ode_spec.default_output)
     check_writable(target, force=force)
     from odecli.io.ode_run import write_ode_run
-    from odecli.parallel.ode_batch import launched_ranks, solve_cli
+    from odecli.app.solve_ranks import launched_ranks, solve_cli
     from odecli.report.progress import solve_progress
-    from odecli.runner import solve_spec_arrays, with_overrides
+    from odecli.app.solve import solve_spec_arrays, with_overrides
 
     logger = _file_logger(log)
     ode_spec = with_overrides(ode_spec, method=method, rtol=rtol, atol=atol, device=device)
@@ -180,7 +180,7 @@ def validate(spec: Path = typer.Argument(..., help="A YAML spec of any kind.")) 
 
     Example: odecli validate examples/vdp-sweep.yaml
     """
-    from odecli.spec.validate import validate_file
+    from odecli.specs.validate import validate_file
 
     report = validate_file(spec)
     for note in report.notes:
@@ -199,7 +199,7 @@ def schema() -> None:
 
     Example: odecli schema > odecli.schema.json
     """
-    from odecli.spec.schema import all_schemas
+    from odecli.specs.schema import all_schemas
 
     sys.stdout.write(json.dumps(all_schemas(), indent=2) + "\n")
 
@@ -216,7 +216,7 @@ def init(
     Example: odecli init ode -o my-system.yaml
     """
     from odecli.io.atomic import atomic_path, check_writable
-    from odecli.spec.validate import starter_spec
+    from odecli.specs.validate import starter_spec
 
     text = starter_spec(kind)
     target = output or Path(f"{kind}.yaml")
@@ -241,17 +241,17 @@ def train_inverse(
 
     Example: mpirun -n 2 odecli train-inverse examples/acoustic-anomaly.yaml -o fwi.h5
     """
-    from odecli.spec import load_yaml, spec_kind
+    from odecli.specs import load_yaml, spec_kind
 
     data, _ = load_yaml(spec)
     kind = spec_kind(data, str(spec))
     if kind == "pde-inverse":
-        from odecli.pde.spec import validate
+        from odecli.specs.pde import validate
 
         validate(data, str(spec), spec.parent)  # a bad field fails before torch is imported
-        from odecli.pde.train import train_inverse as run
+        from odecli.app.fit_pde import train_inverse as run
     elif kind == "ode":
-        from odecli.inverse_ode import train_inverse as run
+        from odecli.app.fit_ode import train_inverse as run
     else:
         raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse or ode, got {kind!r}")
     logger = _file_logger(log if _mpi_rank() == 0 else None)

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from odecli.cli import app
 from odecli.errors import InputError, SpecError
-from odecli.pde.spec import TOP_KEYS as PDE_TOP_KEYS
-from odecli.spec.ode import TOP_KEYS as ODE_TOP_KEYS
-from odecli.spec.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
+from odecli.specs.pde import TOP_KEYS as PDE_TOP_KEYS
+from odecli.specs.ode import TOP_KEYS as ODE_TOP_KEYS
+from odecli.specs.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
                                  LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OPTIMIZER_KEYS, OPTIMIZERS,
                                  UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
-from odecli.spec.validate import validate_data
+from odecli.specs.validate import validate_data
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -298,10 +298,10 @@ def test_train_inverse_freezes_the_imported_modules_for_the_collector(tmp_path, 
     collector's full passes then skip ~170,000 objects (70 ms a pass)."""
     import gc
 
-    import odecli.pde.train
+    import odecli.app.fit_pde
 
     frozen = []
-    monkeypatch.setattr(odecli.pde.train, "train_inverse", lambda *a: frozen.append(gc.get_freeze_count()) or 0)
+    monkeypatch.setattr(odecli.app.fit_pde, "train_inverse", lambda *a: frozen.append(gc.get_freeze_count()) or 0)
     spec = tmp_path / "fit.yaml"
     assert runner.invoke(app, ["init", "pde-inverse", "-o", str(spec)]).exit_code == 0
     gc.unfreeze()

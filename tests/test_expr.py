@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from odecli.errors import SpecError
-from odecli.spec.expr import compile_expression
+from odecli.specs.expr import compile_expression
 
 NAMES = {"x", "v", "mu", "t"}
 

@@ -17,7 +17,7 @@ from odecli.ode.controllers import PIDController
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native.gradient import gradient_unsupported, solve_native_with_grad
 from odecli.ode.solver import solve
-from odecli.spec.expr import compile_expression, expression_to_c
+from odecli.specs.expr import compile_expression, expression_to_c
 
 F64 = torch.float64
 

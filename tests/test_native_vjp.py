@@ -18,7 +18,7 @@ import torch
 from odecli.native import load_source
 from odecli.ode.native import codegen
 from odecli.ode.native.vjp import rhs_vjp_source
-from odecli.spec.expr import compile_expression, expression_to_c
+from odecli.specs.expr import compile_expression, expression_to_c
 
 STATES = ("x", "y", "z")
 PARAMS = ("mu", "k")

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from odecli.cli import app
 from odecli.errors import SpecError
-from odecli.inverse_ode import block, checkpoint_path, fit_ode, write_fit
+from odecli.app.fit_ode import block, checkpoint_path, fit_ode, write_fit
 from odecli.report.inverse_stats import inverse_summary
-from odecli.spec import parse_yaml
-from odecli.spec.inverse import parse_ode_inverse_spec
+from odecli.specs import parse_yaml
+from odecli.specs.inverse import parse_ode_inverse_spec
 from tests.mpi_helpers import run_mpi
 
 SCRIPTS = Path(__file__).parent / "mpi_scripts"

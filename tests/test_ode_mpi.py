@@ -20,9 +20,9 @@ from mpi_helpers import run_mpi
 from odecli.cli import app
 from odecli.io.ode_run import write_ode_run
 from odecli.io.ode_stream import ROOT_DATASETS, OdeRunStream, solution_part
-from odecli.parallel.ode_batch import GuidedSchedule, slice_spec
-from odecli.runner import solve_spec
-from odecli.spec.ode import parse_ode_spec
+from odecli.app.solve_ranks import GuidedSchedule, slice_spec
+from odecli.app.solve import solve_spec
+from odecli.specs.ode import parse_ode_spec
 
 CLI = Path(__file__).parent / "mpi_scripts" / "ode_cli.py"
 REL = 1e-12  # max |difference| / max |value| of a dataset

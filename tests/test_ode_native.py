@@ -20,15 +20,15 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from odecli import runner
+from odecli.app import solve as runner
 from odecli.cli import app
 from odecli.io.ode_run import write_ode_run
 from odecli.ode.controllers import PIDController
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native import engine as native_engine
 from odecli.ode.solver import solve
-from odecli.runner import solve_spec
-from odecli.spec import build_c_equations, build_rhs, param_tensors, parse_ode_spec
+from odecli.app.solve import solve_spec
+from odecli.specs import build_c_equations, build_rhs, param_tensors, parse_ode_spec
 
 F64 = torch.float64
 COUNTERS = ("n_steps", "n_accepted", "n_rejected", "n_f_evals")
@@ -295,7 +295,7 @@ def test_default_threads_without_torch_are_the_threads_torch_would_start(omp):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
-    code = ("from odecli.ode.native.engine import default_threads\n"
+    code = ("from odecli.threads import default_threads\n"
             "ours = default_threads()\nimport torch\nprint(ours, torch.get_num_threads())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     ours, theirs = result.stdout.split()

@@ -15,9 +15,9 @@ from odecli.errors import SpecError
 from odecli.parallel.comm import get_comm
 from odecli.pde import models
 from odecli.pde.grid import Block, Grid
-from odecli.pde.problem import Problem
+from odecli.app.pde_problem import Problem
 from odecli.pde.sources import ricker
-from odecli.pde.spec import _largest, load_spec, validate
+from odecli.specs.pde import _largest, load_spec, validate
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
 from pde_equivalence import BASE, variants  # noqa: E402
@@ -164,7 +164,7 @@ def test_sponge_absorbs():
     assert math.isfinite(float(u_abs.abs().max()))
 
 
-# Normalised model specs (as odecli.pde.spec writes them) on a 30x26 grid of 10 m nodes.
+# Normalised model specs (as odecli.specs.pde writes them) on a 30x26 grid of 10 m nodes.
 MODEL_PEAKS = [
     {"type": "constant", "value": 2100.0},
     {"type": "layered", "interfaces": [100.0, 105.0, 400.0], "values": [2000.0, 9000.0, 2100.0, 8000.0]},

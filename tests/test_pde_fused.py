@@ -20,8 +20,8 @@ import odecli.native
 from odecli.pde import native
 from odecli.pde.leapfrog import (RING, Kernels, RowPoints, kernels_flush_subnormals, lap_row_stride,
                                  native_available, new_lap_store, reference_step, step_forward)
-from odecli.pde.problem import Problem
-from odecli.pde.spec import validate
+from odecli.app.pde_problem import Problem
+from odecli.specs.pde import validate
 from odecli.pde.stencils import laplacian4
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
@@ -450,7 +450,7 @@ def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_spong
     long vector runs, damped bands of several vectors and scalar tails)."""
     from odecli.pde import leapfrog
 
-    monkeypatch.setattr(leapfrog, "_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs
+    monkeypatch.setattr(leapfrog, "available_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs
     gen = torch.Generator().manual_seed(11 + steps)
     b, ny = 3, 14
     shape = (b, ny + 4, nx + 4)

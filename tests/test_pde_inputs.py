@@ -280,7 +280,7 @@ def test_a_smoothed_model_is_judged_by_the_run_on_its_smoothed_field(tmp_path):
 def test_an_emptied_optional_value_is_its_default(tmp_path, field):
     """Commenting out a value (`time_segments:` left empty) gave 'required' or passed None on;
     every key with a default reads an empty value as left out."""
-    from odecli.pde.spec import validate
+    from odecli.specs.pde import validate
 
     default = validate(copy.deepcopy(SMALL), "spec.yaml")
     emptied = validate(_set(SMALL, field, None), "spec.yaml")
@@ -294,7 +294,7 @@ def test_an_emptied_marmousi_seed_is_seed_0_in_the_run(tmp_path):
 
     from odecli.pde import models
     from odecli.pde.grid import Block, Grid
-    from odecli.pde.spec import validate
+    from odecli.specs.pde import validate
 
     fields = []
     for seed in ({}, {"seed": None}, {"seed": 0}):

@@ -49,7 +49,7 @@ checkpoint: {every: 2}
 
 @pytest.fixture(scope="module")
 def anomaly_run(tmp_path_factory):
-    from odecli.pde.train import train_inverse
+    from odecli.app.fit_pde import train_inverse
 
     d = tmp_path_factory.mktemp("anomaly")
     spec = d / "anomaly.yaml"
@@ -162,7 +162,7 @@ def _ctrl_c_after_checkpoint_4(monkeypatch, spec: Path, out: Path):
     from typer.testing import CliRunner
 
     from odecli.cli import app
-    from odecli.pde import faults
+    from odecli.app import faults
 
     def ctrl_c(iteration: int) -> None:
         if iteration == 4:
@@ -217,7 +217,7 @@ def test_ctrl_c_says_that_the_checkpoint_keeps_the_run(checkpoint_4):
 def test_ctrl_c_before_any_checkpoint_says_only_that_nothing_was_written(tmp_path, monkeypatch):
     spec = tmp_path / "small.yaml"
     spec.write_text(SMALL.replace("OPT", "adam").replace("every: 2", "every: 0"))
-    from odecli.pde.problem import Problem
+    from odecli.app.pde_problem import Problem
 
     def ctrl_c(self, iteration=None):
         raise KeyboardInterrupt

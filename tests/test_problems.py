@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from odecli.runner import solve_spec
-from odecli.spec import load_ode_spec
+from odecli.app.solve import solve_spec
+from odecli.specs import load_ode_spec
 
 PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
 STIFF = PROBLEMS / "stiff"

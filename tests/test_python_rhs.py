@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from odecli.cli import app
-from odecli.spec import parse_ode_spec
-from odecli.spec.rhs import python_errors
+from odecli.specs import parse_ode_spec
+from odecli.specs.rhs import python_errors
 from tests.mpi_helpers import run_mpi
 
 SPEC = """\

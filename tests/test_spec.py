@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from odecli.errors import InputError, SpecError
-from odecli.spec import (
+from odecli.specs import (
     build_rhs,
     load_ode_spec,
     load_yaml,
@@ -371,7 +371,7 @@ def test_parse_does_not_modify_input():
 def test_the_built_in_method_table_equals_the_solver_registry():
     # Specs are checked against a torch-free copy of the registry (fast errors); keep them equal.
     from odecli.ode.stepper import available_methods
-    from odecli.spec.ode import BUILTIN_METHODS
+    from odecli.specs.ode import BUILTIN_METHODS
 
     assert BUILTIN_METHODS == {name: bool(m.adaptive) for name, m in available_methods().items()}
 
@@ -379,7 +379,7 @@ def test_the_built_in_method_table_equals_the_solver_registry():
 def test_libyaml_and_pure_python_loaders_read_every_bundled_spec_alike():
     import yaml
 
-    from odecli.spec import loader
+    from odecli.specs import loader
 
     if not hasattr(yaml, "CSafeLoader"):
         pytest.skip("PyYAML was built without LibYAML: only the pure-Python loader exists")

@@ -26,8 +26,8 @@ from scipy.integrate import solve_ivp
 from odecli.ode.controllers import make_controller
 from odecli.ode.implicit.linalg import jacobian
 from odecli.ode.solver import solve
-from odecli.runner import solve_spec
-from odecli.spec import load_ode_spec
+from odecli.app.solve import solve_spec
+from odecli.specs import load_ode_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 STIFF = ROOT / "problems" / "stiff"

@@ -7,7 +7,7 @@ in one place, instead of a ``KeyError`` or a numpy error from deep inside a read
 
 What a dataset's axes and type must be is a :class:`Layout` per kind of run, kept beside the
 writer of that kind (:data:`odecli.io.ode_run.ODE_LAYOUT`, ``ODE_INVERSE_LAYOUT``,
-:data:`odecli.pde.output.PDE_INVERSE_LAYOUT`); :func:`layout_of` finds it.
+:data:`odecli.io.pde_run.PDE_INVERSE_LAYOUT`); :func:`layout_of` finds it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ RUN_KINDS = ("ode", "ode-inverse", "pde-inverse")
 CHECKPOINT_SUFFIX = ".ckpt.h5"
 # where each kind's Layout is kept: beside its writer (imported only when a file of that kind is read)
 LAYOUT_HOMES = {"ode": ("odecli.io.ode_run", "ODE_LAYOUT"), "ode-inverse": ("odecli.io.ode_run", "ODE_INVERSE_LAYOUT"),
-                "pde-inverse": ("odecli.pde.output", "PDE_INVERSE_LAYOUT")}
+                "pde-inverse": ("odecli.io.pde_run", "PDE_INVERSE_LAYOUT")}
 NUMERIC_KINDS = "iuf"  # numpy dtype kinds the readers compute with: signed, unsigned, float
 DTYPE_NAMES = {"O": "objects", "b": "booleans", "c": "complex numbers", "V": "records"}
 

@@ -14,7 +14,7 @@ engine="h5netcdf")`` gives named dimensions (sample, time, state) and ``ds.y.sel
 :data:`ODE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``), in the same
 dimension names; the dimension scales are attached from it, so the dimensions written and those
 checked are one table. :data:`ODE_INVERSE_LAYOUT` does the same for ``train-inverse``'s
-ode-inverse files (written by :func:`odecli.inverse_ode.write_fit`, which imports torch, hence
+ode-inverse files (written by :func:`odecli.app.fit_ode.write_fit`, which imports torch, hence
 kept here).
 """
 
@@ -30,7 +30,7 @@ from odecli import __version__
 from odecli.io.atomic import atomic_h5
 from odecli.io.layout import SCALAR, Layout
 from odecli.ode.status import STATUS_NAMES
-from odecli.spec import OdeSpec
+from odecli.specs import OdeSpec
 
 if TYPE_CHECKING:
     from odecli.ode.native import ArraySolution

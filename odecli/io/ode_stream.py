@@ -1,7 +1,7 @@
 """Streaming writer for ODE runs: the layout of :func:`odecli.io.ode_run.write_ode_run`, chunk by chunk.
 
 ``write_ode_run`` needs the whole :class:`~odecli.ode.solver.Solution` in memory. A distributed solve
-(:mod:`odecli.parallel.ode_batch`) receives the batch as chunks of consecutive samples, in whatever
+(:mod:`odecli.app.solve_ranks`) receives the batch as chunks of consecutive samples, in whatever
 order the ranks finish them, and must not hold the whole batch on rank 0. :class:`OdeRunStream`
 writes each chunk into its rows of datasets created (full size, contiguous like ``write_ode_run``'s)
 when the first chunk arrives, then adds the root attributes, ``params`` and the dimension scales
@@ -23,7 +23,7 @@ import numpy as np
 from odecli import __version__
 from odecli.io.ode_run import _add_dimensions, as_numpy
 from odecli.ode.status import STATUS_NAMES
-from odecli.spec import OdeSpec
+from odecli.specs import OdeSpec
 
 if TYPE_CHECKING:
     from odecli.ode.native import ArraySolution

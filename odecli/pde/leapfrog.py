@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from odecli.pde import native
+from odecli.threads import available_cpus, kernel_pool
 from odecli.pde.stencils import laplacian4
 
 RING = 2
@@ -290,7 +289,7 @@ class Kernels:
         """Run a pass kernel over its n steps: one call, or consecutive shares of the steps on
         threads, each starting a row iteration once the thread before it has finished it (a
         waiting thread spins, so no more threads than the CPUs this process may use)."""
-        parts = _pieces(n, min(self.threads, _cpus()))
+        parts = _pieces(n, min(self.threads, available_cpus()))
         if len(parts) == 1:
             kernel(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
             return
@@ -371,23 +370,10 @@ def _run_pieces(calls: list) -> None:
     if len(calls) == 1:
         calls[0]()
         return
-    futures = [_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
+    futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
     calls[-1]()
     for f in futures:
         f.result()
-
-
-@functools.lru_cache(maxsize=1)
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-@functools.lru_cache(maxsize=None)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="odecli-kernel")
 
 
 def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:

@@ -1,5 +1,5 @@
 """Model (coefficient field) generators: constant, layered, gaussian, checkerboard, marmousi-like,
-file (.npy / .h5), smoothed.
+file (an array the application layer read), smoothed.
 
 Analytic generators are pointwise functions of the node coordinates, evaluated on any block, so a
 rank's block is bit-identical to the same block of the global field.  Numbers in a model spec may be
@@ -60,19 +60,10 @@ def global_array(spec: dict, grid: Grid, base_dir: Path | None = None) -> np.nda
     """The whole model as a float64 numpy array (used for file and smoothed models)."""
     kind = spec["type"]
     if kind == "file":
-        path = Path(spec["path"])
-        if base_dir is not None and not path.is_absolute():
-            path = base_dir / path
-        if path.suffix == ".npy":
-            arr = np.load(path)
-        else:
-            import h5py
-
-            with h5py.File(path, "r") as f:
-                arr = f[spec.get("dataset", "model")][...]
-        arr = np.asarray(arr, dtype=np.float64)
+        # read by the application layer (odecli.io.model_files) into "array"
+        arr = np.asarray(spec["array"], dtype=np.float64)
         if arr.shape != grid.shape:
-            raise ValueError(f"model array {path} has shape {arr.shape}, grid is {grid.shape}")
+            raise ValueError(f"model array {spec['path']} has shape {arr.shape}, grid is {grid.shape}")
         return arr
     if kind == "smoothed":
         from scipy.ndimage import gaussian_filter

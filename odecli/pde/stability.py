@@ -1,6 +1,6 @@
 """Stability limits of the explicit time steppers, and the words that report a breach.
 
-Torch-free on purpose: ``odecli validate`` (odecli.pde.spec) and the run (odecli.pde.problem,
+Torch-free on purpose: ``odecli validate`` (odecli.specs.pde) and the run (odecli.app.pde_problem,
 the propagators) take their limits and messages from here, so the two cannot disagree on which
 time step is unstable or on how they say so.
 """

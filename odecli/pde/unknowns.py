@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from odecli.pde import models
+from odecli.optim.transforms import TRANSFORM_EDGE
 from odecli.pde.grid import Block, Grid
-from odecli.pde.spec import TRANSFORM_EDGE
 
 
 class Transform:

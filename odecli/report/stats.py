@@ -92,7 +92,7 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
     }
     if switch:
         summary["switched"] = int((stats["n_switched"] != 0).sum())
-    if "ranks" in h5:  # written by a distributed solve (odecli.parallel.ode_batch)
+    if "ranks" in h5:  # written by a distributed solve (odecli.app.solve_ranks)
         require(h5, "ranks/busy_s", "ranks/idle_s", "ranks/samples", "ranks/chunk_start")
         ranks = h5["ranks"]
         busy, idle = ranks["busy_s"][...], ranks["idle_s"][...]

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 
-from odecli.inverse_ode import fit_ode
+from odecli.app.fit_ode import fit_ode
 from odecli.parallel.comm import get_comm
-from odecli.spec import parse_yaml
-from odecli.spec.inverse import parse_ode_inverse_spec
+from odecli.specs import parse_yaml
+from odecli.specs.inverse import parse_ode_inverse_spec
 
 SPEC = """
 kind: ode

@@ -20,8 +20,8 @@ import torch
 
 from odecli.parallel.comm import get_comm
 from odecli.parallel.ops import gather_global
-from odecli.pde.problem import Problem
-from odecli.pde.spec import validate
+from odecli.app.pde_problem import Problem
+from odecli.specs.pde import validate
 
 BASE = {
     "kind": "pde-inverse",

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "mpi_scripts"), str(ROOT / "benchmarks")]
 
 from odecli.parallel.comm import get_comm  # noqa: E402
-from odecli.pde.problem import Problem  # noqa: E402
-from odecli.pde.spec import validate  # noqa: E402
+from odecli.app.pde_problem import Problem  # noqa: E402
+from odecli.specs.pde import validate  # noqa: E402
 
 
 def build(raw, dev):

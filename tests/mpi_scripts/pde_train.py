@@ -10,7 +10,7 @@ from pathlib import Path
 
 from odecli.errors import OdecliError
 from odecli.parallel.comm import get_comm
-from odecli.pde.train import train_inverse
+from odecli.app.fit_pde import train_inverse
 
 if __name__ == "__main__":
     args = sys.argv[1:]

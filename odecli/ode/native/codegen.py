@@ -27,7 +27,7 @@ from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.controllers import END_SNAP, HISTORY_FLOOR
 from odecli.ode.status import Status
-from odecli.spec.expr import c_double
+from odecli.ode.native.c_literal import c_double
 
 CONFIG_FIELDS = ("rtol", "atol", "safety", "factor_min", "factor_max", "dt_min", "dt_max",
                  "pcoeff", "icoeff", "dcoeff")

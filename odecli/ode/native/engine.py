@@ -16,21 +16,18 @@ round-off, with the same per-sample steps (see codegen).
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import dataclasses
 import functools
 import math
-import os
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from odecli import native
+from odecli.threads import default_threads, kernel_pool
 from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.codegen import (CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, SOLVER_FLAGS, equations_c,
@@ -160,35 +157,6 @@ def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu")
     if not native.enabled():
         return "turned off by ODECLI_NATIVE=0"
     return ""
-
-
-def default_threads() -> int:
-    """What ``torch.get_num_threads()`` gives: torch's own setting when torch is loaded (so
-    ``torch.set_num_threads`` and MPI ranks' core shares apply), else as torch would start:
-    the physical cores this process may use, fewer if ``OMP_NUM_THREADS`` asks for fewer."""
-    if "torch" in sys.modules:
-        return sys.modules["torch"].get_num_threads()
-    cores = _physical_cores()
-    try:
-        return max(1, min(cores, int(os.environ.get("OMP_NUM_THREADS", ""))))
-    except ValueError:
-        return cores
-
-
-@functools.lru_cache(maxsize=1)
-def _physical_cores() -> int:
-    """Cores (not hyperthreads) among the CPUs this process may run on; the CPU count off Linux."""
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-    cores = set()
-    for cpu in cpus:
-        try:
-            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
-        except OSError:
-            cores.add(str(cpu))
-    return max(1, len(cores))
 
 
 def solve_native_arrays(
@@ -353,18 +321,11 @@ def run_blocks(entry: Callable, args: list, job: Job, threads: int,
         run(0)
         return
     finished = steps = 0
-    for lo, hi in _pool(max(1, min(threads, batch))).map(run, range(len(ranges))):
+    for lo, hi in kernel_pool(max(1, min(threads, batch))).map(run, range(len(ranges))):
         finished += hi - lo
         steps += int(job.istat[lo:hi, 1].sum())
         if progress is not None:
             progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
-
-
-@functools.lru_cache(maxsize=4)
-def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    """One pool per thread count, kept: a fit solves and differentiates hundreds of times, and
-    starting threads for each call cost more than the C work of a small batch."""
-    return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="odecli-native")
 
 
 def solve_native(

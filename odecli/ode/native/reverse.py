@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from odecli.ode import _dop853_coefficients as dop853
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.native.codegen import LANES, generate
-from odecli.spec.expr import c_double
+from odecli.ode.native.c_literal import c_double
 
 if TYPE_CHECKING:
     from odecli.ode.native.engine import NativeRhs

@@ -2,7 +2,7 @@
 
 Why: the native ODE gradient's reverse sweep needs, at every stage, the adjoint state times
 the Jacobians of ``f(t, y, p)``. A :class:`~odecli.ode.native.NativeRhs` holds ``f`` only as
-C expression text (as :func:`odecli.spec.expr.expression_to_c` prints it), so the text is
+C expression text (as :func:`odecli.specs.expr.expression_to_c` prints it), so the text is
 parsed back (it is valid Python expression syntax) and differentiated here in reverse mode:
 any right-hand side the C solver runs can then be differentiated without its spec.
 

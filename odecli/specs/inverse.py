@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from odecli.errors import SpecError
-from odecli.spec.loader import describe, load_yaml
-from odecli.spec.ode import OdeSpec, parse_ode_spec
+from odecli.specs.loader import describe, load_yaml
+from odecli.specs.ode import OdeSpec, parse_ode_spec
 
-# The section's keys, enums and lower limits. The JSON Schema (odecli.spec.schema) is built from
+# The section's keys, enums and lower limits. The JSON Schema (odecli.specs.schema) is built from
 # these same tables, so an editor completes and checks exactly what this validator accepts.
 INVERSE_KEYS = ("unknowns", "data", "observed", "loss", "optimizer", "adjoint", "checkpoint")
 VALUE_GROUPS = ("params", "initial")  # keys of unknowns and of data.truth

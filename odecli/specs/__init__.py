@@ -1,9 +1,9 @@
 """Spec files: safe YAML loading, validation into frozen dataclasses, safe equation compilation."""
 
-from odecli.spec.expr import compile_expression
-from odecli.spec.loader import load_yaml, parse_yaml, spec_kind
-from odecli.spec.ode import OdeSpec, SolverSpec, load_ode_spec, parse_ode_spec, validate_ode_spec_all
-from odecli.spec.rhs import build_c_equations, build_rhs, param_tensors
+from odecli.specs.expr import compile_expression
+from odecli.specs.loader import load_yaml, parse_yaml, spec_kind
+from odecli.specs.ode import OdeSpec, SolverSpec, load_ode_spec, parse_ode_spec, validate_ode_spec_all
+from odecli.specs.rhs import build_c_equations, build_rhs, param_tensors
 
 __all__ = [
     "OdeSpec",

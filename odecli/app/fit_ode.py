@@ -11,7 +11,7 @@ Shared unknowns are handed to the solver as one copy per row (the spec's right-h
 per-sample parameters), so their per-sample contributions come out of the same backward pass.
 
 Since the optimisers are deterministic given their state, ``OUT.ckpt.h5`` checkpoints of that state
-let ``--resume`` finish a killed fit exactly as an uninterrupted one (:mod:`odecli.inverse_checkpoint`).
+let ``--resume`` finish a killed fit exactly as an uninterrupted one (:mod:`odecli.app.checkpoint_ode`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from odecli import __version__
-from odecli import inverse_checkpoint as ckpt
+from odecli.app import checkpoint_ode as ckpt
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
-from odecli.inverse_checkpoint import OptState
+from odecli.app.checkpoint_ode import OptState
 from odecli.io.atomic import atomic_h5
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
@@ -38,12 +38,12 @@ from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
 from odecli.parallel.comm import Comm, get_comm
-from odecli.pde.checkpoint import check_start, note_on_interrupt
-from odecli.pde.checkpoint import checkpoint_path  # noqa: F401 - callers import it from here
-from odecli.runner import native_unsupported, spec_device
-from odecli.spec import OdeSpec, build_c_equations, build_rhs, param_tensors
-from odecli.spec.inverse import InverseSpec, load_ode_inverse_spec
-from odecli.spec.rhs import python_errors
+from odecli.app.checkpoint import check_start, note_on_interrupt
+from odecli.app.checkpoint import checkpoint_path  # noqa: F401 - callers import it from here
+from odecli.app.solve import native_unsupported, spec_device
+from odecli.specs import OdeSpec, build_c_equations, build_rhs, param_tensors
+from odecli.specs.inverse import InverseSpec, load_ode_inverse_spec
+from odecli.specs.rhs import python_errors
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Distributed vectors are gathered to the global grid, so a checkpoint is independent of the rank
 layout (resuming on the same number of ranks reproduces the uninterrupted run exactly).
 
-The rules shared with ODE fits (:mod:`odecli.inverse_checkpoint`) live here too: a checkpoint is
+The rules shared with ODE fits (:mod:`odecli.app.checkpoint_ode`) live here too: a checkpoint is
 hours of work, so a run never starts over on one silently (:func:`check_start`), Ctrl-C says
 where the work is (:func:`note_on_interrupt`), and a damaged one is one clear error
 (:func:`open_checkpoint`).

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from odecli.errors import SpecError
-from odecli.spec.expr import CONSTANTS, FUNCTIONS, compile_expression
-from odecli.spec.loader import describe, load_yaml
+from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
+from odecli.specs.loader import describe, load_yaml
 
 TOP_KEYS = ("kind", "name", "system", "initial", "batch", "time", "solver", "output")
 SYSTEM_KEYS = ("states", "params", "equations", "python")

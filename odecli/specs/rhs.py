@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from odecli.errors import SpecError
-from odecli.spec.expr import compile_expression, expression_to_c
-from odecli.spec.ode import OdeSpec
+from odecli.specs.expr import compile_expression, expression_to_c
+from odecli.specs.ode import OdeSpec
 
 if TYPE_CHECKING:  # torch is imported where tensors are made, so checking a spec stays fast
     import torch

@@ -7,8 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 from odecli.errors import InputError, SpecError
-from odecli.spec.loader import load_yaml, spec_kind
-from odecli.spec.ode import validate_ode_spec_all
+from odecli.specs.loader import load_yaml, spec_kind
+from odecli.specs.ode import validate_ode_spec_all
 
 KINDS = ("ode", "pde-inverse")
 
@@ -39,7 +39,7 @@ def validate_data(data: dict, text: str, path: Path) -> ValidationReport:
         if "inverse" in data and not report.problems:  # the section is read against a valid ODE spec
             report.problems += _inverse_problems(data, text, path)
     elif kind == "pde-inverse":
-        from odecli.pde.spec import validate as validate_pde
+        from odecli.specs.pde import validate as validate_pde
 
         try:
             validate_pde(data, str(path), Path(path).parent)
@@ -52,7 +52,7 @@ def validate_data(data: dict, text: str, path: Path) -> ValidationReport:
 
 def _inverse_problems(data: dict, text: str, path: Path) -> list[str]:
     """The first problem in an ODE spec's ``inverse:`` section, as train-inverse would report it."""
-    from odecli.spec.inverse import parse_ode_inverse_spec
+    from odecli.specs.inverse import parse_ode_inverse_spec
 
     try:
         parse_ode_inverse_spec(data, text, str(path))
@@ -65,4 +65,4 @@ def starter_spec(kind: str) -> str:
     """The commented template for ``kind``."""
     if kind not in KINDS:
         raise InputError(f"init: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    return resources.files("odecli.spec").joinpath("templates", f"{kind}.yaml").read_text(encoding="utf-8")
+    return resources.files("odecli.specs").joinpath("templates", f"{kind}.yaml").read_text(encoding="utf-8")

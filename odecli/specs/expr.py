@@ -18,6 +18,7 @@ import operator
 from typing import TYPE_CHECKING, Callable, Mapping, Union
 
 from odecli.errors import SpecError
+from odecli.ode.native.c_literal import c_double
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -127,15 +128,6 @@ def expression_to_c(text: str, symbols: Mapping[str, str], file: str, field: str
     tree, source = _parse(text, file, field)
     _Compiler(set(symbols), file, field, source).compile(tree.body)
     return _to_c(tree.body, symbols)
-
-
-def c_double(number: float) -> str:
-    """A C literal that parses back to exactly ``number`` (``repr`` round-trips)."""
-    if math.isinf(number):
-        return "INFINITY" if number > 0 else "(-INFINITY)"
-    if math.isnan(number):
-        return "NAN"
-    return repr(float(number))
 
 
 def _to_c(node: ast.AST, symbols: Mapping[str, str]) -> str:

@@ -17,6 +17,7 @@ import yaml
 
 from odecli.errors import SpecError
 from odecli.pde import stability
+from odecli.optim.transforms import TRANSFORM_EDGE
 
 # The model field types odecli.pde.models builds (kept here so that checking a spec needs no torch).
 MODEL_TYPES = ("constant", "layered", "gaussian", "checkerboard", "marmousi", "file", "smoothed")
@@ -30,7 +31,6 @@ DEVICES = ("cpu", "cuda", "auto")  # plus cuda:N; auto: cuda when available, els
 SIDES = ("top", "bottom", "left", "right")
 # How far inside its bounds the sigmoid and softplus transforms start a value (their inverses
 # cannot reach the bound itself); odecli.pde.unknowns.Transform uses it.
-TRANSFORM_EDGE = 1e-6
 
 _MISSING = object()
 
@@ -265,7 +265,7 @@ def _check_physical(V: _V, spec: dict, raw: dict) -> None:
 
     A negative speed would otherwise run (the wave equation only sees c^2) and fit nonsense, and a
     negative conductivity makes the heat equation ill-posed. Fields known only once evaluated
-    (files) are checked by the run on the evaluated field (``odecli.pde.problem``).
+    (files) are checked by the run on the evaluated field (``odecli.app.pde_problem``).
     """
     acoustic = spec["equation"] == "acoustic2d"
     what = "wave speed" if acoustic else "conductivity"
@@ -310,7 +310,7 @@ Nodes = tuple[list[float], list[float]]
 
 
 def _check_stability(V: _V, spec: dict) -> None:
-    """The run's stability check (odecli.pde.problem) on the fields the spec pins down.
+    """The run's stability check (odecli.app.pde_problem) on the fields the spec pins down.
 
     Same limit, message and order as the run (true model, the unknown's starting field, the
     unknown's upper bound), each judged by the largest value the run evaluates on a grid node, so

@@ -19,12 +19,12 @@ import torch
 from odecli.errors import InputError, OdecliError
 from odecli.parallel.comm import get_comm
 from odecli.parallel.ops import gather_global
-from odecli.pde import checkpoint as ckpt
-from odecli.pde import faults
-from odecli.pde.optim import LBFGS, Adam, Space
-from odecli.pde.output import write_result
-from odecli.pde.problem import Problem, collective
-from odecli.pde.spec import load_spec
+from odecli.app import checkpoint as ckpt
+from odecli.app import faults
+from odecli.optim.optimizers import LBFGS, Adam, Space
+from odecli.io.pde_run import write_result
+from odecli.app.pde_problem import Problem, collective
+from odecli.specs.pde import load_spec
 from odecli.pde.timing import CommTimer
 
 HISTORY_KEYS = ("loss", "grad_norm", "wall_time_s", "misfit", "regularization", "model_error")

@@ -21,8 +21,8 @@ from odecli.errors import InputError, SpecError
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import ArraySolution, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
 from odecli.ode.status import Progress
-from odecli.spec import OdeSpec, build_c_equations
-from odecli.spec.ode import method_table
+from odecli.specs import OdeSpec, build_c_equations
+from odecli.specs.ode import method_table
 
 if TYPE_CHECKING:
     import torch
@@ -197,8 +197,8 @@ def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
     import torch
 
     from odecli.ode.solver import solve
-    from odecli.spec import build_rhs, param_tensors
-    from odecli.spec.rhs import python_errors
+    from odecli.specs import build_rhs, param_tensors
+    from odecli.specs.rhs import python_errors
 
     s = spec.solver
     dtype, where = getattr(torch, s.dtype), torch.device(device)

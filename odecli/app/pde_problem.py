@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from odecli.errors import InputError, SpecError
+from odecli.io.model_files import with_model_arrays
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models, stability
@@ -21,7 +22,7 @@ from odecli.pde.leapfrog import native_available
 from odecli.pde.sources import Geometry, ricker
 from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import make_unknown
-from odecli.runner import resolve_device
+from odecli.app.solve import resolve_device
 
 
 def collective(exc: Exception) -> Exception:
@@ -137,11 +138,15 @@ class Problem:
                                        spec["boundary"], spec["initial_condition"], segs,
                                        self.timer, self.dtype, self.device)
         self.limit = self.prop.stability_limit()
-        self.unknown = make_unknown(spec["unknown"], grid, block, self.dtype, self.device, base)
+        unknown = dict(spec["unknown"])
+        for key in ("initial", "model"):
+            if key in unknown:
+                unknown[key] = with_model_arrays(unknown[key], base)
+        self.unknown = make_unknown(unknown, grid, block, self.dtype, self.device, base)
         self.true_local = None
         if spec["true_model"] is not None:
             try:
-                self.true_local = models.evaluate(spec["true_model"], grid, block, self.dtype,
+                self.true_local = models.evaluate(with_model_arrays(spec["true_model"], base), grid, block, self.dtype,
                                                   self.device, base_dir=base)
             except (OSError, ValueError, KeyError) as exc:
                 raise collective(SpecError(file, "true_model", str(exc))) from None
@@ -241,7 +246,7 @@ class Problem:
 
     def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
         """Wave speed > 0, conductivity >= 0 over the evaluated fields: the spec's check
-        (odecli.pde.spec) cannot see inside files, and a negative speed would run silently."""
+        (odecli.specs.pde) cannot see inside files, and a negative speed would run silently."""
         acoustic = self.spec["equation"] == "acoustic2d"
         least = "> 0" if acoustic else ">= 0"
         for name, field in fields:
@@ -338,7 +343,7 @@ class Problem:
     # ------------------------------------------------------------------ objective
     def evaluate(self, iteration: int | None = None):
         """Collective: loss (same on all ranks) and the full gradient of every parameter."""
-        from odecli.pde import faults
+        from odecli.app import faults
 
         unk = self.unknown
         for p in unk.params:

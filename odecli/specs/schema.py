@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from odecli.spec import inverse as inv
-from odecli.spec.ode import SOLVER_KEYS, SYSTEM_KEYS, TIME_KEYS
+from odecli.specs import inverse as inv
+from odecli.specs.ode import SOLVER_KEYS, SYSTEM_KEYS, TIME_KEYS
 
 _NUMBER_OR_LIST: dict[str, Any] = {
     "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}, "minItems": 1}]
@@ -111,7 +111,7 @@ def _optimizer() -> dict[str, Any]:
 
 
 def ode_inverse_schema() -> dict[str, Any]:
-    """The ``inverse:`` section, from the tables odecli.spec.inverse validates it with."""
+    """The ``inverse:`` section, from the tables odecli.specs.inverse validates it with."""
     section = _object(inv.INVERSE_KEYS, {
         "unknowns": _unknowns(),
         "data": _data(),
@@ -208,7 +208,7 @@ def all_schemas() -> dict[str, Any]:
     ode = ode_schema(sorted(methods), sorted(name for name, method in methods.items() if not method.adaptive))
     kinds = {"ode": ode}
     try:
-        from odecli.pde.schema import pde_inverse_schema
+        from odecli.specs.pde_schema import pde_inverse_schema
     except ImportError:
         pass
     else:

@@ -2,7 +2,7 @@
 
 The optimisers are deterministic given their state, so saving that state (plus the history and the
 evaluation count) lets a killed fit continue to exactly the result of an uninterrupted one. Every
-rank holds the same state (see :mod:`odecli.inverse_ode`): rank 0 writes the file alone and every
+rank holds the same state (see :mod:`odecli.app.fit_ode`): rank 0 writes the file alone and every
 rank reads it back on resume.
 
 ``ODECLI_ODE_EXIT_AFTER_CHECKPOINT=k`` makes every rank exit abruptly (status 75, no output) right
@@ -14,15 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from odecli import __version__
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_h5
 from odecli.parallel.comm import Comm
-from odecli.pde import faults
-from odecli.pde.checkpoint import open_checkpoint, read_array, read_attr
+from odecli.app import faults
+from odecli.app.checkpoint import open_checkpoint, read_array, read_attr
 
 KIND = "ode-inverse-checkpoint"
 HISTORY = ("loss", "grad_norm", "wall_time_s", "n_evals")  # one entry per iteration, and the start

@@ -1,4 +1,4 @@
-"""JSON Schema of ``kind: pde-inverse`` specs (structure and types; odecli.pde.spec stays the authority).
+"""JSON Schema of ``kind: pde-inverse`` specs (structure and types; odecli.specs.pde stays the authority).
 
 A key the validator reads as left out (its default) when empty is ``nullable``; one it reads
 with no default, or checks as given, is not.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from odecli.pde.spec import (BOUNDARY_TYPES, EQUATIONS, MODEL_KEYS, MODEL_REQUIRED, MODEL_TYPES, OPTIMIZERS,
+from odecli.specs.pde import (BOUNDARY_TYPES, EQUATIONS, MODEL_KEYS, MODEL_REQUIRED, MODEL_TYPES, OPTIMIZERS,
                              SIDES, TRANSFORMS, UNKNOWN_TYPES)
-from odecli.spec.schema import nullable
+from odecli.specs.schema import nullable
 
 _NUMBER = {"type": "number"}
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}

@@ -17,7 +17,7 @@ Design
   coordination slows its own solving, it simply takes fewer chunks. Other ranks also wait by
   polling with a sleep.
 * **Same file as one process.** Every rank solves its chunks with the ordinary
-  :func:`odecli.runner.solve_spec_arrays` on the spec cut to those samples (:func:`slice_spec`). Samples
+  :func:`odecli.app.solve.solve_spec_arrays` on the spec cut to those samples (:func:`slice_spec`). Samples
   of a batch are solved independently (own steps, controller, counters), so every integer
   counter and status is identical to a one-process run, and values agree to round-off: torch's
   vectorised kernels may round the last bit differently with another batch composition, about
@@ -60,10 +60,10 @@ import numpy as np
 
 from odecli.errors import EXIT_INTERNAL, InputError, OdecliError
 from odecli.parallel.comm import OUTPUT_FORWARD_S
-from odecli.spec import OdeSpec
+from odecli.specs import OdeSpec
 
 SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
-CHUNK_BYTES = 256 * 2**20  # solver memory of one chunk (odecli.runner.estimated_bytes)
+CHUNK_BYTES = 256 * 2**20  # solver memory of one chunk (odecli.app.solve.estimated_bytes)
 ABORT_GRACE_S = 10.0  # a failing rank waits this long for rank 0 to end the job
 POLL_MIN_S, POLL_MAX_S = 5e-5, 2e-3
 TAG_REQUEST, TAG_RESULT, TAG_ERROR, TAG_ASSIGN, TAG_FINAL = 811, 812, 813, 814, 815
@@ -137,7 +137,7 @@ def chunk_bounds(spec: OdeSpec, ranks: int) -> tuple[int, int]:
     ODECLI_MPI_MIN_CHUNK / ODECLI_MPI_MAX_CHUNK; a few very expensive samples balance best with
     ODECLI_MPI_MIN_CHUNK=1.
     """
-    from odecli.runner import estimated_bytes
+    from odecli.app.solve import estimated_bytes
 
     per_sample = max(1, estimated_bytes(spec) // max(1, spec.batch))
     budget = _env_int("ODECLI_MPI_CHUNK_BYTES") or CHUNK_BYTES
@@ -163,7 +163,7 @@ def _with_device(spec: OdeSpec, device: str) -> OdeSpec:
 
 def _solve_chunk(spec: OdeSpec, start: int, stop: int, rank: int, first: bool) -> tuple[dict, float]:
     from odecli.io.ode_stream import solution_part
-    from odecli.runner import solve_spec_arrays
+    from odecli.app.solve import solve_spec_arrays
 
     if first and os.environ.get("ODECLI_TEST_FAIL_RANK") == str(rank):
         raise RuntimeError(f"injected failure on rank {rank} (ODECLI_TEST_FAIL_RANK)")
@@ -323,7 +323,7 @@ def _share_cores(ranks_on_node: int) -> None:
     """Split the node's cores between its ranks, so their threads (torch's, the C solver's) do not
     oversubscribe them; an explicit OMP_NUM_THREADS wins. Setting the variable covers torch too
     when it is imported later (it reads it then), so a C-solver run never needs to import it."""
-    from odecli.ode.native.engine import default_threads
+    from odecli.threads import default_threads
 
     if "OMP_NUM_THREADS" not in os.environ and ranks_on_node > 1:
         share = max(1, default_threads() // ranks_on_node)
@@ -334,8 +334,8 @@ def _share_cores(ranks_on_node: int) -> None:
 
 def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str, tuple[int, int]]:
     """Checks every rank makes alike, agreed collectively so no rank is left waiting on another."""
-    from odecli.runner import device_name, native_unsupported, spec_device
-    from odecli.spec import build_c_equations, build_rhs
+    from odecli.app.solve import device_name, native_unsupported, spec_device
+    from odecli.specs import build_c_equations, build_rhs
 
     problem: tuple[str, int, bool] | None = None
     try:
@@ -365,7 +365,7 @@ def _prepare(link: _Link, spec: OdeSpec, local_rank: int) -> tuple[OdeSpec, str,
 
 def _rank_device(name: str, local_rank: int) -> str:
     """One GPU per rank on a node when CUDA is asked for (or ``auto`` finds it)."""
-    from odecli.runner import device_name
+    from odecli.app.solve import device_name
 
     if name not in ("auto", "cuda") or device_name(name) == "cpu":  # no GPU: torch is not asked
         return name
@@ -473,7 +473,7 @@ def _coordinate(
             writer.finish(device=file_device, wall_time_s=wall)
             write_ranks(h5, busy_s=busy, idle_s=idle, samples=samples, chunks=np.array(chunks, dtype=np.int64).reshape(-1, 3),
                         info={"schedule": "guided", "min_chunk": schedule.min_chunk, "max_chunk": schedule.max_chunk,
-                              "description": "per-rank accounting of the distributed solve (odecli.parallel.ode_batch)"})
+                              "description": "per-rank accounting of the distributed solve (odecli.app.solve_ranks)"})
         result = DistributedResult(
             samples=batch, failed=failed, steps_mean=steps_total / batch, steps_max=steps_max, wall_time_s=wall,
             ranks=size, busy_s=busy.tolist(), idle_s=idle.tolist(), samples_per_rank=samples.tolist(),

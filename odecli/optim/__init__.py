@@ -1,0 +1,1 @@
+"""Optimisers for the inverse problems, and the bounds transforms they move through."""
