@@ -21,7 +21,7 @@ import typer
 from rich.console import Console
 
 from odecli import __version__
-from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_INTERNAL, EXIT_INVALID_INPUT, EXIT_OK, InputError, OdecliError
+from odecli.errors import EXIT_INTERNAL, EXIT_INVALID_INPUT, InputError, OdecliError
 
 app = typer.Typer(
     name="odecli",
@@ -73,17 +73,21 @@ def _clean_errors(command: Callable) -> Callable:
 
 
 def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
-    """A one-line-per-event log appender for --log (nothing when no file is given)."""
+    """A one-line-per-event log appender for --log (nothing when no file is given). The file is
+    opened at the first event, so a spec that fails validation leaves no log behind."""
     if path is None:
         return lambda message: None
-    try:
-        handle = open(path, "a", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"--log: cannot open {path}: {exc.strerror}") from None
+    handle = None
 
     def write(message: str) -> None:
         import datetime
 
+        nonlocal handle
+        if handle is None:
+            try:
+                handle = open(path, "a", encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"--log: cannot open {path}: {exc.strerror}") from None
         handle.write(f"{datetime.datetime.now().isoformat(timespec='seconds')} {message}\n")
         handle.flush()
 
@@ -120,37 +124,14 @@ def solve(
 
     Example: odecli solve examples/vdp-sweep.yaml -o vdp.h5
     """
-    from odecli.io.atomic import check_writable
-    from odecli.specs import load_ode_spec
+    from odecli.app.commands import solve_file
 
-    # The spec and the output are checked before torch is imported: a bad input fails in a
-    # fraction of a second instead of after the seconds ``import torch`` takes.
-    ode_spec = load_ode_spec(spec)
-    target = output or Path(ode_spec.default_output)
-    check_writable(target, force=force)
-    from odecli.io.ode_run import write_ode_run
-    from odecli.app.solve_ranks import launched_ranks, solve_cli
-    from odecli.report.progress import solve_progress
-    from odecli.app.solve import solve_spec_arrays, with_overrides
-
-    logger = _file_logger(log)
-    ode_spec = with_overrides(ode_spec, method=method, rtol=rtol, atol=atol, device=device)
-
-    if launched_ranks() > 1:  # under mpirun: the batch is split over the ranks (imports mpi4py only then)
-        raise typer.Exit(solve_cli(ode_spec, target, force=force, quiet=quiet, stdout=stdout, stderr=stderr, logger=logger))
-    logger(f"solve {spec} -> {target}: {ode_spec.batch} samples, method {ode_spec.solver.method}")
-    with solve_progress(stderr, enabled=not quiet) as progress:
-        solution = solve_spec_arrays(ode_spec, progress=progress)
-    write_ode_run(target, ode_spec, solution, replace=force)
-    status = solution.status
-    failed = int((status != 0).sum())
-    steps = solution.stats["n_steps"].astype(float)
-    line = (f"{ode_spec.name}: {status.size} samples, {status.size - failed} succeeded, {failed} failed; "
-            f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}")
-    logger(line)
-    if not quiet:
-        stdout.print(line, markup=False, soft_wrap=True)
-    raise typer.Exit(EXIT_FAILED_SAMPLES if failed else EXIT_OK)
+    overrides = {"method": method, "rtol": rtol, "atol": atol, "device": device}
+    outcome = solve_file(spec, output, overrides=overrides, force=force, quiet=quiet, stdout=stdout,
+                         stderr=stderr, logger=_file_logger(log))
+    if outcome.summary is not None and not quiet:
+        stdout.print(outcome.summary, markup=False, soft_wrap=True)
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command()
@@ -241,29 +222,16 @@ def train_inverse(
 
     Example: mpirun -n 2 odecli train-inverse examples/acoustic-anomaly.yaml -o fwi.h5
     """
-    from odecli.specs import load_yaml, spec_kind
+    from odecli.app.commands import train_inverse_file
 
-    data, _ = load_yaml(spec)
-    kind = spec_kind(data, str(spec))
-    if kind == "pde-inverse":
-        from odecli.specs.pde import validate
-
-        validate(data, str(spec), spec.parent)  # a bad field fails before torch is imported
-        from odecli.app.fit_pde import train_inverse as run
-    elif kind == "ode":
-        from odecli.app.fit_ode import train_inverse as run
-    else:
-        raise InputError(f"{spec}: kind: train-inverse needs kind pde-inverse or ode, got {kind!r}")
-    logger = _file_logger(log if _mpi_rank() == 0 else None)
-    logger(f"train-inverse {spec} ({kind}) -> {output or 'default output'}{' (resume)' if resume else ''}")
     # The ~170,000 objects of the modules imported so far live until exit: frozen (after one
     # collection, so no garbage is frozen with them), the collector's full passes stop walking
-    # them (70 ms each, about every 60 evaluations at 256^2: 4 % of the run;
-    # benchmarks/RESULTS.md, "PDE: full garbage collections").
+    # them (a full pass took 70 ms, about every 60 evaluations at 256^2: 4 % of the run).
+    # Here, not in the library, because the freeze is process-wide.
     gc.collect()
     gc.freeze()
-    code = run(spec, output, iterations, resume, force, quiet)
-    logger(f"train-inverse {spec}: finished with exit code {code}")
+    code = train_inverse_file(spec, output, iterations=iterations, resume=resume, force=force, quiet=quiet,
+                              logger=_file_logger(log if _mpi_rank() == 0 else None))
     raise typer.Exit(code)
 
 
