@@ -328,7 +328,7 @@ def test_an_earlier_fits_checkpoint_is_neither_lost_nor_resumed_unasked(tmp_path
 
 
 def test_ctrl_c_after_a_checkpoint_says_that_it_keeps_the_fit(tmp_path, monkeypatch):
-    from odecli import inverse_checkpoint
+    from odecli.app import checkpoint_ode as inverse_checkpoint
 
     def ctrl_c(iteration: int) -> None:
         if iteration == 4:
