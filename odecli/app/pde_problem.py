@@ -118,11 +118,13 @@ class Problem:
         self.geometry = Geometry(shots, recs, wavelet)
         self.lgeom = self.geometry.local(block, self.device, self.dtype)
         self.equation = EQUATIONS[spec["equation"]]
-        setup = Setup(grid, block, self.decomp, comm, dt, nt, self.geometry, self.lgeom,
-                      spec["boundary"], spec.get("initial_condition"),
-                      spec["compute"]["time_segments"],
-                      kernel_threads(spec["compute"]["threads"], comm.size),
-                      spec["parallel"]["exchange_every"], self.timer, self.dtype, self.device)
+        setup = Setup(grid=grid, block=block, decomp=self.decomp, comm=comm, dt=dt, nt=nt,
+                      geometry=self.geometry, local=self.lgeom, boundary=spec["boundary"],
+                      initial_condition=spec.get("initial_condition"),
+                      time_segments=spec["compute"]["time_segments"],
+                      threads=kernel_threads(spec["compute"]["threads"], comm.size),
+                      exchange_every=spec["parallel"]["exchange_every"], timer=self.timer,
+                      dtype=self.dtype, device=self.device)
         try:
             self.prop = self.equation.build(setup)
         except SetupError as exc:  # every rank raises it at the same point
@@ -176,7 +178,7 @@ class Problem:
         return self.equation.QUANTITY
 
     def _limit_text(self) -> str:
-        return stability.limit_text(self.spec["equation"], self.limit, self.dt)
+        return self.equation.limit_text(self.limit, self.dt)
 
     def global_max(self, local: torch.Tensor) -> float:
         v = float(local.detach().max())

@@ -9,7 +9,6 @@ import sys
 
 from torch import Tensor
 
-
 _HUGE_PAGE = 2 << 20  # bytes in a transparent huge page on x86-64 and most aarch64 Linux
 _MADV_HUGEPAGE = 14  # from <sys/mman.h> on Linux
 # glibc's largest mmap threshold: a buffer this big has a mapping of its own, where a smaller one
