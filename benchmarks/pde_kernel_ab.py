@@ -1,7 +1,7 @@
 """One rank's forward and forward + gradient with two versions of the PDE kernels, alternated in
 one process, and whether their gradients agree bit for bit.
 
-    git show HEAD~1:odecli/pde/native/acoustic.c > /tmp/old.c
+    git show HEAD~1:odecli/pde/acoustic/acoustic.c > /tmp/old.c
     python benchmarks/pde_kernel_ab.py /tmp/old.c --size 256 --rounds 30
     python benchmarks/pde_kernel_ab.py /tmp/old.c --size 1000 --rounds 6 --dtype float32
 
@@ -40,13 +40,13 @@ def main() -> None:
     import pde_bench
     from odecli import native
     from odecli.parallel.comm import Comm
-    from odecli.pde import leapfrog
+    from odecli.pde.acoustic import kernels as leapfrog
     from odecli.app.pde_problem import Problem
     from odecli.specs.pde import validate
 
     torch.set_num_threads(1)
     libs = {}
-    for name, path in (("other", args.other), ("this", ROOT / "odecli/pde/native/acoustic.c")):
+    for name, path in (("other", args.other), ("this", ROOT / "odecli/pde/acoustic/acoustic.c")):
         lib, why = native.load_source("acoustic", path.read_bytes())
         if lib is None:
             sys.exit(f"{path}: {why}")

@@ -1,12 +1,12 @@
 /* Time the acoustic C kernels alone, outside Python: ns per grid-point step of an 8-step
  * adjoint pass, of an 8-step forward pass and of one that stores each step's lap (float64, one
  * thread, one shot), and a hash of every output bit, so two versions of
- * odecli/pde/native/acoustic.c can be compared for speed and for bit-for-bit identical results:
+ * odecli/pde/acoustic/acoustic.c can be compared for speed and for bit-for-bit identical results:
  *
- *   git show HEAD~1:odecli/pde/native/acoustic.c > /tmp/old.c
+ *   git show HEAD~1:odecli/pde/acoustic/acoustic.c > /tmp/old.c
  *   F="-O3 -march=native -ffp-contract=off -fno-math-errno -fPIC"   # odecli.native's flags
  *   gcc $F -DSRC='"/tmp/old.c"' benchmarks/pde_kernel_bench.c -o /tmp/old
- *   gcc $F -DSRC='"'$PWD'/odecli/pde/native/acoustic.c"' benchmarks/pde_kernel_bench.c -o /tmp/new
+ *   gcc $F -DSRC='"'$PWD'/odecli/pde/acoustic/acoustic.c"' benchmarks/pde_kernel_bench.c -o /tmp/new
  *   for i in 1 2 3; do /tmp/old 256 256; /tmp/new 256 256; done   # alternate: the VM drifts
  *   /tmp/old 37 53 hash; /tmp/new 37 53 hash                        # must print the same hash
  *

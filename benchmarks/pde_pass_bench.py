@@ -34,7 +34,7 @@ def main() -> None:
 
     import torch
 
-    import odecli.pde.acoustic_native as acoustic_native
+    import odecli.pde.acoustic.fused as acoustic_native
     from odecli.parallel.comm import Comm
     from odecli.app.pde_problem import Problem
     from odecli.specs.pde import validate

@@ -15,12 +15,12 @@ import time
 
 import torch
 from odecli import native
-from odecli.pde.leapfrog import Kernels, new_lap_store
-from odecli.pde.native import HERE
+from odecli.pde.acoustic.kernels import Kernels, new_lap_store
+from odecli.pde.native import source_path
 
 torch.set_num_threads(1)
 size, dt = int(sys.argv[1]), getattr(torch, sys.argv[2])
-libs = {"this": native.load_source("acoustic", (HERE / "acoustic.c").read_bytes())[0]}
+libs = {"this": native.load_source("acoustic", source_path("acoustic").read_bytes())[0]}
 if len(sys.argv) > 3:
     libs["other"] = native.load_source("acoustic", open(sys.argv[3], "rb").read())[0]
 sfx = "f64" if dt == torch.float64 else "f32"

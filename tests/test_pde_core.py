@@ -198,7 +198,7 @@ def test_auto_exchange_every_takes_whole_passes_above_one(side, expected):
     (3-5 % faster than 8 at 2000^2 on 2 ranks)."""
     from types import SimpleNamespace
 
-    from odecli.pde.acoustic import auto_exchange_every
+    from odecli.pde.acoustic.build import auto_exchange_every
 
     two_ranks = SimpleNamespace(nranks=2, min_local_shape=(side, 2 * side))
     assert auto_exchange_every(two_ranks) == expected

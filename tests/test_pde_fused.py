@@ -18,8 +18,9 @@ import torch
 from odecli.parallel.comm import get_comm
 import odecli.native
 from odecli.pde import native
-from odecli.pde.leapfrog import (RING, Kernels, RowPoints, kernels_flush_subnormals, lap_row_stride,
-                                 native_available, new_lap_store, reference_step, step_forward)
+from odecli.pde.acoustic.kernels import (Kernels, RowPoints, kernels_flush_subnormals, lap_row_stride,
+                                         native_available, new_lap_store, step_forward)
+from odecli.pde.acoustic.reference import RING, reference_step
 from odecli.app.pde_problem import Problem
 from odecli.specs.pde import validate
 from odecli.pde.stencils import laplacian4
@@ -389,9 +390,9 @@ def test_build_is_cached_by_content_and_a_broken_compiler_is_reported(monkeypatc
 
 
 def test_sponge_spans_cover_exactly_the_undamped_run_of_each_row():
-    from odecli.pde.acoustic import sponge_profile
+    from odecli.pde.acoustic.build import sponge_profile
     from odecli.pde.grid import Block, Grid
-    from odecli.pde.leapfrog import sponge_spans
+    from odecli.pde.acoustic.kernels import sponge_spans
 
     grid = Grid(30, 40, 10.0, 10.0)
     for free_surface in (False, True):
@@ -406,7 +407,7 @@ def test_sponge_spans_cover_exactly_the_undamped_run_of_each_row():
 
 
 def test_auto_segments_keep_every_field_when_the_budget_allows():
-    from odecli.pde.acoustic import fused_auto_segments
+    from odecli.pde.acoustic.build import fused_auto_segments
 
     assert fused_auto_segments(100, 1, 100) == 1  # all 100 steps' laps
     assert fused_auto_segments(100, 1, 99) == 2  # 50 laps + 2 starts = 52
@@ -448,7 +449,7 @@ def test_adjoint_pass_equals_single_steps_bit_for_bit(steps, threads, with_spong
     one before (a single step: its rows split over them).  The pass reads the stored lap rows in
     place, vectors of columns at a time, each prefetching a line 3 KB further on (700 columns:
     long vector runs, damped bands of several vectors and scalar tails)."""
-    from odecli.pde import leapfrog
+    from odecli.pde.acoustic import kernels as leapfrog
 
     monkeypatch.setattr(leapfrog, "available_cpus", lambda: 8)  # as many threads as asked, even on 2 CPUs
     gen = torch.Generator().manual_seed(11 + steps)
@@ -548,7 +549,7 @@ def test_forward_passes_of_any_length_give_the_same_traces_and_gradient(monkeypa
     """Forward and adjoint passes of n steps (cut by the time segments and, on several ranks,
     the halo exchanges; the default is 8): the traces, the stored fields the adjoint reads and
     the gradient are those of single steps."""
-    from odecli.pde import acoustic_native
+    from odecli.pde.acoustic import fused as acoustic_native
 
     P = _problem(copy.deepcopy(BASE), True)
     c = P.unknown.field().detach()
@@ -564,7 +565,7 @@ def test_forward_passes_of_any_length_give_the_same_traces_and_gradient(monkeypa
 
 
 def test_problem_gradient_with_threads_equals_one_thread(monkeypatch):
-    from odecli.pde import acoustic
+    from odecli.pde.acoustic import propagator as acoustic
 
     monkeypatch.setattr(acoustic, "MIN_POINTS_PER_THREAD", 1)  # split even this small grid
     raw = copy.deepcopy(BASE)

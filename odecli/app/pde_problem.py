@@ -1,4 +1,8 @@
-"""Assemble a validated spec into a distributed forward problem + objective on one rank."""
+"""Assemble a validated spec into a distributed forward problem + objective on one rank.
+
+The physics comes from the spec's equation through :data:`odecli.pde.propagator.EQUATIONS`:
+its module builds the propagator and words the stability limit and the coefficient's sign rule.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,8 @@ from odecli.io.model_files import with_model_arrays
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models, stability
-from odecli.pde.acoustic import (HALO, AcousticPropagator, auto_exchange_every,
-                                 available_memory_bytes, fused_auto_segments, max_exchange_every,
-                                 sponge_profile)
 from odecli.pde.grid import Block, Grid
-from odecli.pde.heat import HeatPropagator
-from odecli.pde.leapfrog import native_available
+from odecli.pde.propagator import EQUATIONS, Setup, SetupError
 from odecli.pde.sources import Geometry, ricker
 from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import make_unknown
@@ -117,26 +117,20 @@ class Problem:
         recs = [grid.snap(p) for p in spec["receivers"]["points"]]
         self.geometry = Geometry(shots, recs, wavelet)
         self.lgeom = self.geometry.local(block, self.device, self.dtype)
-        # Every rank takes the same path (they exchange halos in the same pattern).
-        self.fused = spec["equation"] == "acoustic2d" and self._everywhere(
-            native_available(torch.zeros(0, dtype=self.dtype, device=self.device))[0])
-        segs = spec["compute"]["time_segments"]
-        if segs == "auto":
-            segs = self._auto_segments(spec, block, nt)
-        if spec["equation"] == "acoustic2d":
-            b = spec["boundary"]
-            sponge = sponge_profile(grid, block, b["absorbing_width"], b["absorbing_strength"],
-                                    b["free_surface"], self.dtype, self.device)
-            self.prop = AcousticPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
-                                           sponge, segs, self.timer, fused=self.fused,
-                                           threads=kernel_threads(spec["compute"]["threads"],
-                                                                  comm.size),
-                                           exchange_every=self._exchange_every(spec),
-                                           geometry=self.geometry)
-        else:
-            self.prop = HeatPropagator(grid, block, self.decomp, comm, dt, nt, self.lgeom,
-                                       spec["boundary"], spec["initial_condition"], segs,
-                                       self.timer, self.dtype, self.device)
+        self.equation = EQUATIONS[spec["equation"]]
+        setup = Setup(grid=grid, block=block, decomp=self.decomp, comm=comm, dt=dt, nt=nt,
+                      geometry=self.geometry, local=self.lgeom, boundary=spec["boundary"],
+                      initial_condition=spec.get("initial_condition"),
+                      time_segments=spec["compute"]["time_segments"],
+                      threads=kernel_threads(spec["compute"]["threads"], comm.size),
+                      exchange_every=spec["parallel"]["exchange_every"], timer=self.timer,
+                      dtype=self.dtype, device=self.device)
+        try:
+            self.prop = self.equation.build(setup)
+        except SetupError as exc:  # every rank raises it at the same point
+            raise collective(SpecError(file, exc.field, str(exc))) from None
+        # Whether the time loop runs on compiled kernels: the same on every rank.
+        self.fused = bool(self.prop.fused)
         self.limit = self.prop.stability_limit()
         unknown = dict(spec["unknown"])
         for key in ("initial", "model"):
@@ -170,57 +164,21 @@ class Problem:
                                                 f"{name!r} is not available on every rank"))
         return device
 
-    def _exchange_every(self, spec: dict) -> int:
-        every = spec["parallel"]["exchange_every"]
-        if every == "auto":
-            return auto_exchange_every(self.decomp)
-        most = max_exchange_every(self.decomp)
-        if every > most and self.comm.size > 1:
-            raise collective(SpecError(spec["file"], "parallel.exchange_every",
-                                       f"{every} needs blocks of at least {HALO * every} cells "
-                                       f"per side; the smallest block on {self.comm.size} ranks is "
-                                       f"{self.decomp.min_local_shape[0]}x"
-                                       f"{self.decomp.min_local_shape[1]} (use at most {most})"))
-        return every
-
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
-        segs = len(self.prop.segments)
-        if self.fused:
-            every = self.prop.every  # fused means acoustic2d
-            exchange = f", halo exchange every {every} steps" if every > 1 else ""
-            return (f"fused C kernels, {self.prop.threads} thread(s) per rank, "
-                    f"{segs} time segment(s){exchange}")
-        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+        return self.prop.engine()
 
     def _everywhere(self, flag: bool) -> bool:
         if self.comm.size == 1:
             return flag
         return self.comm.allreduce_scalar(1.0 if flag else 0.0, op="min") > 0
 
-    def _auto_segments(self, spec: dict, block: Block, nt: int) -> int:
-        """``round(sqrt(nt))`` checkpoint segments, or fewer for the fused acoustic gradient
-        when its store fits a quarter of the available memory shared by the ranks (less
-        recomputation).  Every rank must recompute the same segments: the choice is agreed."""
-        sqrt_nt = max(1, round(math.sqrt(nt)))
-        if not self.fused:
-            return sqrt_nt
-        avail = available_memory_bytes()
-        budget = 0.0 if avail is None else avail / (4 * self.comm.size)
-        if self.comm.size > 1:
-            budget = self.comm.allreduce_scalar(budget, op="min")
-        shots = len(spec["sources"]["shots"])
-        itemsize = torch.zeros(0, dtype=self.dtype).element_size()
-        field = shots * (block.shape[0] + 2 * HALO) * (block.shape[1] + 2 * HALO) * itemsize
-        segs = fused_auto_segments(nt, field, budget)
-        return int(self.comm.allreduce_scalar(segs, op="max")) if self.comm.size > 1 else segs
-
     # ------------------------------------------------------------------ checks
     def _what(self) -> str:
-        return stability.quantity(self.spec["equation"])
+        return self.equation.QUANTITY
 
     def _limit_text(self) -> str:
-        return stability.limit_text(self.spec["equation"], self.limit, self.dt)
+        return self.equation.limit_text(self.limit, self.dt)
 
     def global_max(self, local: torch.Tensor) -> float:
         v = float(local.detach().max())
@@ -245,13 +203,13 @@ class Problem:
                     self.spec["equation"], field, v, self.limit, self.dt)))
 
     def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
-        """Wave speed > 0, conductivity >= 0 over the evaluated fields: the spec's check
-        (odecli.specs.pde) cannot see inside files, and a negative speed would run silently."""
-        acoustic = self.spec["equation"] == "acoustic2d"
-        least = "> 0" if acoustic else ">= 0"
+        """The equation's sign rule (wave speed > 0, conductivity >= 0) over the evaluated
+        fields: the spec's check (odecli.specs.pde) cannot see inside files, and a negative
+        speed would run silently."""
+        least = self.equation.LEAST
         for name, field in fields:
             low = float(field.detach().min())  # NaN if any node is NaN
-            bad = not math.isfinite(low) or ((low <= 0) if acoustic else (low < 0))
+            bad = not math.isfinite(low) or self.equation.violates_sign(low)
             if self.comm.size > 1:  # a flag, since MPI's min of a NaN is undefined
                 bad = self.comm.allreduce_scalar(float(bad), op="max") > 0
                 low = self.comm.allreduce_scalar(low, op="min")

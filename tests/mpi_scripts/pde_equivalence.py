@@ -110,11 +110,11 @@ if __name__ == "__main__":
     every = int(sys.argv[3]) if len(sys.argv) > 3 else "auto"
     threads = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     if threads > 1:
-        import odecli.pde.acoustic as acoustic
+        import odecli.pde.acoustic.propagator as acoustic
 
         acoustic.MIN_POINTS_PER_THREAD = 1
     if len(sys.argv) > 5:
-        import odecli.pde.acoustic_native as acoustic_native
+        import odecli.pde.acoustic.fused as acoustic_native
 
         acoustic_native.STEPS_PER_PASS = int(sys.argv[5])
     res = compute(pg, every, threads)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from odecli.pde.acoustic import segment_bounds
 from odecli.pde.grid import Block, Grid
+from odecli.pde.heat.equation import stability_limit
+from odecli.pde.segments import segment_bounds
 from odecli.pde.sources import LocalGeometry
-from odecli.pde.stability import heat_conductivity_limit
 from odecli.pde.stencils import divergence_flux
 from odecli.pde.timing import CommTimer, timed_halo
 
@@ -22,7 +22,11 @@ SIDES = ("top", "bottom", "left", "right")
 
 
 class HeatPropagator:
+    """The heat equation's :class:`~odecli.pde.propagator.Propagator`: autograd differentiates
+    the steps, each time segment recomputed in the backward (``torch.utils.checkpoint``)."""
+
     halo = HALO
+    fused = False  # PyTorch only: no compiled kernels
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, boundary: dict, initial_value: float, segments: int,
@@ -32,6 +36,7 @@ class HeatPropagator:
         self.segments = segment_bounds(nt, segments)
         self.timer = timer
         self.initial_value = float(initial_value)
+        self.device = device
         ny, nx = block.shape
         iy, ix = block.indices(device)
         # masks of nodes whose face lies on the physical boundary
@@ -57,7 +62,11 @@ class HeatPropagator:
 
     def stability_limit(self) -> float:
         """Largest stable conductivity for this dt and grid."""
-        return heat_conductivity_limit(self.dt, self.grid.dy, self.grid.dx)
+        return stability_limit(self.dt, self.grid.dy, self.grid.dx)
+
+    def engine(self) -> str:
+        """What runs the time loop, for result files and ``odecli stats``."""
+        return f"PyTorch reference on {self.device}, {len(self.segments)} time segment(s)"
 
     def face_conductivities(self, k: torch.Tensor):
         kp = timed_halo(k, self.decomp, self.comm, HALO, 0.0, self.timer)

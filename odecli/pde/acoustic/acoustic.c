@@ -6,7 +6,7 @@
  *
  *   u_next = G * ((2u - G*u_prev) + c2dt2 * lap(u))      on the block; zeros on the ring.
  *
- * Every operation rounds on its own, in the order of odecli.pde.leapfrog.reference_step (build
+ * Every operation rounds on its own, in the order of odecli.pde.acoustic.reference.reference_step (build
  * with -ffp-contract=off), so the kernel reproduces the PyTorch reference bit for bit.  It makes
  * one pass over the grid where eager PyTorch makes about twenty full-size temporaries.
  *
@@ -35,7 +35,7 @@
  * leapfrog_forward_run with grad is the adjoint pass: it reads the stored lap(u_n) where the
  * forward writes it and adds mu_{n+1} lap(u_n) into grad.  Against the hand-transposed adjoint
  * it replaced (a scratch ring for c2dt2 G lambda, a second stencil pass), forward + gradient
- * took 4-17 % less time (benchmarks/RESULTS.md, "PDE: the adjoint as a forward step").  Its
+ * took 4-17 % less time.  Its
  * gradient equals autograd's of the reference to round-off, not bit for bit, and it needs
  * c2dt2 != 0 wherever the gradient is taken.
  */
@@ -109,8 +109,8 @@ static inline void stream_fence(void)
  * the caller's mode restored on return.  Ahead of a wave front the 4th-order stencil leaves
  * values that decay through the subnormal range, and on Intel cores every operation on one
  * takes a microcode assist of ~100 cycles: a 2-rank run whose far half the front had not yet
- * reached spent twice the arithmetic of the near half (benchmarks/RESULTS.md, "PDE: subnormal
- * numbers flushed to zero").  A flushed value is below 2.2e-308 (1.2e-38 in float32), far
+ * reached spent twice the arithmetic of the near half (flushing took that 256x512 forward from
+ * 0.18 s to 0.071 s on an Intel AVX-512 VM).  A flushed value is below 2.2e-308 (1.2e-38 in float32), far
  * under the round-off of any value the physics carries.  Devito's operators do the same. */
 #if defined(__x86_64__) || defined(__i386__)
 #define FTZ_DAZ 0x8040u
@@ -161,8 +161,7 @@ static inline long prefetch_tail(const char *pf, long j, long j1, size_t size)
  * the forward went from 0.62-0.67 to 0.51-0.54 ns a point and step, the storing forward from
  * 0.78-0.97 to 0.65-0.82; the adjoint, bound by its read of the store, gained less.  Built
  * without AVX-512, the 256-bit runs took the forward from 0.53-0.55 to 0.41-0.42 and the
- * adjoint from 0.81-0.83 to 0.67-0.73 (benchmarks/RESULTS.md, "PDE: the stencil's row shifts
- * in registers").  Loads stay within the columns the scalar loop reads: the lanes of the
+ * adjoint from 0.81-0.83 to 0.67-0.73.  Loads stay within the columns the scalar loop reads: the lanes of the
  * vectors on either side that a run does not use are masked off. */
 #if defined(__AVX2__)
 #define DEFINE_VECTOR_RUN(T, NAME, V, L, LOAD, LOAD_LAST2, LOAD_FIRST2, STORE, LAP_STORE,      \
@@ -293,8 +292,7 @@ DEFINE_SCALAR_RUN(float, f32)
 /* The run each kind of pass takes.  The adjoint takes the 256-bit runs even where AVX-512 is
  * there: on the Zen 5 VM they made it 9-18 % faster than the 512-bit ones (0.69-0.72 against
  * 0.75-0.82 ns a point and step at 1000^2, 0.55-0.56 against 0.67-0.69 at 512^2, laps from
- * memory), while the forward and the storing forward are faster on the 512-bit ones
- * (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers"). */
+ * memory), while the forward and the storing forward are faster on the 512-bit ones. */
 #if defined(__AVX512F__)
 #define FORWARD_RUN_F64 vector_run_512_f64
 #define FORWARD_RUN_F32 vector_run_512_f32
@@ -335,7 +333,7 @@ DEFINE_SCALAR_RUN(float, f32)
         BODY(j);
 #else
 /* prefetching a whole band before its loop made the adjoint 5-10 % slower at 1000^2 than these
- * runs (benchmarks/RESULTS.md, "PDE: the stencil's row shifts in registers") */
+ * runs */
 #define PREFETCH_RUN_COLUMNS 64L
 #define RUN_BAND(KIND, a, b, gg, BODY, LAP_OUT, LAP_IN, GRAD, PF)                    \
     for (long c0 = (a), piece = (PF) ? PREFETCH_RUN_COLUMNS : (b) - (a); c0 < (b);   \
@@ -367,8 +365,7 @@ DEFINE_SCALAR_RUN(float, f32)
 /* forward_row_lap's row with the lap streamed from the vector runs (STORING_RUN) straight to
  * lp, which starts a line: without the stack buffer's copy the storing forward took 0.64-0.67
  * ns a point and step against 0.71-0.74 in float64 at 2000^2 (float32 at 1000^2, bound by the
- * memory's writes, did not change: benchmarks/RESULTS.md, "PDE: the store written straight
- * from the registers").  Every vector must start a line (512-bit) or
+ * memory's writes, did not change).  Every vector must start a line (512-bit) or
  * half of one (256-bit), and no line may be written in part (see stream_row), so the sponge's
  * bands are widened to whole lines (the sponge's formula with G = 1 gives the plain one's bits)
  * and the last, partial line of the row goes through the buffer, padding included. */
@@ -462,7 +459,7 @@ static inline void forward_row_lap_##SUFFIX(long i, long nx, long ls, long ca, l
  * arithmetic runs: the rest of this row, then the start of the next, which the step reads in  \
  * the next row iteration.  (Read on demand, among a dozen other streams, the pass took 1.5 ns \
  * a point and step at 1000^2 against 1.1; two rows ahead, 1.00-1.09 against 0.88-0.94 for     \
- * 3 KB ahead, and 2, 2.5, 3.5 and 4 KB did no better: benchmarks/RESULTS.md.) */              \
+ * 3 KB ahead, and 2, 2.5, 3.5 and 4 KB did no better.) */                                   \
 static inline void adjoint_row_##SUFFIX(long i, long nx, long ja, long jb,                    \
                                         const T *restrict r, const T *p,                     \
                                         const T *restrict cc, const T *restrict g,           \

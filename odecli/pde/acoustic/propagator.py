@@ -1,49 +1,37 @@
 """2-D constant-density acoustic wave equation ``u_tt = c^2 lap(u) + f`` on a rank's block.
 
 Leapfrog in time, 4th order in space (halo width 2; the fused path exchanges a deeper halo every
-few steps, see :class:`~odecli.pde.acoustic_native.Loop`), Cerjan sponge
+few steps, see :class:`~odecli.pde.acoustic.loop.Loop`), Cerjan sponge
 (``u`` and ``u_prev`` multiplied by ``G = exp(-(alpha*(w-i))^2)`` in the outer ``w`` cells every
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
 dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
-ring (:mod:`odecli.pde.leapfrog`).  On CPU the time loop runs on fused C kernels with a
-hand-written adjoint loop (:mod:`odecli.pde.acoustic_native`); elsewhere autograd differentiates
+ring (:mod:`odecli.pde.acoustic.reference`).  On CPU the time loop runs on fused C kernels with
+a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`); elsewhere autograd differentiates
 the PyTorch reference step, with the time loop split into segments recomputed in the backward
 pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not nt.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from odecli.parallel.ops import GhostExchange, halo_exchange
-from odecli.pde.acoustic_native import Loop, Workspace, propagate
+from odecli.pde.acoustic.equation import stability_limit
+from odecli.pde.acoustic.fused import propagate
+from odecli.pde.acoustic.kernels import native_available, sponge_spans
+from odecli.pde.acoustic.loop import Loop
+from odecli.pde.acoustic.reference import RING, interior, reference_step
+from odecli.pde.acoustic.workspace import Workspace
 from odecli.pde.grid import Block, Grid
-from odecli.pde.leapfrog import (RING, STEPS_PER_PASS, interior, native_available, reference_step,
-                                 sponge_spans)
+from odecli.pde.segments import segment_bounds
 from odecli.pde.sources import Geometry, LocalGeometry
-from odecli.pde.stability import acoustic_speed_limit
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
 MIN_POINTS_PER_THREAD = 50_000  # grid points per step below which another kernel thread does not pay
-# at 256^2 per rank 8 beat 4 by ~10 % and 16 was no better; at 2000^2 on 2 ranks (1000-row
-# blocks) 16 took 3-5 % less than 8 for forward + gradient (RESULTS.md)
-MAX_EXCHANGE_EVERY = 16
-
-
-def auto_exchange_every(decomp) -> int:
-    """Steps between halo exchanges on the fused path: one more step per 32 cells of the smallest
-    block, up to 16, so the redundant band (2 cells per extra step) stays under 1/16 of a block;
-    above one pass (STEPS_PER_PASS) only whole passes, since a short pass after the full ones
-    costs more than it saves (9 steps ran 4-7 % slower than 8 at 256^2 per rank)."""
-    if decomp.nranks == 1:
-        return 1
-    k = max(1, min(MAX_EXCHANGE_EVERY, 1 + min(decomp.min_local_shape) // 32))
-    return k if k <= STEPS_PER_PASS else k // STEPS_PER_PASS * STEPS_PER_PASS
 
 
 def max_exchange_every(decomp) -> int:
@@ -52,72 +40,29 @@ def max_exchange_every(decomp) -> int:
     return max(1, min(decomp.min_local_shape) // RING)
 
 
-def sponge_profile(grid: Grid, block: Block, width: int, alpha: float | None, free_surface: bool,
-                   dtype, device) -> torch.Tensor | None:
-    """Cerjan damping factors for the block's nodes (1 in the interior); None if width == 0."""
-    if width <= 0:
-        return None
-    if alpha is None:
-        alpha = math.sqrt(math.log(1.0 / 0.92)) / width  # G = 0.92 at the outermost node
-    iy, ix = block.indices(device)
-    dist = torch.minimum(ix, grid.nx - 1 - ix)
-    dy = grid.ny - 1 - iy if free_surface else torch.minimum(iy, grid.ny - 1 - iy)
-    dist = torch.minimum(dist, dy)
-    d = (width - dist).clamp(min=0).to(dtype)
-    return torch.exp(-((alpha * d) ** 2))
-
-
-def fused_auto_segments(nt: int, field_bytes: int, budget_bytes: float) -> int:
-    """Fewest time segments whose fused-gradient store fits ``budget_bytes``.
-
-    Fewer segments mean less recomputation; one segment keeps every step's ``lap4(u)`` (a field
-    without its ring), and ``round(sqrt(nt))`` (the fewest fields, about ``3 sqrt(nt)``) is the
-    fallback.
-    """
-    sqrt_nt = max(1, round(math.sqrt(nt)))
-    for s in range(1, sqrt_nt):
-        fields = math.ceil(nt / s) + 2 * (s - 1)  # the longest segment's store + starts
-        if fields * field_bytes <= budget_bytes:
-            return s
-    return sqrt_nt
-
-
-def available_memory_bytes() -> float | None:
-    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def segment_bounds(nt: int, segments: int) -> list[tuple[int, int]]:
-    segments = max(1, min(segments, nt))
-    size = math.ceil(nt / segments)
-    return [(t0, min(nt, t0 + size)) for t0 in range(0, nt, size)]
-
-
 class AcousticPropagator:
+    """The acoustic equation's :class:`~odecli.pde.propagator.Propagator`: the fused C loop and
+    its hand-written adjoint where they run, else the PyTorch reference under autograd."""
+
     halo = HALO
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, sponge: torch.Tensor | None, segments: int,
                  timer: CommTimer | None = None, fused: bool | None = None,
                  threads: int = 1, exchange_every: int = 1,
-                 geometry: Geometry | None = None) -> None:
+                 geometry: Geometry | None = None, device: torch.device | None = None) -> None:
         """``fused``: None uses the C kernels where they run; False forces the PyTorch reference.
         ``threads``: at most how many threads the C kernels split each step over.
         ``exchange_every``: steps between halo exchanges on the fused path (the reference path
         exchanges every step); above 1 it needs ``geometry``, the global one, for the sources
-        in the extended block (see :class:`~odecli.pde.acoustic_native.Loop`)."""
+        in the extended block (see :class:`~odecli.pde.acoustic.loop.Loop`).
+        ``device``: where the fields live, as :meth:`engine` names it (None: the sources')."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
         self.segments = segment_bounds(nt, segments)
         self.timer = timer
         self.fused = fused
+        self.device = geom.src_amp.device if device is None else device
         # Below ~50k points a piece costs less than handing it to another thread.
         points = geom.nshots * block.shape[0] * block.shape[1]
         self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
@@ -176,8 +121,7 @@ class AcousticPropagator:
         the propagation gives back (:func:`propagate`): the owned block computed in place, the
         extension filled by a planned exchange.  Why: :meth:`extend` pads, exchanges and copies
         out through three new arrays, and at 2000^2 on 2 ranks building ``c2dt2`` that way took
-        6-15 ms of a 120 ms forward, page faults mostly (benchmarks/RESULTS.md, "PDE over MPI:
-        the wave speed's square from the workspace")."""
+        6-15 ms of a 120 ms forward, page faults mostly."""
         en, es, ew, ee = self.ext
         ny, nx = c.shape
         shape = (ny + en + es, nx + ew + ee)
@@ -212,7 +156,16 @@ class AcousticPropagator:
 
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""
-        return acoustic_speed_limit(self.dt, self.grid.dy, self.grid.dx)
+        return stability_limit(self.dt, self.grid.dy, self.grid.dx)
+
+    def engine(self) -> str:
+        """What runs the time loop, for result files and ``odecli stats``."""
+        segs = len(self.segments)
+        if self.fused:
+            exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
+            return (f"fused C kernels, {self.threads} thread(s) per rank, "
+                    f"{segs} time segment(s){exchange}")
+        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
 
     def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
         """Reference steps ``t0 .. t1-1`` on ringed fields (autograd records them)."""

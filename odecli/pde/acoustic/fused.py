@@ -22,195 +22,16 @@ fields plus the longest segment's store, about ``3 sqrt(nt)`` fields with ``sqrt
 from __future__ import annotations
 
 import ctypes
-import functools
-import sys
-import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from odecli.parallel.ops import GhostExchange
-from odecli.pde.leapfrog import (RING, STEPS_PER_PASS, Kernels, RowPoints, lap_row_stride,
-                                 new_lap_store)
-from odecli.pde.sources import LocalGeometry
-from odecli.pde.timing import CommTimer
-
-
-_HUGE_PAGE = 2 << 20  # bytes in a transparent huge page on x86-64 and most aarch64 Linux
-_MADV_HUGEPAGE = 14  # from <sys/mman.h> on Linux
-# glibc's largest mmap threshold: a buffer this big has a mapping of its own, where a smaller one
-# may sit in the heap, whose pages later serve other arrays (the advice would outlive it)
-_OWN_MAPPING = 32 << 20
-
-
-def advise_huge_pages(t: Tensor) -> None:
-    """Ask Linux to back the whole 2 MB pages inside a new, untouched CPU tensor with
-    transparent huge pages (where THP is set to ``madvise``, as on our VMs, nothing else does).
-    Why: the gradient's store is written and read as eight streams of 4 KB rows, so on 4 KB
-    pages every row is a new page, whose TLB miss the prefetches do not hide.  In the kernel
-    harness, float32 at 1000^2, the storing forward took 0.27-0.30 ns a point and step against
-    0.31-0.35, the adjoint 0.35-0.40 against 0.39-0.43 (benchmarks/RESULTS.md, "PDE: the
-    gradient's store on huge pages").  A no-op for buffers under 32 MB, off Linux, or if the
-    kernel refuses."""
-    size = t.numel() * t.element_size()
-    if t.device.type != "cpu" or not sys.platform.startswith("linux") or size < _OWN_MAPPING:
-        return
-    start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
-    end = (t.data_ptr() + size) // _HUGE_PAGE * _HUGE_PAGE
-    if end > start:
-        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE)
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-class Workspace:
-    """Buffers handed back after each forward or backward (``c2dt2`` on the stepped block, the
-    time loop's fields, the segments' starts, the gradient's store, the adjoint's fields), so an
-    inversion allocates and page-faults them once instead of every iteration: at 2000^2 on 2
-    ranks, new zeroed adjoint fields cost 3 % of an evaluation, and new segment starts 30,000
-    faults of 2 us at 1000^2 with 8 segments (benchmarks/RESULTS.md, "PDE: the time loop's
-    fields from the workspace").
-    A buffer whose graph dies unused is simply freed."""
-
-    def __init__(self) -> None:
-        self._free: dict[str, list[Tensor]] = {}
-
-    def take(self, kind: str, like: Tensor, shape: tuple[int, ...],
-             huge_pages: bool = False) -> Tensor:
-        """A buffer of ``kind`` (uninitialised) of ``shape``, with ``like``'s dtype and device;
-        a new one on huge pages if asked (:func:`advise_huge_pages`)."""
-        free = self._free.setdefault(kind, [])
-        for i, t in enumerate(free):
-            if t.shape == shape and t.dtype == like.dtype and t.device == like.device:
-                return free.pop(i)
-        free.clear()  # another problem size: drop this kind's old buffers
-        buffer = like.new_empty(shape)
-        if huge_pages:
-            advise_huge_pages(buffer)
-        return buffer
-
-    def give(self, kind: str, t: Tensor) -> None:
-        self._free.setdefault(kind, []).append(t)
-
-
-@dataclass
-class Loop:
-    """Everything the time loop needs besides ``c2dt2``.
-
-    With ``every = K > 1`` on several ranks, neighbours exchange every K steps instead of every
-    step: fields carry ``RING * K`` ghost cells on sides with a neighbour, and each rank steps
-    its block extended by ``RING * (K - 1)`` cells there (``c2dt2``, the sponge and the sources
-    cover the extension, and in the adjoint the receivers).  Each step spoils ``RING`` more
-    cells from the outside in, so the owned block is exact after K steps, when the next
-    exchange refreshes the ghosts of both time levels, packed in one message per neighbour;
-    and each step makes only the cells it keeps exact (:meth:`windows`).  The redundant steps
-    repeat the neighbour's arithmetic, so results are bit for bit those of exchanging every
-    step.
-    """
-
-    segments: list[tuple[int, int]]
-    dy: float
-    dx: float
-    dt2: float
-    sponge: Tensor | None  # over the extended block
-    spans: Tensor | None  # sponge_spans(sponge)
-    geom: LocalGeometry  # indices into the ringed extended block: sources in it, receivers owned
-    src_gain: Tensor | None
-    decomp: object
-    comm: object
-    timer: CommTimer | None
-    workspace: Workspace
-    threads: int = 1  # the kernels split each step's rows over this many threads
-    every: int = 1  # steps between halo exchanges
-    ring: tuple[int, int, int, int] = (RING,) * 4  # ghost cells north, south, west, east of the owned block
-    plans: dict = field(default_factory=dict)  # exchanges and strips planned per field shape
-    # the receivers in the stepped block, (global ids, ringed rows, ringed columns), where it
-    # extends into neighbours' blocks (None: the owned receivers of geom)
-    adjoint_receivers: tuple[Tensor, Tensor, Tensor] | None = None
-
-    @property
-    def nt(self) -> int:
-        return self.segments[-1][1]
-
-    @property
-    def extension(self) -> int:
-        """Cells the stepped block reaches beyond the owned one, on sides with a neighbour."""
-        return RING * (self.every - 1)
-
-    def exchanges_after(self, k: int) -> bool:
-        """Whether the neighbours exchange ghosts after step ``k`` (same answer on every rank)."""
-        return self.comm.size > 1 and (k + 1) % self.every == 0
-
-    def exchange(self, u_next: Tensor, u: Tensor) -> None:
-        """Refresh the ghosts the next K steps read: all of u_next's and the extension of u (read
-        as u_prev, pointwise)."""
-        t0 = time.perf_counter()
-        self._plan(u)([u_next, u])
-        self._clock(t0)
-
-    def owned_block(self, shape: tuple[int, int]) -> tuple[int, int, int, int] | None:
-        """The owned block's rows ``[r0, r1)`` and columns ``[c0, c1)`` in the stepped block of
-        ``shape`` (None: the whole of it, without an extension)."""
-        if not self.extension:
-            return None
-        rn, rs, rw, re = (r - RING for r in self.ring)
-        return rn, shape[0] - rs, rw, shape[1] - re
-
-    def windows(self, positions: tuple[int, ...], shape: tuple[int, int]) -> ctypes.Array | None:
-        """For steps ``positions[j]`` steps after the last exchange, the block rows and columns
-        of the stepped block (``shape``) each makes, ``r0, r1, c0, c1`` per step (None: the
-        whole block, without an extension).  Step m after an exchange needs exact values only
-        ``RING * (K - 1 - m)`` cells beyond the owned block, as each step spoils ``RING`` more
-        from the outside in; so it makes no more, and the redundant band costs half of what
-        stepping the whole extension did (benchmarks/RESULTS.md, "PDE over MPI: each step makes
-        only the cells it keeps exact").  Planned once per pass shape (kept in ``plans``)."""
-        if not self.extension:
-            return None
-        key = ("windows", positions, shape)
-        if key not in self.plans:
-            ny, nx = shape
-            sides = [r > RING for r in self.ring]  # north, south, west, east extended
-            spans = []
-            for m in positions:
-                n_, s_, w_, e_ = (RING * m if extended else 0 for extended in sides)
-                spans += [n_, ny - s_, w_, nx - e_]
-            self.plans[key] = (ctypes.c_int64 * len(spans))(*spans)
-        return self.plans[key]
-
-    def owned_gradient(self, grad_sum: Tensor, speed: Tensor) -> Tensor:
-        """The gradient of the owned block's wave speed ``c`` from the adjoint's
-        ``sum mu * lap4(u)``, which it sums on the owned block only (``grad_sum`` covers the
-        stepped block), in place: that sum divided by ``c``.  With
-        ``c2dt2 = c^2 dt^2`` the gradient of ``c2dt2`` is ``sum / c2dt2`` (acoustic.c), so c's
-        is ``2 c dt^2 sum / c2dt2 = 2 sum / c``, and the adjoint's sources carry the 2
-        (_adjoint_sources): one pass over the block, where autograd through ``c2dt2`` took five,
-        1.5-3 % of a float32 gradient at 1000^2 (benchmarks/RESULTS.md, "PDE: the gradient of the
-        wave speed in one pass").  The owned block has the whole gradient, because the
-        adjoint's redundant steps repeat the neighbours' (the extension's terms are the
-        neighbours' to sum), so nothing goes back to them.  Sending the extension's gradient
-        home, as the exchange's own adjoint would, added zeros for 2.5-5 % of a 2-rank gradient
-        at 2000^2 (benchmarks/RESULTS.md, "PDE over MPI: the gradient stays on the owned block").
-        In place, because at 2000^2 a new array and a copy cost 3 % of a gradient."""
-        rn, rs, rw, re = (r - RING for r in self.ring)
-        ny, nx = grad_sum.shape
-        return grad_sum[rn : ny - rs, rw : nx - re].div_(speed)
-
-    def _plan(self, like: Tensor) -> GhostExchange:
-        """The exchange of (u_next, u) for fields like ``like``, planned once."""
-        key = (tuple(like.shape), like.dtype)
-        if key not in self.plans:
-            self.plans[key] = GhostExchange(tuple(like.shape), like.dtype, self.decomp, self.comm,
-                                            self.ring, (RING * self.every, self.extension))
-        return self.plans[key]
-
-    def _clock(self, t0: float) -> None:
-        if self.timer is not None:
-            self.timer.add(time.perf_counter() - t0)
+from odecli.pde.acoustic.kernels import (STEPS_PER_PASS, Kernels, RowPoints, lap_row_stride,
+                                         new_lap_store)
+from odecli.pde.acoustic.loop import Loop
+from odecli.pde.acoustic.reference import RING
+from odecli.pde.acoustic.workspace import Workspace
 
 
 def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int,
@@ -219,8 +40,7 @@ def propagate(loop: Loop, speed: Tensor, stepped: Tensor, nshots: int,
     block (the gradient is its) and ``stepped``, ``c2dt2 = speed^2 dt^2`` on the stepped block
     (contiguous, no gradient); with ``keep_field`` also the final field of the stepped block,
     ring included (no gradient), else None.  Without it both field buffers go back to the
-    workspace: new ones page-faulted 8000 pages a call at 2000^2 (benchmarks/RESULTS.md, "PDE:
-    the time loop's fields from the workspace").  ``stepped`` is the propagation's from here
+    workspace: new ones page-faulted 8000 pages a call at 2000^2.  ``stepped`` is the propagation's from here
     on: it goes back to the workspace as "speed" once the forward, or the backward that reads
     it, is done."""
     traces, field = _Propagation.apply(speed, stepped, loop, nshots, keep_field)

@@ -1,19 +1,10 @@
-"""One leapfrog step of the acoustic equation: the PyTorch reference and the fused C kernels.
+"""The fused C kernels of the acoustic step (``acoustic.c`` beside this file), bound to one problem.
 
-Fields are kept with their ghost ring: ``(B, ny + 4, nx + 4)``, the block at ``[2:-2, 2:-2]``.
-One step maps ``(u_prev, u)`` to
-
-    u_next = G * ((2u - G*u_prev) + c2dt2 * lap4(u))     (zeros on the ring),
-
-``G`` the sponge (taken as 1 when ``None``).  Applying ``G`` to ``u_prev`` here, rather than
-storing a damped copy of ``u`` each step, is what Cerjan damping of both time levels amounts to,
-with one array less to write.
-
-:func:`reference_step` is the readable PyTorch version (any device; autograd differentiates it).
-:func:`step_forward` calls the fused C kernel (:mod:`odecli.pde.native`): one pass over the
-grid, instead of about twenty full-size temporaries, and no padding copy; it reproduces the
+The step is :func:`~odecli.pde.acoustic.reference.reference_step`'s, on fields kept with their
+ghost ring ``(B, ny + 4, nx + 4)``.  :func:`step_forward` calls the fused C kernel: one pass over
+the grid, instead of about twenty full-size temporaries, and no padding copy; it reproduces the
 reference bit for bit.  :class:`Kernels` binds the kernels to one problem's fixed arrays; it is
-what the CPU time loop (:mod:`odecli.pde.acoustic_native`) calls.  Its passes
+what the CPU time loop (:mod:`odecli.pde.acoustic.fused`) calls.  Its passes
 (:meth:`Kernels.forward_run`) make several steps in one sweep over the grid, each step a few
 rows behind the one before, so a step reads its inputs from cache; several threads share a
 pass's steps out.  Results are bit for bit those of single steps.
@@ -32,14 +23,12 @@ import ctypes
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from odecli.pde import native
+from odecli.pde.acoustic.reference import RING
 from odecli.threads import available_cpus, kernel_pool
-from odecli.pde.stencils import laplacian4
 
-RING = 2
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _LINE_BYTES = 64  # a cache line
 
@@ -67,24 +56,6 @@ def new_lap_store(c2dt2: Tensor, steps: int, shots: int, base: Tensor | None = N
         raise ValueError(f"new_lap_store: expected a contiguous {c2dt2.dtype} base of shape {shape}, "
                          f"got {base.dtype} {tuple(base.shape)}")
     return base[..., :nx]
-
-
-def interior(u: Tensor) -> Tensor:
-    """The block of a ringed field (a view)."""
-    return u[..., RING:-RING, RING:-RING]
-
-
-def reference_step(u: Tensor, u_prev: Tensor, c2dt2: Tensor, sponge: Tensor | None,
-                   dy: float, dx: float) -> Tensor:
-    """The step in plain PyTorch (any device); autograd differentiates it."""
-    c, p = interior(u), interior(u_prev)
-    if sponge is not None:
-        p = p * sponge
-    lap = laplacian4(u, dy, dx)
-    u_next = (c + c).sub_(p).add_(lap.mul_(c2dt2))
-    if sponge is not None:
-        u_next = u_next * sponge
-    return F.pad(u_next, (RING,) * 4)
 
 
 def native_available(t: Tensor) -> tuple[bool, str]:
@@ -232,7 +203,7 @@ class Kernels:
         source order) and the receivers are read into ``traces + j * receivers.stride``; with
         ``laps`` (``(n, B, ny, nx)``), step j writes ``lap4`` of its ``u`` into ``laps[j]``.
         With ``windows`` (``4 n`` int64: block rows ``[r0, r1)`` and columns ``[c0, c1)`` per
-        step, :meth:`~odecli.pde.acoustic_native.Loop.windows`), step j makes only its window;
+        step, :meth:`~odecli.pde.acoustic.loop.Loop.windows`), step j makes only its window;
         the other cells keep what they held.  ``laps`` holds the block ``gradient_block``.  Bit
         for bit the same as :meth:`forward` then :meth:`points` per step, in the windows.
         Several threads share the steps out (:meth:`_pipelined`)."""
@@ -352,9 +323,9 @@ def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
 
 
 # Steps per Kernels.forward_run and Kernels.adjoint_pass pass (one thread).  Measured for the
-# forward on the 2-core EPYC VM (benchmarks/RESULTS.md, "Then: forward passes of 8 steps"): 8
-# beat 1, 2 and 4 from 256^2 (in cache) to 2000^2, because each step reads u and u_prev from
-# cache instead of memory; the adjoint pass is the same loop.
+# forward on the 2-core EPYC VM: 8 beat 1, 2 and 4 from 256^2 (in cache) to 2000^2, because
+# each step reads u and u_prev from cache instead of memory (float64 at 1000^2, 100 steps on one
+# thread: 145-173 ms against 293-350 in single steps); the adjoint pass is the same loop.
 STEPS_PER_PASS = 8
 
 

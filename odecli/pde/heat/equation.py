@@ -1,0 +1,44 @@
+"""The heat equation as the registry sees it (:data:`odecli.pde.propagator.EQUATIONS`): its
+coefficient (the conductivity ``kappa``), the explicit-Euler stability limit and how messages
+state it, and the builder.  Torch-free: ``odecli validate`` reads it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from odecli.pde.heat.propagator import HeatPropagator
+    from odecli.pde.propagator import Setup
+
+QUANTITY = "conductivity"
+LEAST = ">= 0"
+
+
+def violates_sign(low: float) -> bool:
+    """A negative conductivity anywhere (it makes the equation ill-posed)."""
+    return low < 0
+
+
+def stability_limit(dt: float, dy: float, dx: float) -> float:
+    """Largest stable conductivity for explicit Euler with the 5-point conservative operator."""
+    return 1.0 / (2.0 * dt * (1.0 / dx**2 + 1.0 / dy**2))
+
+
+def limit_text(most: float, dt: float) -> str:
+    """The limit as a user can check it by hand: the scheme's bound and the conductivity's."""
+    return (f"stability limit kappa*dt*(1/dx^2+1/dy^2) <= 0.5 (explicit Euler), "
+            f"i.e. kappa <= {most:.6g} at dt={dt:g}")
+
+
+def build(setup: Setup) -> HeatPropagator:
+    """The heat propagator for one rank (imports torch); its segments are ``round(sqrt(nt))``
+    when ``auto``."""
+    from odecli.pde.heat.propagator import HeatPropagator
+    from odecli.pde.segments import default_segment_count
+
+    segments = setup.time_segments
+    if segments == "auto":
+        segments = default_segment_count(setup.nt)
+    return HeatPropagator(setup.grid, setup.block, setup.decomp, setup.comm, setup.dt, setup.nt,
+                          setup.local, setup.boundary, setup.initial_condition, segments,
+                          setup.timer, setup.dtype, setup.device)
