@@ -73,7 +73,7 @@ class ArraySolution:
         )
 
     @classmethod
-    def from_solution(cls, solution: Solution) -> "ArraySolution":
+    def from_solution(cls, solution: Solution) -> ArraySolution:
         """A tensor :class:`Solution` (any device) as numpy arrays."""
         def numpy(tensor: Tensor) -> np.ndarray:
             return tensor.detach().cpu().numpy()

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from odecli.ode.attempt import (
-    RHS, SUCCESS, LoopState, Limits, Outcome, Span, Trial, explicit_attempt, explicit_chunk, graph_safe_step,
+    RHS, SUCCESS, Limits, LoopState, Outcome, Span, Trial, explicit_attempt, explicit_chunk, graph_safe_step,
     next_attempt_crosses, outcome, step_size,
 )
 from odecli.ode.compiled import COMPILE_MODES, FusedStep, fused_step
