@@ -1,7 +1,7 @@
 """odecli: batched, per-sample-independent ODE solving and MPI-parallel PDE inverse problems.
 
 ``odecli.solve`` (the batched solver), ``odecli.odeint`` (the same with a choice of gradient
-method) and ``odecli.Solution`` are imported on first use, so commands that only read files
+method), ``odecli.SolverOptions`` (how either steps) and ``odecli.Solution`` are imported on first use, so commands that only read files
 (stats, plot, export) do not pay for importing torch.
 """
 
@@ -14,7 +14,8 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 _LAZY = {
     "solve": ("odecli.ode.solver", "solve"),
-    "Solution": ("odecli.ode.solver", "Solution"),
+    "Solution": ("odecli.ode.solution", "Solution"),
+    "SolverOptions": ("odecli.ode.options", "SolverOptions"),
     "odeint": ("odecli.ode.adjoint", "odeint"),
 }
 

@@ -27,8 +27,8 @@ SYMBOLS = {"t": "t", **{name: f"y[{i}]" for i, name in enumerate(STATES)},
 ROWS = 64
 NAN = "(1e999 - 1e999)"  # the spec language has no NaN literal; inf - inf is one
 
-# The solver's own odecli_sq / odecli_fmin / odecli_fmax, taken from its header template.
-_HELPERS = [line.replace("{{", "{").replace("}}", "}") for line in codegen._HEADER.splitlines()
+# The solver's own odecli_sq / odecli_fmin / odecli_fmax, taken from its C template.
+_HELPERS = [line for line in codegen.SOLVER_TEMPLATE.read_text().splitlines()
             if line.startswith("static inline double odecli_")]
 _WRAPPER = """
 void vjp_rows(long n, long ns, long np, const double *t, const double *y, const double *p,
@@ -66,7 +66,7 @@ CASES = {
 
 @functools.lru_cache(maxsize=None)
 def _library(equations: tuple[str, ...]):
-    assert len(_HELPERS) == 3, "odecli_sq, odecli_fmin, odecli_fmax not found in codegen._HEADER"
+    assert len(_HELPERS) == 3, "odecli_sq, odecli_fmin, odecli_fmax not found in codegen.SOLVER_TEMPLATE"
     source = "#include <math.h>\n" + "\n".join(_HELPERS) + "\n\n" + rhs_vjp_source(equations) + _WRAPPER
     lib, why = load_source("test-vjp", source.encode())
     if lib is None:

@@ -11,8 +11,9 @@ import warnings
 import pytest
 import torch
 
+from odecli.ode import attempt as attempt_module
 from odecli.ode import compiled as compiled_module
-from odecli.ode import solver as solver_module
+from odecli.ode.attempt import Limits, LoopState, Span
 from odecli.ode.controllers import make_controller
 from odecli.ode.methods import DOPRI5
 from odecli.ode.solver import solve
@@ -35,19 +36,19 @@ def _vdp_problem(batch: int = 6, dtype: torch.dtype = torch.float64) -> tuple:
     return y0, 6.0, torch.linspace(0, 6, 7, dtype=dtype), {"mu": mu}
 
 
-def _loop_state(batch: int) -> dict[str, torch.Tensor]:
+def _loop_state(batch: int) -> LoopState:
     dtype = torch.float64
     mu = torch.linspace(0.5, 25.0, batch, dtype=dtype)
     y = torch.tensor([[2.0, 0.0]], dtype=dtype).expand(batch, 2).clone()
     t = torch.zeros(batch, dtype=dtype)
     zeros_i = torch.zeros(batch, dtype=torch.int64)
-    return {
-        "t": t, "y": y, "f0": vdp(t, y, {"mu": mu}), "h": torch.full((batch,), 1e-2, dtype=dtype),
-        "active": torch.ones(batch, dtype=torch.bool), "status": zeros_i, "n_steps": zeros_i,
-        "n_accepted": zeros_i, "n_rejected": zeros_i, "n_f_evals": zeros_i + 1,
-        "err_prev": torch.ones(batch, dtype=dtype), "err_prev2": torch.ones(batch, dtype=dtype),
-        "rejected_last": torch.zeros(batch, dtype=torch.bool),
-    }
+    return LoopState(
+        t=t, y=y, f0=vdp(t, y, {"mu": mu}), h=torch.full((batch,), 1e-2, dtype=dtype),
+        active=torch.ones(batch, dtype=torch.bool), status=zeros_i, n_steps=zeros_i,
+        n_accepted=zeros_i, n_rejected=zeros_i, n_f_evals=zeros_i + 1,
+        err_prev=torch.ones(batch, dtype=dtype), err_prev2=torch.ones(batch, dtype=dtype),
+        rejected_last=torch.zeros(batch, dtype=torch.bool),
+    )
 
 
 def _fused_arguments(batch: int = 4) -> tuple:
@@ -55,22 +56,21 @@ def _fused_arguments(batch: int = 4) -> tuple:
     dtype = torch.float64
     mu = torch.linspace(0.5, 25.0, batch, dtype=dtype)
     grid = torch.linspace(0, 10, 11, dtype=dtype).expand(batch, 11).contiguous()
-    return (
-        DOPRI5, make_controller("pid"), vdp, {}, {"mu": mu}, _loop_state(batch), torch.ones(batch, dtype=torch.int64),
-        torch.full((batch,), 10.0, dtype=dtype), torch.ones(batch, dtype=dtype), grid,
-        torch.full((batch,), 10, dtype=torch.int64), torch.tensor([1e-6], dtype=dtype), torch.tensor([1e-6], dtype=dtype),
-        torch.tensor([0.0], dtype=dtype), torch.tensor([float("inf")], dtype=dtype), 1000,
-    )
+    limits = Limits(make_controller("pid"), torch.tensor([1e-6], dtype=dtype), torch.tensor([1e-6], dtype=dtype),
+                    torch.tensor([0.0], dtype=dtype), torch.tensor([float("inf")], dtype=dtype), 1000)
+    span = Span(torch.full((batch,), 10.0, dtype=dtype), torch.ones(batch, dtype=dtype), grid,
+                torch.full((batch,), 10, dtype=torch.int64))
+    return (DOPRI5, limits, vdp, {}, {"mu": mu}, _loop_state(batch), torch.ones(batch, dtype=torch.int64), span)
 
 
 def test_the_fused_step_has_no_graph_breaks():
-    explanation = torch._dynamo.explain(solver_module._explicit_attempt)(*_fused_arguments())
+    explanation = torch._dynamo.explain(attempt_module.explicit_attempt)(*_fused_arguments())
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 
 
 def test_the_fused_chunk_has_no_graph_breaks():
-    explanation = torch._dynamo.explain(solver_module._explicit_chunk)(3, *_fused_arguments())
+    explanation = torch._dynamo.explain(attempt_module.explicit_chunk)(3, *_fused_arguments())
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
 
@@ -116,7 +116,7 @@ def test_compile_true_steps_eagerly_until_the_eager_time_would_pay_for_compiling
         assert below.extra["attempts_compiled"] == 0 < below.extra["attempts"]
         assert torch.equal(below.y, eager.y) and torch.equal(below.stats["n_steps"], eager.stats["n_steps"])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
-    step = compiled_module.fused_step(rhs, solver_module._explicit_chunk)
+    step = compiled_module.fused_step(rhs, attempt_module.explicit_chunk)
     assert step.eager_seconds > 0  # both solves' eager chunks count towards the threshold
     monkeypatch.setattr(compiled_module, "COMPILE_AFTER_EAGER_S", step.eager_seconds)
     paid = solve(rhs, y0, 0.0, 3.0, compile=True)
@@ -132,7 +132,7 @@ def test_a_solve_that_switches_to_the_compiled_step_midway_takes_the_eager_steps
     y0, t_end, grid, params = _vdp_problem()
     kwargs = dict(params=params, rtol=1e-5, atol=1e-5)
     solve(vdp, y0, 0.0, t_end, grid, compile="wait", **kwargs)  # the compiled-equals-eager test's graphs
-    step = compiled_module.fused_step(vdp, solver_module._explicit_chunk)
+    step = compiled_module.fused_step(vdp, attempt_module.explicit_chunk)
     assert step.ready
     monkeypatch.setattr(step, "state", "idle")
     eager_calls = []

@@ -19,7 +19,9 @@ import numpy as np
 
 from odecli.errors import InputError, SpecError
 from odecli.ode.controllers import make_controller
-from odecli.ode.native import ArraySolution, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
+from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
+from odecli.ode.options import SolverOptions
+from odecli.ode.solution import ArraySolution
 from odecli.ode.status import Progress
 from odecli.specs import OdeSpec, build_c_equations
 from odecli.specs.ode import method_table
@@ -27,7 +29,7 @@ from odecli.specs.ode import method_table
 if TYPE_CHECKING:
     import torch
 
-    from odecli.ode.solver import Solution
+    from odecli.ode.solution import Solution
 
 # Device files of the GPUs torch can use as "cuda" (NVIDIA, AMD ROCm, WSL). Where none exists,
 # ``device: auto`` means the CPU, and finding that out needs no ``import torch``.
@@ -154,15 +156,15 @@ def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Soluti
         s.controller, pcoeff=s.pcoeff, icoeff=s.icoeff, dcoeff=s.dcoeff, safety=s.safety,
         factor_min=s.factor_min, factor_max=s.factor_max, dt_min=s.dt_min, dt_max=s.dt_max,
     )
-    common = dict(method=s.method, rtol=s.rtol, atol=s.atol, controller=controller, dt0=s.dt0,
-                  max_steps=s.max_steps, progress=progress)
+    options = SolverOptions(method=s.method, rtol=s.rtol, atol=s.atol, controller=controller, dt0=s.dt0,
+                            max_steps=s.max_steps)
     solution: Solution | ArraySolution | None = None
     if s.engine != "torch":
-        solution, why = _solve_native(spec, device, common)
+        solution, why = _solve_native(spec, device, options, progress)
         if why and s.engine == "native":
             raise InputError(f"{spec.file}: solver.engine: native cannot run this spec: {why}")
     if solution is None:
-        solution = _solve_torch(spec, device, common)
+        solution = _solve_torch(spec, device, options, progress)
     solution.extra["device"] = device
     return solution
 
@@ -176,7 +178,8 @@ def native_unsupported(spec: OdeSpec, device: str) -> str:
     return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
 
 
-def _solve_native(spec: OdeSpec, device: str, common: dict) -> tuple[ArraySolution | None, str]:
+def _solve_native(spec: OdeSpec, device: str, options: SolverOptions,
+                  progress: Callable[[Progress], None] | None) -> tuple[ArraySolution | None, str]:
     """The C solver's result, or ``(None, why it cannot run this spec)``."""
     why = native_unsupported(spec, device)
     if why:
@@ -186,14 +189,16 @@ def _solve_native(spec: OdeSpec, device: str, common: dict) -> tuple[ArraySoluti
         solution = solve_native_arrays(
             NativeRhs(*equations), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
             np.array(spec.t_end), np.array(spec.t_eval, dtype=np.float64),
-            params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()}, **common,
+            params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()},
+            options=options, progress=progress,
         )
     except NativeUnavailable as exc:
         return None, str(exc)
     return solution, ""
 
 
-def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
+def _solve_torch(spec: OdeSpec, device: str, options: SolverOptions,
+                 progress: Callable[[Progress], None] | None) -> Solution:
     import torch
 
     from odecli.ode.solver import solve
@@ -208,7 +213,7 @@ def _solve_torch(spec: OdeSpec, device: str, common: dict) -> Solution:
     t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=where)
     with python_errors(spec):
         solution = solve(build_rhs(spec, where), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
-                         compile=s.compile, **common)
+                         options=options, compile=s.compile, progress=progress)
     # compile: true may switch to the compiled step part way through this solve, or not in it at all.
     solution.extra["engine"] = "torch-compiled" if solution.extra.get("attempts_compiled") else "torch"
     return solution

@@ -49,9 +49,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
+from odecli.ode.options import SolverOptions, split_options
 from odecli.ode.solver import STAT_NAMES, Attempt, Solution, _as_batch_vector, _eval_grid, _split_params, solve
 from odecli.ode.stages import weighted_sum
-from odecli.ode.stepper import ExplicitStepper, Stepper, get_stepper
+from odecli.ode.stepper import ExplicitStepper, Stepper
 
 ADJOINT_MODES = ("direct", "backsolve", "checkpoint")
 DRIFT_WARNING = 1e-2
@@ -84,6 +85,8 @@ def odeint(
     """
     if adjoint not in ADJOINT_MODES:
         raise ValueError(f"adjoint must be one of {', '.join(ADJOINT_MODES)}, got {adjoint!r}")
+    options, loop_kwargs = split_options(solve_kwargs)
+    solve_kwargs = {"options": options, **loop_kwargs}
     if adjoint == "direct":
         solution = solve(f, y0, t_start, t_end, t_eval, params=params, **solve_kwargs)
         solution.extra["adjoint"] = "direct"
@@ -122,8 +125,8 @@ def _find_module(f: Callable) -> nn.Module | None:
 
 
 def _stepper(solve_kwargs: Mapping[str, Any]) -> Stepper:
-    method = solve_kwargs.get("method", "dopri5")
-    return get_stepper(method) if isinstance(method, str) else method
+    options: SolverOptions = solve_kwargs["options"]
+    return options.stepper()
 
 
 def _check_explicit(solve_kwargs: Mapping[str, Any]) -> None:
@@ -223,14 +226,16 @@ def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_
     t_cur = t_final.clone()
     kwargs = dict(cfg.solve_kwargs)
     kwargs.pop("compact", None)
+    options: SolverOptions = kwargs["options"]
     if cfg.adjoint_rtol is not None:
-        kwargs["rtol"] = cfg.adjoint_rtol
+        options = options.replace(rtol=cfg.adjoint_rtol)
     if cfg.adjoint_atol is not None:
-        kwargs["atol"] = cfg.adjoint_atol
+        options = options.replace(atol=cfg.adjoint_atol)
+    kwargs["options"] = options
     # Each interval starts with the step the controller proposed at the end of the previous one
     # (the forward solve's last one for the first): no initial-step search per restart.
     stepper = _stepper(kwargs)
-    carry_step = kwargs.get("dt0") is None and stepper.adaptive
+    carry_step = options.dt0 is None and stepper.adaptive
     if quadrature.active and not kwargs.get("compile"):  # graphs recorded inside torch.compile: no
         rhs.record_into(quadrature, stepper.method.n_stages)
     h_carry = dt_final.clone()
@@ -242,7 +247,7 @@ def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_
         target = cfg.t0 if j < 0 else torch.where(reached[:, j], grid[:, j], t_cur)
         if bool((target != t_cur).any()):
             if carry_step:
-                kwargs["dt0"] = torch.where(h_carry > 0, h_carry, (target - t_cur).abs())
+                kwargs["options"] = options.replace(dt0=torch.where(h_carry > 0, h_carry, (target - t_cur).abs()))
             s = solve(rhs, torch.cat([y, a], dim=1), t_cur, target, None, params={**ps, **cfg.ps_fixed},
                       on_attempt=quadrature if quadrature.active else None, **kwargs)
             n_solves += 1
@@ -253,7 +258,7 @@ def _adjoint_backward(cfg, ys, y_final, t_final, dt_final, tensors, needs, grad_
             y, a = s.y_final[:, :n], s.y_final[:, n:]
         if j >= 0:
             col = reached[:, j, None]
-            gap = (y - ys[:, j]).abs().amax(-1) / (ys[:, j].abs().amax(-1) + kwargs.get("atol", 1e-6))
+            gap = (y - ys[:, j]).abs().amax(-1) / (ys[:, j].abs().amax(-1) + options.atol)
             drift = torch.where(col[:, 0] & torch.isfinite(y).all(-1), torch.maximum(drift, gap), drift)
             y = torch.where(col, ys[:, j], y)
             a = a + grad_ys[:, j]
@@ -487,8 +492,7 @@ def _checkpointed(f, y0, t_start, t_end, t_eval, params, solve_kwargs) -> Soluti
             good = (status == 0)[:, None]
             columns.append(torch.where(good, y, torch.full_like(y, math.nan)))
     in_forward[0] = False
-    m = solve_kwargs.get("method", "dopri5")
-    method = m if isinstance(m, str) else m.name
+    method = solve_kwargs["options"].method_name
     return Solution(
         t=grid, y=torch.stack(columns, dim=1), status=status, stats=totals, t_final=t_cur, y_final=y,
         wall_time_s=time.perf_counter() - started, method=method,

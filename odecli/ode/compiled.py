@@ -14,7 +14,7 @@ is the same code.
 (Compiling on a background thread while the solve steps eagerly was tried: every eager torch op
 gives up the GIL and must win it back from the tracing thread, so the solve ran 2-7x slower
 during the build. A loop of solves came out even with eager, but a single 7.7 s solve took
-17.9 s and ended before its build did; see benchmarks/RESULTS.md.)
+17.9 s and ended before its build did, on the 2-core CPU above.)
 """
 
 from __future__ import annotations

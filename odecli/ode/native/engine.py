@@ -1,17 +1,16 @@
-"""Solve a batch with a generated C solver: each sample on its own steps, samples spread over threads.
+"""The generated C solver's machinery: lay a batch out as arrays, build the library, run it over threads.
 
-For right-hand sides written as expressions (every ``equations:`` spec, :class:`NativeRhs`) and
-for MLPs with shared weights (:class:`~odecli.ode.native.mlp.NativeMLP`, a neural ODE) there is
-no Python or PyTorch work per step at all: the method, the controller and the right-hand side
-are compiled into one C function (:mod:`odecli.ode.native.codegen`) that runs samples from start
-to end, a few at a time in vector lanes. Samples are independent, so blocks of them run on a thread pool
+For right-hand sides written as expressions (every ``equations:`` spec,
+:class:`~odecli.ode.native.rhs.NativeRhs`) and for MLPs with shared weights
+(:class:`~odecli.ode.native.mlp.NativeMLP`, a neural ODE) there is no Python or PyTorch work per
+step at all: the method, the controller and the right-hand side are compiled into one C
+function (:mod:`odecli.ode.native.codegen`) that runs samples from start to end, a few at a time
+in vector lanes. Samples are independent, so blocks of them run on the kernel thread pool
 (ctypes releases the GIL), and a block boundary is where progress is reported.
 
-The solver reads and writes numpy arrays and this module imports torch only for the tensor
-API, so that ``odecli solve`` of an equations spec does not pay the seconds ``import torch``
-takes: :func:`solve_native_arrays` is that path. :func:`solve_native` is the same solve with tensors
-in and a :class:`~odecli.ode.solver.Solution` out, equal to the batched PyTorch loop's to
-round-off, with the same per-sample steps (see codegen).
+Everything here works on numpy arrays and never imports torch. The entry points are
+:mod:`odecli.ode.native.solve` (plain solves) and :mod:`odecli.ode.native.gradient` (solves that
+record a gradient); both import this module, which imports neither.
 """
 
 from __future__ import annotations
@@ -21,125 +20,29 @@ import dataclasses
 import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from odecli import native
 from odecli.threads import default_threads, kernel_pool
-from odecli.ode.controllers import PIDController, make_controller
 from odecli.ode.methods import METHODS, ExplicitRK
-from odecli.ode.native.codegen import (CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, SOLVER_FLAGS, equations_c,
-                                       generate)
-from odecli.ode.native.vjp import equations_pullback_c
-from odecli.ode.status import STAT_NAMES, Progress, Status
+from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS, LANES, SOLVER_FLAGS, generate
+from odecli.ode.native.rhs import NativeRhs, NativeUnavailable
+from odecli.ode.options import SolverOptions
+from odecli.ode.solution import ArraySolution
+from odecli.ode.status import STAT_NAMES, Progress
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from odecli.ode.native.mlp import NativeMLP
-    from odecli.ode.solver import Solution
+
+__all__ = ["ArraySolution", "Job", "NativeRhs", "NativeUnavailable", "as_float64", "block_ranges", "prepare_job",
+           "run_blocks", "solve_job", "solver_flags", "unsupported_reason", "use_pow_lanes"]
 
 BLOCKS_PER_THREAD = 8  # enough blocks that threads stay busy when samples differ in cost
 MAX_BLOCK = 4096
 HOLD_GIL_BELOW = 8  # samples: so few finish in milliseconds, faster than handing Python's lock back
-
-
-class NativeUnavailable(RuntimeError):
-    """The generated solver cannot run here (no compiler, turned off, unsupported input)."""
-
-
-@dataclass(frozen=True)
-class NativeRhs:
-    """``dy/dt`` as one C expression per state over ``t``, ``y[i]`` and ``p[j]``.
-
-    ``params`` names the columns of ``p`` in order; the values come from the solve's
-    ``params`` mapping (per-sample (B,) arrays or tensors, or scalars).
-    """
-
-    equations: tuple[str, ...]
-    params: tuple[str, ...] = ()
-
-    c_flags = ()
-    """Compiler flags this right-hand side's C needs beyond :data:`odecli.native.FLAGS`."""
-
-    @property
-    def n_states(self) -> int:
-        return len(self.equations)
-
-    def c_source(self) -> str:
-        """``rhs`` and ``rhs_lanes`` in C (:func:`~odecli.ode.native.codegen.equations_c`)."""
-        return equations_c(self.equations)
-
-    def shared_weights(self) -> np.ndarray:
-        """Values every sample reads (none for expressions; one element keeps a valid pointer)."""
-        return np.zeros(1)
-
-    def tensors(self) -> list:
-        """Shared tensors that take gradients: none (parameters come through ``params``)."""
-        return []
-
-    def gradient_size(self) -> int:
-        """Doubles of the shared weights' cotangent array per block of the gradient sweep (unused)."""
-        return 1
-
-    def keep_size(self) -> int:
-        """Values an evaluation keeps for its pullback: none (the vjp recomputes what it needs)."""
-        return 0
-
-    def pullback_c(self) -> str:
-        """``rhs_pullback`` for the gradient sweep; ``ValueError`` for text the vjp cannot differentiate."""
-        return equations_pullback_c(self.equations)
-
-
-@dataclass
-class ArraySolution:
-    """The fields of :class:`~odecli.ode.solver.Solution` as numpy arrays, as the C solver fills them.
-
-    Run-file writers and reports accept either; :func:`solve_native` wraps these in tensors.
-    """
-
-    t: np.ndarray  # (B, n_eval)
-    y: np.ndarray  # (B, n_eval, n_states); NaN where a failed sample never reached the time
-    status: np.ndarray  # (B,) int64, see odecli.ode.status.Status
-    stats: dict[str, np.ndarray]  # (B,) int64 counters, plus dt0 / dt_final (B,) floats
-    t_final: np.ndarray  # (B,)
-    y_final: np.ndarray  # (B, n_states)
-    wall_time_s: float = 0.0
-    method: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def success(self) -> np.ndarray:
-        return self.status == Status.SUCCESS
-
-    def to_tensors(self) -> Solution:
-        """The same result as a :class:`~odecli.ode.solver.Solution` (CPU tensors sharing the memory)."""
-        import torch
-
-        from odecli.ode.solver import Solution
-
-        return Solution(
-            **{name: torch.from_numpy(getattr(self, name)) for name in _PER_SAMPLE},
-            stats={name: torch.from_numpy(values) for name, values in self.stats.items()},
-            wall_time_s=self.wall_time_s, method=self.method, extra=dict(self.extra),
-        )
-
-    @classmethod
-    def from_solution(cls, solution: Solution) -> "ArraySolution":
-        """A tensor :class:`~odecli.ode.solver.Solution` (any device) as numpy arrays."""
-        def numpy(tensor: Tensor) -> np.ndarray:
-            return tensor.detach().cpu().numpy()
-
-        return cls(
-            **{name: numpy(getattr(solution, name)) for name in _PER_SAMPLE},
-            stats={name: numpy(values) for name, values in solution.stats.items()},
-            wall_time_s=solution.wall_time_s, method=solution.method, extra=dict(solution.extra),
-        )
-
-
-_PER_SAMPLE = ("t", "y", "status", "t_final", "y_final")
 
 
 def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu") -> str:
@@ -157,35 +60,6 @@ def unsupported_reason(method: str, dtype: str = "float64", device: str = "cpu")
     if not native.enabled():
         return "turned off by ODECLI_NATIVE=0"
     return ""
-
-
-def solve_native_arrays(
-    rhs: NativeRhs | NativeMLP,
-    y0: np.ndarray,
-    t_start: np.ndarray | float,
-    t_end: np.ndarray | float,
-    t_eval: np.ndarray | None = None,
-    *,
-    params: Mapping[str, np.ndarray | float] | None = None,
-    method: str = "dopri5",
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
-    controller: str | PIDController = "integral",
-    dt0: float | np.ndarray | None = None,
-    max_steps: int = 100_000,
-    threads: int | None = None,
-    progress: Callable[[Progress], None] | None = None,
-) -> ArraySolution:
-    """:func:`odecli.ode.solver.solve` for an expression right-hand side, as compiled C on numpy arrays.
-
-    Same arguments as ``solve`` (arrays in float64 where it takes tensors); ``threads``
-    defaults to :func:`default_threads`. Raises :class:`NativeUnavailable` when the solver
-    cannot be generated or built here; callers fall back to ``solve``.
-    """
-    started = time.perf_counter()
-    job = prepare_job(rhs, y0, t_start, t_end, t_eval, params=params, method=method, rtol=rtol, atol=atol,
-                      controller=controller, dt0=dt0, max_steps=max_steps)
-    return solve_job(rhs, method, job, threads, progress, started)
 
 
 def solve_job(rhs: NativeRhs | NativeMLP, method: str, job: "Job", threads: int | None = None,
@@ -258,19 +132,15 @@ def prepare_job(
     t_eval: np.ndarray | None,
     *,
     params: Mapping[str, np.ndarray | float] | None,
-    method: str,
-    rtol: float,
-    atol: float,
-    controller: str | PIDController,
-    dt0: float | np.ndarray | None,
-    max_steps: int,
+    options: SolverOptions,
 ) -> Job:
-    """Check the arguments of :func:`solve_native_arrays` and lay them out for the C solver."""
+    """Check the arguments of :func:`~odecli.ode.native.solve.solve_native_arrays` and lay them out for the C solver."""
+    method, rtol, atol, dt0, max_steps = options.method, options.rtol, options.atol, options.dt0, options.max_steps
     why = unsupported_reason(method)
     if why:
         raise NativeUnavailable(why)
     tableau = METHODS[method]
-    ctrl = make_controller(controller) if isinstance(controller, str) else controller
+    ctrl = options.pid()
     y0 = np.ascontiguousarray(y0, dtype=np.float64)
     if y0.ndim != 2 or y0.shape[1] != rhs.n_states:
         raise ValueError(f"y0 must have shape (batch, {rhs.n_states}), got {tuple(y0.shape)}")
@@ -328,58 +198,7 @@ def run_blocks(entry: Callable, args: list, job: Job, threads: int,
             progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
 
 
-def solve_native(
-    rhs: NativeRhs | NativeMLP,
-    y0: Tensor,
-    t_start: Tensor | float,
-    t_end: Tensor | float,
-    t_eval: Tensor | None = None,
-    *,
-    params: Mapping[str, Tensor | float] | None = None,
-    method: str = "dopri5",
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
-    controller: str | PIDController = "integral",
-    dt0: float | Tensor | None = None,
-    max_steps: int = 100_000,
-    threads: int | None = None,
-    progress: Callable[[Progress], None] | None = None,
-) -> Solution:
-    """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solver.Solution` out.
-
-    Same arguments and result as :func:`odecli.ode.solver.solve`. When autograd records and
-    ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are
-    differentiable (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in
-    generated C).
-    """
-    why = unsupported_reason(method, y0.dtype, y0.device)
-    if why:
-        raise NativeUnavailable(why)
-    if _records_gradient(rhs, y0, params):
-        from odecli.ode.native.gradient import solve_native_with_grad
-
-        return solve_native_with_grad(rhs, y0, t_start, t_end, t_eval, params=params, method=method, rtol=rtol,
-                                      atol=atol, controller=controller, dt0=dt0, max_steps=max_steps,
-                                      threads=threads, progress=progress)
-    started = time.perf_counter()
-    result = solve_native_arrays(
-        rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
-        params={name: _numpy(value) for name, value in (params or {}).items()}, method=method, rtol=rtol,
-        atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps, threads=threads, progress=progress,
-    )
-    result.wall_time_s = time.perf_counter() - started
-    return result.to_tensors()
-
-
-def _records_gradient(rhs: NativeRhs | NativeMLP, y0: Tensor, params: Mapping[str, Any] | None) -> bool:
-    import torch
-
-    tensors = [y0, *(v for v in (params or {}).values() if isinstance(v, torch.Tensor)),
-               *(tensor for _, tensor in rhs.tensors())]
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-def _numpy(value: Any) -> Any:
+def as_float64(value: Any) -> Any:
     """A tensor as a float64 numpy array (no copy for CPU float64); anything else (None, floats) unchanged."""
     if hasattr(value, "detach"):
         return value.detach().cpu().double().numpy()

@@ -21,16 +21,17 @@ import torch
 from torch import Tensor
 
 from odecli import native
-from odecli.ode.controllers import PIDController
 from odecli.ode.methods import METHODS, ExplicitRK
 from odecli.ode.native.engine import (
-    _ARGTYPES, Job, NativeRhs, NativeUnavailable, _holding_gil, _numpy, block_ranges, default_threads, prepare_job,
-    run_blocks, solve_job, solver_flags,
+    _ARGTYPES, Job, _holding_gil, as_float64, block_ranges, prepare_job, run_blocks, solve_job, solver_flags,
 )
 from odecli.ode.native.mlp import NativeMLP
 from odecli.ode.native.reverse import generate_reverse
-from odecli.ode.solver import Solution
+from odecli.ode.native.rhs import NativeRhs, NativeUnavailable
+from odecli.ode.options import SolverOptions
+from odecli.ode.solution import Solution
 from odecli.ode.status import Progress
+from odecli.threads import default_threads
 
 
 TAPE_BUDGET_BYTES = 256 * 2**20
@@ -58,29 +59,28 @@ def solve_native_with_grad(
     t_eval: Tensor | None = None,
     *,
     params: Mapping[str, Tensor | float] | None = None,
-    method: str = "dopri5",
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
-    controller: str | PIDController = "integral",
-    dt0: float | Tensor | None = None,
-    max_steps: int = 100_000,
+    options: SolverOptions | None = None,
     threads: int | None = None,
     progress: Callable[[Progress], None] | None = None,
+    **settings: Any,
 ) -> Solution:
-    """:func:`~odecli.ode.native.engine.solve_native` with ``y``/``y_final`` differentiable in
+    """:func:`~odecli.ode.native.solve.solve_native` with ``y``/``y_final`` differentiable in
     ``y0`` and the tensors in ``params`` (per-sample ones get per-sample gradients, shared ones
     the batch sum). Times and ``dt0`` get no gradient, as in the PyTorch loop.
     ``solution.extra["tapes_kept"]`` counts the samples whose tape fit :data:`TAPE_BUDGET_BYTES`
-    (the others are solved again in the backward pass)."""
+    (the others are solved again in the backward pass). ``settings`` are :class:`SolverOptions`
+    fields laid over ``options``."""
+    options = SolverOptions.of(options, settings)
+    method = options.method
     why = gradient_unsupported(rhs, method)
     if why:
         raise NativeUnavailable(why)
     started = time.perf_counter()
     lib = _load(METHODS[method], rhs)  # built now: a failure falls back before any work, not in backward()
     params = dict(params or {})
-    job = prepare_job(rhs, _numpy(y0), _numpy(t_start), _numpy(t_end), _numpy(t_eval),
-                      params={name: _numpy(value) for name, value in params.items()}, method=method, rtol=rtol,
-                      atol=atol, controller=controller, dt0=_numpy(dt0), max_steps=max_steps)
+    job = prepare_job(rhs, as_float64(y0), as_float64(t_start), as_float64(t_end), as_float64(t_eval),
+                      params={name: as_float64(value) for name, value in params.items()},
+                      options=options.replace(dt0=as_float64(options.dt0)))
     threads = threads or default_threads()
     tapes = _Tapes(lib, job.y0.shape[0])
     budget = TAPE_BUDGET_BYTES // len(block_ranges(job.y0.shape[0], threads, progress))

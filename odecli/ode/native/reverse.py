@@ -32,7 +32,7 @@ from odecli.ode.native.codegen import LANES, generate
 from odecli.ode.native.c_literal import c_double
 
 if TYPE_CHECKING:
-    from odecli.ode.native.engine import NativeRhs
+    from odecli.ode.native.rhs import NativeRhs
     from odecli.ode.native.mlp import NativeMLP
 
 
