@@ -22,7 +22,7 @@ Design
   counter and status is identical to a one-process run, and values agree to round-off: torch's
   vectorised kernels may round the last bit differently with another batch composition, about
   1e-13 relative (``dt_final``, ``y``), which the tests bound at 1e-12. Rank 0 streams each chunk
-  into its rows of the output (:class:`odecli.io.ode_stream.OdeRunStream`, the layout of
+  into its rows of the output (:class:`odecli.io.ode_run.OdeRunStream`, the layout of
   ``write_ode_run``) inside the atomic temporary file, so rank 0 holds at most a few chunks,
   never the batch. The file is renamed into place once, after the last sample. The only
   additions are the root attribute ``ranks`` and the group ``ranks/`` (per-rank ``busy_s``,
@@ -162,7 +162,7 @@ def _with_device(spec: OdeSpec, device: str) -> OdeSpec:
 
 
 def _solve_chunk(spec: OdeSpec, start: int, stop: int, rank: int, first: bool) -> tuple[dict, float]:
-    from odecli.io.ode_stream import solution_part
+    from odecli.io.ode_run import solution_part
     from odecli.app.solve import solve_spec_arrays
 
     if first and os.environ.get("ODECLI_TEST_FAIL_RANK") == str(rank):
@@ -407,7 +407,7 @@ def _coordinate(
     import h5py
 
     from odecli.io.atomic import atomic_path
-    from odecli.io.ode_stream import OdeRunStream, write_ranks
+    from odecli.io.ode_run import OdeRunStream, write_ranks
 
     size, batch = link.size, spec.batch
     schedule = GuidedSchedule(batch, size, *bounds)
