@@ -7,7 +7,14 @@ differentiable sums, broadcasts and gathers.
 """
 
 from .collectives import allreduce_sum, broadcast, gather_global, local_block
-from .halo import GhostExchange, HaloPlan, fill_ring_, fill_ring_adjoint_, halo_exchange, halo_fill
+from .halo import (
+           GhostExchange,
+           HaloPlan,
+           fill_ring_,
+           fill_ring_adjoint_,
+           halo_exchange,
+           halo_fill,
+)
 
 __all__ = ["GhostExchange", "HaloPlan", "allreduce_sum", "broadcast", "fill_ring_", "fill_ring_adjoint_",
            "gather_global", "halo_exchange", "halo_fill", "local_block"]
