@@ -71,7 +71,7 @@ class Boxes:
         if self._native(fields):
             self._c[0](*self._args, self._bind(fields), self._buffer, ctypes.c_int(clear))
             return self.buffer
-        if not all(f.is_cpu for f in fields):
+        if not _on_host(fields):
             parts = [fields[field][index].detach().reshape(self.batch, -1) for field, index in self.index]
             self.buffer.reshape(self.batch, -1)[:] = torch.cat(parts, dim=1).cpu().numpy()
             if clear:
@@ -93,7 +93,7 @@ class Boxes:
         if self._native(fields):
             self._c[1](*self._args, self._bind(fields), self._buffer, ctypes.c_int(_MODES[mode]))
             return
-        on_host = all(f.is_cpu for f in fields)
+        on_host = _on_host(fields)
         arrays = _arrays(fields) if on_host else [f.detach() for f in fields]
         rows, at = self.buffer.reshape(self.batch, -1), 0
         for field, index in self.index:
@@ -151,6 +151,11 @@ class Boxes:
         for i, f in enumerate(fields):
             self._pointers[i] = f.data_ptr()
         return self._pointers
+
+
+def _on_host(fields) -> bool:
+    """Whether numpy can view the fields; otherwise (a GPU) the boxes are copied with torch."""
+    return all(f.is_cpu for f in fields)
 
 
 def _arrays(fields) -> list[np.ndarray]:
