@@ -167,7 +167,7 @@ def solve_distributed(
     """Solve ``spec`` over all MPI ranks and write ``target`` (rank 0); collective on COMM_WORLD.
 
     Returns the same :class:`DistributedResult` on every rank. A failure on any rank during the
-    solve ends the whole job (see the module docstring); problems every rank sees alike raise the
+    solve ends the whole job (see the module docstring); problems every rank sees alike raise
     the same exception on rank 0 and ``SystemExit`` with its exit code on the others.
     ``replace=False`` keeps a file that appears at ``target`` during the run (see atomic_path).
     """
