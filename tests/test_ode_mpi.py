@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 
 from mpi_helpers import run_mpi
 from odecli.cli import app
-from odecli.io.ode_run import write_ode_run
-from odecli.io.ode_stream import ROOT_DATASETS, OdeRunStream, solution_part
+from odecli.io.ode_run import ROOT_DATASETS, OdeRunStream, solution_part, write_ode_run
 from odecli.app.solve_ranks import GuidedSchedule, slice_spec
 from odecli.app.solve import solve_spec
 from odecli.specs.ode import parse_ode_spec

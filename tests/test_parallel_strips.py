@@ -26,12 +26,14 @@ def _fields(dtype, seed=0):
     return [torch.randn(SHAPE, generator=g, dtype=dtype) for _ in range(2)]
 
 
-@pytest.fixture(params=["native", "numpy"])
+@pytest.fixture(params=["native", "numpy", "torch"])
 def make(request, monkeypatch):
     if request.param == "native":
         if strips._library() is None:
             pytest.fail("the C copies did not build on this machine")
         return lambda dtype: Boxes(SHAPE, dtype, BOXES)
+    if request.param == "torch":  # the path GPU fields take, run here on CPU tensors
+        monkeypatch.setattr(strips, "_on_host", lambda fields: False)
 
     def numpy_boxes(dtype):
         boxes = Boxes(SHAPE, dtype, BOXES)

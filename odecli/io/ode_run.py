@@ -1,4 +1,12 @@
-"""The HDF5 layout of an ODE run (the output contract of ``odecli solve``).
+"""The HDF5 layout of an ODE run (the output contract of ``odecli solve``), and its one writer.
+
+One process writes a whole solution (:func:`write_ode_run`); a distributed solve
+(:mod:`odecli.app.solve_ranks`) receives the batch as chunks of consecutive samples, in whatever
+order the ranks finish them, and must not hold the whole batch on rank 0. Both go through
+:class:`OdeRunStream`, which writes each chunk into its rows of datasets created (full size,
+contiguous) when the first chunk arrives, then adds the root attributes, ``params`` and the
+dimension scales at :meth:`OdeRunStream.finish`; a whole solution is one chunk. A distributed run
+adds the root attribute ``ranks`` and the group ``ranks/`` (:func:`write_ranks`).
 
 Datasets ``t`` (batch, n_eval), ``y`` (batch, n_eval, n_states), ``status`` (batch,), group
 ``stats`` of (batch,) counters, group ``params``; root attributes ``kind``, ``states``,
@@ -20,6 +28,7 @@ kept here).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,36 +50,135 @@ def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution,
     """Write ``solution`` (tensors or numpy arrays) atomically: the file appears complete or not at all.
     ``replace=False`` keeps a file that appeared at ``path`` since the caller checked it (atomic_path)."""
     with atomic_h5(path, replace) as h5:
-        h5.attrs["kind"] = "ode"
-        h5.attrs["name"] = spec.name
-        h5.attrs["states"] = np.array(spec.states, dtype=object)
-        h5.attrs["method"] = spec.solver.method
-        h5.attrs["controller"] = spec.solver.controller
-        h5.attrs["rtol"] = spec.solver.rtol
-        h5.attrs["atol"] = spec.solver.atol
-        h5.attrs["dtype"] = spec.solver.dtype
-        h5.attrs["device"] = solution.extra.get("device", "cpu")
-        h5.attrs["engine"] = solution.extra.get("engine", "")
-        h5.attrs["spec"] = spec.text
-        h5.attrs["spec_file"] = spec.file
-        h5.attrs["python_rhs"] = spec.python or ""
-        h5.attrs["odecli_version"] = __version__
-        h5.attrs["wall_time_s"] = solution.wall_time_s
-        h5.attrs["status_names"] = np.array([f"{code}={name}" for code, name in STATUS_NAMES.items()], dtype=object)
-        h5.create_dataset("t", data=as_numpy(solution.t))
-        h5.create_dataset("y", data=as_numpy(solution.y))
-        h5.create_dataset("status", data=as_numpy(solution.status).astype(np.int8))
-        h5.create_dataset("t_final", data=as_numpy(solution.t_final))
-        h5.create_dataset("y_final", data=as_numpy(solution.y_final))
-        _add_dimensions(h5, list(spec.states))
-        stats = h5.create_group("stats")
-        for name, values in solution.stats.items():
-            stats.create_dataset(name, data=as_numpy(values))
-            stats[name].attrs["description"] = f"per-sample solver counter {name}"
-        params = h5.create_group("params")
-        for name, values in spec.params.items():
+        stream = OdeRunStream(h5, spec)
+        stream.write(0, solution_part(solution))
+        stream.finish(device=solution.extra.get("device", "cpu"), wall_time_s=solution.wall_time_s)
+
+
+#: The per-sample root datasets, in the order they are created.
+ROOT_DATASETS = ("t", "y", "status", "t_final", "y_final")
+
+Part = dict[str, Any]
+"""One chunk's results as numpy arrays: ROOT_DATASETS plus ``stats`` (name -> array)."""
+
+
+def solution_part(solution: Solution | ArraySolution) -> Part:
+    """A solution's per-sample arrays as plain numpy (picklable, no torch needed to write them)."""
+    part: Part = {name: as_numpy(getattr(solution, name)) for name in ROOT_DATASETS}
+    part["status"] = part["status"].astype(np.int8)
+    part["stats"] = {name: as_numpy(values) for name, values in solution.stats.items()}
+    part["engine"] = solution.extra.get("engine", "")
+    return part
+
+
+def root_attributes(spec: OdeSpec, device: str, wall_time_s: float, engine: str = "") -> dict[str, Any]:
+    """The root attributes of an ODE run file, as every writer sets them."""
+    return {
+        "kind": "ode",
+        "name": spec.name,
+        "states": np.array(spec.states, dtype=object),
+        "method": spec.solver.method,
+        "controller": spec.solver.controller,
+        "rtol": spec.solver.rtol,
+        "atol": spec.solver.atol,
+        "dtype": spec.solver.dtype,
+        "device": device,
+        "engine": engine,
+        "spec": spec.text,
+        "spec_file": spec.file,
+        "python_rhs": spec.python or "",
+        "odecli_version": __version__,
+        "wall_time_s": wall_time_s,
+        "status_names": np.array([f"{code}={name}" for code, name in STATUS_NAMES.items()], dtype=object),
+    }
+
+
+class OdeRunStream:
+    """Write an ODE run into an open, empty HDF5 file one chunk of samples at a time.
+
+    Call :meth:`write` once per chunk (any order; together the chunks must cover every sample
+    exactly once), then :meth:`finish`. Memory use is one chunk, whatever the batch size.
+    """
+
+    def __init__(self, h5: h5py.File, spec: OdeSpec) -> None:
+        self.h5 = h5
+        self.spec = spec
+        self.batch = spec.batch
+        self.written = 0
+        self.engines: set[str] = set()  # the engine of every chunk (one, unless ranks differ)
+        self._created = False
+
+    def write(self, start: int, part: Part) -> None:
+        """Store samples ``start .. start + len(part['status']) - 1``."""
+        count = len(part["status"])
+        if not (0 <= start and start + count <= self.batch):
+            raise ValueError(f"chunk {start}..{start + count} lies outside the batch of {self.batch}")
+        if not self._created:
+            self._create(part)
+        rows = slice(start, start + count)
+        for name in ROOT_DATASETS:
+            self.h5[name][rows] = part[name]
+        for name, values in part["stats"].items():
+            self.h5["stats"][name][rows] = values
+        self.engines.add(part.get("engine", ""))
+        self.written += count
+
+    def finish(self, *, device: str, wall_time_s: float) -> None:
+        """Root attributes, ``params`` and dimension scales; every sample must have been written."""
+        if self.written != self.batch:
+            raise RuntimeError(f"only {self.written} of {self.batch} samples were written")
+        engine = "+".join(sorted(self.engines))
+        for key, value in root_attributes(self.spec, device, wall_time_s, engine).items():
+            self.h5.attrs[key] = value
+        _add_dimensions(self.h5, list(self.spec.states))
+        params = self.h5.create_group("params")
+        for name, values in self.spec.params.items():
             params.create_dataset(name, data=np.asarray(values, dtype=np.float64))
             params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
+
+    def _create(self, part: Part) -> None:
+        for name in ROOT_DATASETS:
+            first = np.asarray(part[name])
+            self.h5.create_dataset(name, shape=(self.batch,) + first.shape[1:], dtype=first.dtype)
+        stats = self.h5.create_group("stats")
+        for name, values in part["stats"].items():
+            values = np.asarray(values)
+            stats.create_dataset(name, shape=(self.batch,) + values.shape[1:], dtype=values.dtype)
+            stats[name].attrs["description"] = f"per-sample solver counter {name}"
+        self._created = True
+
+
+def write_ranks(
+    h5: h5py.File, *, busy_s: np.ndarray, idle_s: np.ndarray, samples: np.ndarray,
+    chunks: np.ndarray, info: Mapping[str, Any] | None = None,
+) -> None:
+    """Per-rank accounting of a distributed solve: root attr ``ranks`` and group ``ranks/``.
+
+    ``ranks/busy_s``, ``idle_s``, ``samples`` have one entry per rank (dimension scale ``rank``);
+    ``ranks/chunk_start``, ``chunk_stop``, ``chunk_rank`` list the chunks in the order their
+    results arrived (dimension scale ``chunk``): which rank solved which samples.
+    """
+    size = len(busy_s)
+    h5.attrs["ranks"] = size
+    group = h5.create_group("ranks")
+    for key, value in (info or {}).items():
+        group.attrs[key] = value
+    group.create_dataset("rank", data=np.arange(size, dtype=np.int64))
+    group.create_dataset("chunk", data=np.arange(len(chunks), dtype=np.int64))
+    for name in ("rank", "chunk"):
+        group[name].make_scale(name)
+    described = {
+        "busy_s": (busy_s, np.float64, "rank", "seconds the rank spent solving chunks"),
+        "idle_s": (idle_s, np.float64, "rank", "seconds of the solve phase the rank was not solving (waiting, messages, tail)"),
+        "samples": (samples, np.int64, "rank", "number of samples the rank solved"),
+        "chunk_start": (chunks[:, 0] if len(chunks) else chunks, np.int64, "chunk", "first sample of the chunk"),
+        "chunk_stop": (chunks[:, 1] if len(chunks) else chunks, np.int64, "chunk", "one past the last sample of the chunk"),
+        "chunk_rank": (chunks[:, 2] if len(chunks) else chunks, np.int64, "chunk", "rank that solved the chunk"),
+    }
+    for name, (values, dtype, dim, description) in described.items():
+        dataset = group.create_dataset(name, data=np.asarray(values, dtype=dtype).reshape(-1))
+        dataset.dims[0].attach_scale(group[dim])
+        dataset.attrs["description"] = description
 
 
 PER_SAMPLE = (("sample",),)
@@ -84,7 +192,7 @@ ODE_LAYOUT = Layout({
     "y_final": (("sample", "state"),),
     "stats/*": PER_SAMPLE,
     "params/*": PER_SAMPLE,
-    # a distributed solve's accounting: odecli.io.ode_stream.write_ranks
+    # a distributed solve's accounting: write_ranks
     "ranks/busy_s": (("rank",),), "ranks/idle_s": (("rank",),), "ranks/samples": (("rank",),),
     "ranks/chunk_start": (("chunk",),), "ranks/chunk_stop": (("chunk",),), "ranks/chunk_rank": (("chunk",),),
     "@rtol": SCALAR, "@atol": SCALAR, "@wall_time_s": SCALAR,

@@ -1,7 +1,7 @@
 """MPI domain decomposition and differentiable communication; knows nothing of physics.
 
 The names below are imported on first use: the differentiable ops import torch, and the
-batch-splitting ODE driver (:mod:`.ode_batch`) lives here too but must start without it.
+work queue of an ODE batch over ranks (:mod:`.work_queue`) lives here too but must start without it.
 """
 
 import importlib
@@ -9,8 +9,9 @@ import importlib
 _LAZY = {
     "Comm": "comm", "get_comm": "comm",
     "Decomposition": "decomposition", "choose_proc_grid": "decomposition", "decompose": "decomposition",
-    "allreduce_sum": "ops", "broadcast": "ops", "gather_global": "ops", "halo_exchange": "ops",
-    "halo_fill": "ops", "local_block": "ops", "GhostExchange": "ops",
+    "allreduce_sum": "collectives", "broadcast": "collectives", "gather_global": "collectives",
+    "local_block": "collectives", "halo_exchange": "halo", "halo_fill": "halo", "GhostExchange": "halo",
+    "HaloPlan": "halo",
 }
 
 __all__ = sorted(_LAZY)

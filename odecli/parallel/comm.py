@@ -3,6 +3,10 @@
 Two reasons for the indirection: the package must run (serially) where mpi4py is not
 installed, and the array-level helpers below are the only place that knows about MPI
 buffers, so the differentiable ops in :mod:`odecli.parallel.ops` stay plain torch/numpy.
+
+It is also the one point-to-point and abort path: collectives, buffer exchanges, the polled
+object messages of the ODE work queue (:mod:`odecli.parallel.work_queue`), and :meth:`Comm.abort`,
+which every failing rank of every command ends the job through.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 
 _OPS = ("sum", "max", "min")
 OUTPUT_FORWARD_S = 0.5  # pause before MPI_Abort so the launcher forwards the error line
+POLL_MIN_S, POLL_MAX_S = 5e-5, 2e-3  # waits poll with a sleep growing between these bounds
 
 #: One point-to-point message: (peer rank, buffer, tag).
 Message = tuple[int, np.ndarray, int]
@@ -50,14 +55,39 @@ class Comm:
             self._mpi.Barrier()
 
     def abort(self, code: int = 1) -> None:
-        """Stop every rank; a lone ``sys.exit`` on one rank would leave the others hanging."""
+        """Stop every rank; a lone ``sys.exit`` on one rank would leave the others hanging.
+
+        The launcher forwards a rank's output through a pipe and kills every rank on Abort,
+        unread output too: without a pause the one-line error can be lost (seen under load in CI).
+        """
         if self._mpi is not None:
             sys.stdout.flush()
             sys.stderr.flush()
-            time.sleep(OUTPUT_FORWARD_S)  # the launcher kills every rank on Abort, unread output too
-            self._mpi.Abort(code)
-            os._exit(code)  # Abort may return before the launcher kills this process
+            time.sleep(OUTPUT_FORWARD_S)
+            self._MPI.COMM_WORLD.Abort(code or 1)  # an abort never reads as success
+            # MPICH's Abort can return before the launcher kills this process; leave now so
+            # nothing else (e.g. the CLI's internal-error handler) prints a second message.
+            os._exit(code or 1)
         sys.exit(code)
+
+    def dup(self) -> Comm:
+        """A private communicator over the same ranks, so one component's tags meet no other's."""
+        return Comm(self._mpi.Dup()) if self._mpi is not None else Comm()
+
+    def free(self) -> None:
+        """Release a communicator made by :meth:`dup` (collective)."""
+        if self._mpi is not None:
+            self._mpi.Free()
+
+    def node_rank_and_size(self) -> tuple[int, int]:
+        """This rank's index among the ranks on its node, and how many there are."""
+        if self._mpi is None:
+            return 0, 1
+        node = self._mpi.Split_type(self._MPI.COMM_TYPE_SHARED)
+        try:
+            return node.Get_rank(), node.Get_size()
+        finally:
+            node.Free()
 
     def allreduce_scalar(self, value: float, op: str = "sum") -> float:
         if op not in _OPS:
@@ -74,6 +104,38 @@ class Comm:
     def gather_object(self, obj: Any, root: int = 0) -> list[Any] | None:
         self._check_root(root)
         return [obj] if self._mpi is None else self._mpi.gather(obj, root=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj] if self._mpi is None else self._mpi.allgather(obj)
+
+    # -- polled point-to-point objects (a waiting rank sleeps, leaving an oversubscribed core free) --
+    def send_object(self, obj: Any, dest: int, tag: int) -> None:
+        """Send ``obj`` and wait, polling, until the message has left."""
+        request = self._mpi.isend(obj, dest=dest, tag=tag)
+        _poll(request.Test)
+
+    def isend_object(self, obj: Any, dest: int, tag: int) -> Any:
+        """Start sending ``obj``; the request must be waited on (:meth:`wait_all`) before the end."""
+        return self._mpi.isend(obj, dest=dest, tag=tag)
+
+    def recv_object(self, source: int, tag: int, timeout: float | None = None) -> Any:
+        """The next object from ``source`` with ``tag``, polling; TimeoutError after ``timeout`` s."""
+        _poll(lambda: self._mpi.Iprobe(source=source, tag=tag), timeout)
+        return self._mpi.recv(source=source, tag=tag)
+
+    def poll_object(self) -> tuple[int, int, Any] | None:
+        """One pending message from any rank as (source, tag, payload), or None."""
+        if self._mpi is None:
+            return None
+        status = self._MPI.Status()
+        if not self._mpi.Iprobe(source=self._MPI.ANY_SOURCE, tag=self._MPI.ANY_TAG, status=status):
+            return None
+        source, tag = status.Get_source(), status.Get_tag()
+        return source, tag, self._mpi.recv(source=source, tag=tag)
+
+    def wait_all(self, requests: Sequence[Any]) -> None:
+        if requests:
+            self._MPI.Request.Waitall(list(requests))
 
     # -- array-level helpers (contiguous numpy buffers, used by the differentiable ops) --------
     def exchange(self, sends: Sequence[Message], recvs: Sequence[Message]) -> None:
@@ -117,6 +179,16 @@ class Comm:
     def _check_root(self, root: int) -> None:
         if not 0 <= root < self.size:
             raise ValueError(f"root rank {root} is outside 0..{self.size - 1}")
+
+
+def _poll(done: Any, timeout: float | None = None) -> None:
+    """Wait until ``done()`` is true, sleeping from POLL_MIN_S doubling up to POLL_MAX_S."""
+    delay, began = POLL_MIN_S, time.monotonic()
+    while not done():
+        if timeout is not None and time.monotonic() - began > timeout:
+            raise TimeoutError
+        time.sleep(delay)
+        delay = min(POLL_MAX_S, delay * 2)
 
 
 def get_comm() -> Comm:

@@ -3,7 +3,8 @@
 A halo exchange moves a few thin strips per neighbour.  In numpy each strip costs a few
 microseconds per operation (pack, unpack, add, zero), which at 256^2 points per rank was most
 of an exchange; ``strips.c`` does a whole message in one call.  The numpy code below is the
-reference it is tested against, and what runs without a compiler (or on non-contiguous fields).
+reference it is tested against, and what runs without a compiler, on non-contiguous fields and on
+fields on another device (a GPU: only the strips are staged through the host buffer).
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ class Boxes:
         if self._native(fields):
             self._c[0](*self._args, self._bind(fields), self._buffer, ctypes.c_int(clear))
             return self.buffer
+        if not _on_host(fields):
+            parts = [fields[field][index].detach().reshape(self.batch, -1) for field, index in self.index]
+            self.buffer.reshape(self.batch, -1)[:] = torch.cat(parts, dim=1).cpu().numpy()
+            if clear:
+                for field, index in self.index:
+                    fields[field].detach()[index] = 0
+            return self.buffer
         arrays = _arrays(fields)
         parts = [arrays[field][index].reshape(self.batch, -1) for field, index in self.index]
         self.buffer.reshape(self.batch, -1)[:] = np.concatenate(parts, axis=1)
@@ -85,11 +93,15 @@ class Boxes:
         if self._native(fields):
             self._c[1](*self._args, self._bind(fields), self._buffer, ctypes.c_int(_MODES[mode]))
             return
-        arrays, rows, at = _arrays(fields), self.buffer.reshape(self.batch, -1), 0
+        on_host = _on_host(fields)
+        arrays = _arrays(fields) if on_host else [f.detach() for f in fields]
+        rows, at = self.buffer.reshape(self.batch, -1), 0
         for field, index in self.index:
             view = arrays[field][index]
-            n = view.size // self.batch
+            n = prod(view.shape) // self.batch
             part = rows[:, at : at + n].reshape(view.shape)
+            if not on_host:
+                part = torch.from_numpy(part).to(view.device)
             at += n
             if mode == "copy":
                 view[...] = part
@@ -139,6 +151,11 @@ class Boxes:
         for i, f in enumerate(fields):
             self._pointers[i] = f.data_ptr()
         return self._pointers
+
+
+def _on_host(fields) -> bool:
+    """Whether numpy can view the fields; otherwise (a GPU) the boxes are copied with torch."""
+    return all(f.is_cpu for f in fields)
 
 
 def _arrays(fields) -> list[np.ndarray]:
