@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from odecli.specs import inverse as inv
+from odecli.specs.declare import schema as declared_schema
+from odecli.specs.inverse import InverseSection
 from odecli.specs.ode import SOLVER_KEYS, SYSTEM_KEYS, TIME_KEYS
 
 _NUMBER_OR_LIST: dict[str, Any] = {
@@ -45,93 +46,9 @@ def _object(keys: tuple[str, ...], fields: dict[str, dict[str, Any]], descriptio
     return _nullable(section) if nullable else section
 
 
-def _limited(path: str, description: str) -> dict[str, Any]:
-    """A number with the lower limit the inverse validator enforces at ``path``."""
-    limit = inv.NUMBER_MINIMUMS[path]
-    return {"type": "number", "exclusiveMinimum" if limit.exclusive else "minimum": limit.value,
-            "description": description}
-
-
-def _count(path: str, description: str) -> dict[str, Any]:
-    """An integer with the lower limit the inverse validator enforces at ``path``."""
-    return {"type": "integer", "minimum": inv.INTEGER_MINIMUMS[path], "description": description}
-
-
-def _named(values: dict[str, Any], description: str) -> dict[str, Any]:
-    """A mapping of parameter or state names (checked against system: by the validator) to ``values``."""
-    return nullable({"type": "object", "additionalProperties": values, "description": description})
-
-
-def _unknowns() -> dict[str, Any]:
-    """unknowns: at least one group, as the validator wants at least one value to fit."""
-    settings = _object(inv.UNKNOWN_KEYS, {
-        "per_sample": {"type": "boolean", "description": "one value per sample (default), or false: one shared"},
-        "init": {**_NUMBER_OR_LIST, "description": "starting value, or one per sample; default: the spec's value"},
-        "bounds": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2,
-                   "description": "[lower, upper] (.inf: unbounded); init must lie inside"},
-    }, "how to fit this value", nullable=True)
-    section = _object(inv.VALUE_GROUPS, {
-        "params": _named(settings, "parameters to fit, names from system.params"),
-        "initial": _named(settings, "initial values to fit, names from system.states"),
-    }, "the values to fit (at least one)")
-    # at least one group that names a value: an empty group is read as none
-    return {**section, "anyOf": [{"required": [group], "properties": {group: {"type": "object", "minProperties": 1}}}
-                                 for group in inv.VALUE_GROUPS]}
-
-
-def _data() -> dict[str, Any]:
-    """data: oneOf, since the validator takes exactly one source (file or truth), never both."""
-    truth = _object(inv.VALUE_GROUPS, {
-        "params": _named(_NUMBER_OR_LIST, "true parameter values (one, or one per sample)"),
-        "initial": _named(_NUMBER_OR_LIST, "true initial values (one, or one per sample)"),
-    }, "synthesise the observations by solving with these true values", nullable=True)
-    section = _object(inv.DATA_KEYS, {
-        "file": {"type": "string", "pattern": "\\S",
-                 "description": "an odecli solve output (t, y per sample), relative to the spec's folder"},
-        "truth": truth,
-        "noise": _limited("data.noise", "Gaussian noise std added to the observations (default 0)"),
-        "relative": {"type": "boolean", "description": "true: the noise std is relative to |y|"},
-        "seed": _count("data.seed", "seed of the noise"),
-    }, "the observations: exactly one of file or truth")
-    return {**section, "oneOf": [{"required": ["file"]}, {"required": ["truth"]}]}
-
-
-def _optimizer() -> dict[str, Any]:
-    """optimizer: lr and iterations default by type, so their defaults go in the description."""
-    defaults = "; ".join(f"{name}: lr {d['lr']:g}, {d['iterations']} iterations"
-                         for name, d in inv.OPTIMIZER_DEFAULTS.items())
-    return _object(inv.OPTIMIZER_KEYS, {
-        "type": {"enum": list(inv.OPTIMIZERS), "description": "Adam, or L-BFGS with a line search"},
-        "lr": _limited("optimizer.lr", "learning rate (a pde-inverse spec says learning_rate)"),
-        "iterations": _count("optimizer.iterations", "most iterations (--iterations overrides)"),
-        "tol": _limited("optimizer.tol", "stop when the loss changes by at most this (relative)"),
-        "gtol": _limited("optimizer.gtol", "stop when |gradient| is at most this"),
-        "history": _count("optimizer.history", "L-BFGS history length"),
-    }, f"defaults by type: {defaults}", nullable=True)
-
-
 def ode_inverse_schema() -> dict[str, Any]:
-    """The ``inverse:`` section, from the tables odecli.specs.inverse validates it with."""
-    section = _object(inv.INVERSE_KEYS, {
-        "unknowns": _unknowns(),
-        "data": _data(),
-        # null: the validator reads an empty `observed:` as left out (every state)
-        "observed": {"type": ["array", "null"], "items": {"type": "string"}, "minItems": 1, "uniqueItems": True,
-                     "description": "states compared with the data; default (or empty): every state"},
-        "loss": _object(inv.LOSS_KEYS, {
-            "type": {"enum": list(inv.LOSS_TYPES), "description": "mean squared error"},
-            "weights": _named(_limited("loss.weights", "weight of this state (default 1)"),
-                              "weights of observed states"),
-        }, "misfit between solution and data", nullable=True),
-        "optimizer": _optimizer(),
-        "adjoint": {"enum": list(inv.ADJOINT_MODES),
-                    "description": "how gradients are computed; default: solver.adjoint"},
-        "checkpoint": _object(inv.CHECKPOINT_KEYS, {
-            "every": {**_count("checkpoint.every", "iterations between OUT.ckpt.h5 checkpoints (--resume); 0: none"),
-                      "default": inv.CHECKPOINT_EVERY},
-        }, "checkpoints of the fit", nullable=True),
-    }, "parameter estimation (odecli train-inverse)")
-    return {**section, "required": ["unknowns", "data"]}
+    """The ``inverse:`` section, from the declarations odecli.specs.inverse reads it with."""
+    return declared_schema(InverseSection)
 
 
 def ode_schema(methods: list[str], fixed_step: list[str] = ()) -> dict[str, Any]:
