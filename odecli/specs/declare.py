@@ -22,6 +22,7 @@ default depends on other keys (declared with ``msgspec.UNSET``). The schema stat
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import re
@@ -44,8 +45,9 @@ INFINITE = {"infinite": True}  # Meta(extra=INFINITE): the float may be .inf (fi
 def expected(text: str, extra: dict[str, Any] | None = None, **meta: Any) -> Meta:
     """Meta that words a value's error as ``expected <text>, got <value>``.
 
-    ``extra`` may add ``infinite`` (see INFINITE) and ``missing`` (words appended to "required
-    key is missing"); ``meta``: msgspec's constraints and ``extra_json_schema``.
+    ``extra`` may add ``infinite`` (see INFINITE), ``missing`` (words appended to "required
+    key is missing") and ``message`` (the whole message, ``{value!r}`` standing for the value);
+    ``meta``: msgspec's constraints and ``extra_json_schema``.
     """
     return Meta(extra={"expected": text, **(extra or {})}, **meta)
 
@@ -185,6 +187,8 @@ def _message(raw: Any, annotation: Any, field: str, error: str) -> tuple[str, st
         return _message(raw[index], element, f"{field}[{index}]", error[:where.start()])
     extra = _extra(annotation)
     got = describe(raw)
+    if "message" in extra:  # a message worded in full, ``{value!r}`` the value given
+        return field, extra["message"].format(value=raw)
     if "expected" in extra:
         return field, f"expected {extra['expected']}, got {got}"
     if typing.get_origin(base) is Literal:
@@ -218,8 +222,9 @@ def _bound(annotation: Any, value: float) -> str | None:
 
 def _key_hint(key: Any, section: type[Section]) -> str:
     names = list(_fields(section))
-    if key in section.renamed:
-        return f"renamed: did you mean '{section.renamed[key]}'?"
+    renamed = getattr(section, "renamed", {})
+    if key in renamed:
+        return f"renamed: did you mean '{renamed[key]}'?"
     close = difflib.get_close_matches(str(key), names, n=1)
     return f"did you mean '{close[0]}'?" if close else f"expected one of: {', '.join(names)}"
 
@@ -230,11 +235,16 @@ def _key_hint(key: Any, section: type[Section]) -> str:
 @lru_cache(maxsize=None)
 def _fields(section: type[Section]) -> dict[str, tuple[Any, bool]]:
     """name -> (annotation, required), in declaration order."""
+    if dataclasses.is_dataclass(section):
+        hints = typing.get_type_hints(section, include_extras=True)
+        return {f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                for f in dataclasses.fields(section)}
     return {f.name: (f.type, f.required) for f in msgspec.structs.fields(section)}
 
 
 def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, Section)
+    """A Section, or a frozen dataclass declared the same way (the ODE solver's SolverSpec)."""
+    return isinstance(tp, type) and (issubclass(tp, Section) or dataclasses.is_dataclass(tp))
 
 
 def _strip(annotation: Any) -> Any:
@@ -296,7 +306,7 @@ def _null_is_default(section: type[Section], annotation: Any) -> bool:
     if _NULL in members:
         return True
     base = _base(annotation)
-    return section.null_is_default or _is_section(base) or typing.get_origin(base) in (dict, list)
+    return getattr(section, "null_is_default", True) or _is_section(base) or typing.get_origin(base) in (dict, list)
 
 
 # ---------------------------------------------------------------- JSON Schema
@@ -322,6 +332,7 @@ def _inline(node: Any, defs: dict[str, Any]) -> Any:
 
 
 def _describe(node: dict[str, Any], section: type[Section]) -> dict[str, Any]:
+    node["additionalProperties"] = False  # msgspec says so for Structs, not for dataclasses
     properties = node.get("properties", {})
     for name, (annotation, required) in _fields(section).items():
         null = not required and _null_is_default(section, annotation)

@@ -100,7 +100,8 @@ class Compute(Section, frozen=True):
     """where and how the run computes"""
 
     dtype: Literal["float64", "float32"] = "float64"
-    device: Annotated[str, expected("one of cpu, cuda, auto or cuda:N", pattern=DEVICE_PATTERN)] = "cpu"
+    device: Annotated[str, expected("one of cpu, cuda, auto or cuda:N", pattern=DEVICE_PATTERN, extra={
+        "message": "must be one of cpu, cuda, auto or cuda:N; got {value!r}"})] = "cpu"
     time_segments: AutoOrCount = "auto"
     threads: Annotated[int, Meta(ge=0)] = 0
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from odecli.specs.declare import schema as declared_schema
 from odecli.specs.inverse import InverseSection
-from odecli.specs.ode import SOLVER_KEYS, SYSTEM_KEYS, TIME_KEYS
+from odecli.specs.ode import SYSTEM_KEYS, TIME_KEYS, SolverSpec
 
 _NUMBER_OR_LIST: dict[str, Any] = {
     "oneOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}, "minItems": 1}]
@@ -54,30 +54,10 @@ def ode_inverse_schema() -> dict[str, Any]:
 def ode_schema(methods: list[str], fixed_step: list[str] = ()) -> dict[str, Any]:
     """The ``kind: ode`` schema; ``fixed_step``: the methods that need ``solver.dt0`` as their step."""
     # every solver key is nullable: the validator reads an empty one as its default
-    solver = _object(SOLVER_KEYS, {key: nullable(value) for key, value in {
-        "method": {"enum": methods, "default": "dopri5"},
-        "rtol": _positive("relative tolerance"),
-        "atol": _positive("absolute tolerance"),
-        "controller": {"enum": ["integral", "pi", "pid"], "default": "integral"},
-        "dt0": _positive("initial (or fixed) step"),
-        "max_steps": {"type": "integer", "minimum": 1},
-        "dtype": {"enum": ["float32", "float64"]},
-        "device": {"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"},
-        "dt_min": {"type": "number", "minimum": 0},
-        "dt_max": _positive("largest step"),
-        "safety": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-        "factor_min": _positive("smallest step-size factor"),
-        "factor_max": _positive("largest step-size factor"),
-        "pcoeff": {"type": "number"},
-        "icoeff": {"type": "number"},
-        "dcoeff": {"type": "number"},
-        "adjoint": {"enum": ["direct", "backsolve", "checkpoint"]},
-        "compile": {"enum": [True, False, "wait"],
-                    "description": "fuse each explicit step with torch.compile: true once the eager "
-                                   "steps have cost about a compile, wait before the first step"},
-        "engine": {"enum": ["auto", "native", "torch"],
-                   "description": "native: generated C solver for equations (explicit RK, CPU, float64)"},
-    }.items()}, "solver settings; an empty key takes its default", nullable=True)
+    solver = nullable(declared_schema(SolverSpec))
+    solver["description"] = "solver settings; an empty key takes its default"
+    method = solver["properties"]["method"]
+    solver["properties"]["method"] = nullable({"description": method["description"], "enum": methods})
     if fixed_step:  # a fixed-step method's dt0 is its step, so it cannot be left out
         solver["if"] = {"properties": {"method": {"enum": list(fixed_step)}}, "required": ["method"]}
         solver["then"] = {"required": ["dt0"], "properties": {"dt0": {"type": "number"}}}
