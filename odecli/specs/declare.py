@@ -37,7 +37,7 @@ from msgspec import Meta, Struct, UnsetType
 from odecli.errors import SpecError
 from odecli.specs.loader import describe
 
-__all__ = ["INFINITE", "Meta", "Problems", "Section", "expected", "read", "schema"]
+__all__ = ["INFINITE", "Meta", "Problems", "Section", "check_keys", "expected", "read", "schema"]
 
 INFINITE = {"infinite": True}  # Meta(extra=INFINITE): the float may be .inf (finite numbers otherwise)
 
@@ -97,11 +97,7 @@ def read(value: Any, section: type[Section], field: str, report: Callable[[str, 
         report(field, f"expected a mapping, got {describe(value)}")
         return None
     fields = _fields(section)
-    ok = True
-    for key in value:
-        if key not in fields:
-            report(_join(field, key), f"unknown key ({_key_hint(key, section)})")
-            ok = False
+    ok = check_keys(value, section, field, report)
     values = {}
     for name, (annotation, required) in fields.items():
         raw = value.get(name)
@@ -118,6 +114,14 @@ def read(value: Any, section: type[Section], field: str, report: Callable[[str, 
         else:
             values[name] = result
     return section(**values) if ok else None
+
+
+def check_keys(value: dict[Any, Any], section: type[Section], field: str, report: Callable[[str, str], None]) -> bool:
+    """Report every key ``section`` does not declare, with the closest declared one; True if none."""
+    unknown = [key for key in value if key not in _fields(section)]
+    for key in unknown:
+        report(_join(field, key), f"unknown key ({_key_hint(key, section)})")
+    return not unknown
 
 
 def read_value(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
 
+import msgspec
 from msgspec import Meta
 
 from odecli.errors import SpecError
-from odecli.specs.declare import INFINITE, Problems, expected, read
+from odecli.specs.declare import INFINITE, Problems, Section, check_keys, expected, read
 from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.specs.loader import describe, load_yaml
+from odecli.specs.ode_values import (MAX_BATCH, _batch, _check_spans, _eval, _expand, _number, _per_sample,
+                                     _required_per_sample)
 
-TOP_KEYS = ("kind", "name", "system", "initial", "batch", "time", "solver", "output")
-SYSTEM_KEYS = ("states", "params", "equations", "python")
-TIME_KEYS = ("start", "end", "eval")
 # The solver registry's built-in methods (name -> adaptive?), so that checking a spec needs no
 # torch; tests/test_spec.py keeps it equal to odecli.ode.stepper.available_methods().
 BUILTIN_METHODS = {
@@ -35,10 +35,6 @@ BUILTIN_METHODS = {
     "tsit5": True, "dop853": True, "rodas5": True, "rodas5p": True, "rodas4": True, "kvaerno5": True,
     "kvaerno3": True, "auto": True,
 }
-# Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
-MAX_BATCH = 10_000_000
-MAX_EVAL_POINTS = 20_000_000
-EVAL_SNAP_RTOL = 1e-12  # output times this close (relative to the span) to its ends are taken as the ends
 
 
 @dataclass(frozen=True)
@@ -74,6 +70,55 @@ class SolverSpec:
 
 
 SOLVER_KEYS = tuple(SolverSpec.__dataclass_fields__)
+
+# ---------------------------------------------------------------- the document, declared
+# The keys and value types of the other sections. They give the unknown-key checks (with a
+# did-you-mean) and the JSON Schema; the values are checked by the functions below, which
+# know what the declarations cannot: names that must be states, lists one per sample.
+
+PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]],
+                      expected("a number or a list of numbers (one per sample)")]
+Identifier = Annotated[str, Meta(pattern="^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class System(Section, frozen=True):
+    """the state names and their right-hand side: equations or python"""
+
+    states: Annotated[list[Identifier], Meta(min_length=1, extra_json_schema={"uniqueItems": True})]
+    params: Optional[dict[str, PerSample]] = None
+    equations: Optional[dict[str, Union[str, float]]] = None
+    python: Optional[Annotated[str, Meta(pattern="^.+\\.py:[A-Za-z_][A-Za-z0-9_]*$")]] = None
+
+
+class Time(Section, frozen=True):
+    """time span per sample; eval: output times (default: start and end)"""
+
+    start: PerSample
+    end: PerSample
+    eval: Optional[Union[Annotated[int, Meta(ge=1)], Annotated[list[float], Meta(min_length=1)]]] = None
+
+
+def _one_given(*keys: str) -> dict[str, Any]:
+    """oneOf: exactly one of ``keys`` given and not empty."""
+    return {"oneOf": [{"required": [key], "properties": {key: {"not": {"type": "null"}}}} for key in keys]}
+
+
+class OdeDocument(Section, frozen=True, kw_only=True):
+    """odecli ODE spec (kind: ode)"""
+
+    kind: Literal["ode"]
+    name: Optional[str] = None
+    system: Annotated[System, Meta(extra_json_schema=_one_given("equations", "python"))]
+    initial: dict[str, PerSample]
+    batch: Optional[Annotated[int, Meta(ge=1, le=MAX_BATCH)]] = None
+    time: Time
+    solver: SolverSpec = msgspec.field(default_factory=SolverSpec)
+    output: Optional[str] = None
+
+
+TOP_KEYS = tuple(OdeDocument.__struct_fields__)
+SYSTEM_KEYS = tuple(System.__struct_fields__)
+TIME_KEYS = tuple(Time.__struct_fields__)
 
 
 @dataclass(frozen=True)
@@ -141,12 +186,12 @@ def _validate(
         hint = "; run it with odecli train-inverse" if data["kind"] == "pde-inverse" else ""
         report("kind", f"expected 'ode', got {describe(data['kind'])}{hint}")
         return None
-    _check_keys(data, "", TOP_KEYS, report)
+    check_keys(data, OdeDocument, "", report)
     if "kind" not in data:
         report("kind", "required key is missing; expected 'kind: ode'")
     name = _name(data.get("name"), file, report)
 
-    system = _section(data, "system", SYSTEM_KEYS, report)
+    system = _section(data, "system", System, report)
     states: tuple[str, ...] | None = None
     params: dict[str, list[float] | None] = {}
     shared: tuple[str, ...] = ()
@@ -157,7 +202,7 @@ def _validate(
         shared = tuple(k for k in params if not isinstance(system["params"][k], list))
         equations, python = _equations_or_python(system, states, params, file, report)
     initial = _initial(data.get("initial"), states, report)
-    time = _section(data, "time", TIME_KEYS, report)
+    time = _section(data, "time", Time, report)
     start = _required_per_sample(time, "start", "time.start", report)
     end = _required_per_sample(time, "end", "time.end", report)
 
@@ -204,16 +249,7 @@ def _join(field: str, key: Any) -> str:
     return f"{field}.{key}" if field else str(key)
 
 
-def _check_keys(mapping: dict[Any, Any], field: str, allowed: Sequence[str], report: Problems) -> None:
-    """Report keys outside ``allowed``, suggesting the closest allowed one."""
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"expected one of: {', '.join(allowed)}"
-            report(_join(field, key), f"unknown key ({hint})")
-
-
-def _section(data: dict[str, Any], key: str, allowed: Sequence[str], report: Problems) -> dict[str, Any] | None:
+def _section(data: dict[str, Any], key: str, declared: type[Section], report: Problems) -> dict[str, Any] | None:
     """A required nested mapping with known keys; ``None`` if missing or not a mapping."""
     value = data.get(key)
     if value is None:
@@ -222,53 +258,8 @@ def _section(data: dict[str, Any], key: str, allowed: Sequence[str], report: Pro
     if not isinstance(value, dict):
         report(key, f"expected a mapping, got {describe(value)}")
         return None
-    _check_keys(value, key, allowed, report)
+    check_keys(value, declared, key, report)
     return value
-
-
-def _number(value: Any, field: str, report: Problems, expected: str = "a number", finite: bool = True) -> float | None:
-    """A float from an int or float (never a bool); NaN/inf refused when ``finite``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        report(field, f"expected {expected}, got {describe(value)}")
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
-        number = math.inf
-    if math.isnan(number) or (finite and math.isinf(number)):
-        report(field, f"must be a finite number, got {describe(value)}")
-        return None
-    return number
-
-
-def _integer(value: Any, field: str, report: Problems) -> int | None:
-    """An int from an int or a whole float (``1e5``); bools refused."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        report(field, f"expected a whole number, got {describe(value)}")
-        return None
-    return value
-
-
-def _bounded(
-    value: Any, field: str, report: Problems, *, gt: float | None = None, ge: float | None = None,
-    le: float | None = None, finite: bool = True,
-) -> float | None:
-    """A number with bounds; the message states the violated bound and the given value."""
-    number = _number(value, field, report, finite=finite)
-    if number is None:
-        return None
-    if gt is not None and not number > gt:
-        bound = f"> {gt:g}"
-    elif ge is not None and not number >= ge:
-        bound = f">= {ge:g}"
-    elif le is not None and not number <= le:
-        bound = f"<= {le:g}"
-    else:
-        return number
-    report(field, f"must be {bound}, got {describe(value)}")
-    return None
 
 
 def _choice(value: Any, field: str, choices: Sequence[str], report: Problems) -> str | None:
@@ -278,28 +269,6 @@ def _choice(value: Any, field: str, choices: Sequence[str], report: Problems) ->
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     report(field, f"expected one of {', '.join(choices)}, got {describe(value)}{hint}")
     return None
-
-
-def _per_sample(value: Any, field: str, report: Problems) -> list[float] | None:
-    """A number (shared by all samples) or a non-empty list of numbers (one per sample)."""
-    expected = "a number or a list of numbers (one per sample)"
-    if not isinstance(value, list):
-        number = _number(value, field, report, expected=expected)
-        return None if number is None else [number]
-    if not value:
-        report(field, f"list is empty, expected {expected}")
-        return None
-    numbers = [_number(v, f"{field}[{i}]", report) for i, v in enumerate(value)]
-    return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
-
-
-def _required_per_sample(section: dict[str, Any] | None, key: str, field: str, report: Problems) -> list[float] | None:
-    if section is None:
-        return None
-    if section.get(key) is None:
-        report(field, "required key is missing")
-        return None
-    return _per_sample(section[key], field, report)
 
 
 def _identifier(value: Any, field: str, what: str, taken: Mapping[str, str], report: Problems) -> str | None:
@@ -454,105 +423,6 @@ def _initial(value: Any, states: tuple[str, ...] | None, report: Problems) -> di
                 report(f"initial.{state}", "missing; every state needs an initial value")
     wanted = value.keys() if states is None else [key for key in value if key in states]
     return {key: _per_sample(value[key], f"initial.{key}", report) for key in wanted}
-
-
-def _batch(value: Any, lists: Mapping[str, list[float] | None], report: Problems) -> int | None:
-    """The explicit batch size, else the longest per-sample list (1 if there is none)."""
-    if value is None:
-        return max((len(v) for v in lists.values() if v is not None), default=1)
-    batch = _integer(value, "batch", report)
-    if batch is not None and not 1 <= batch <= MAX_BATCH:
-        report("batch", f"must be between 1 and {MAX_BATCH}, got {describe(value)}")
-        return None
-    return batch
-
-
-def _expand(values: list[float] | None, field: str, batch: int | None, report: Problems) -> list[float] | None:
-    """Broadcast a length-1 list to ``batch``; other lengths must equal ``batch``."""
-    if values is None or batch is None:
-        return None
-    if len(values) == 1:
-        return values * batch
-    if len(values) != batch:
-        report(field, f"list has {len(values)} entries, expected 1 or batch={batch}")
-        return None
-    return values
-
-
-def _check_spans(start: list[float], end: list[float], end_is_list: bool, report: Problems) -> None:
-    for i, (a, b) in enumerate(zip(start, end)):
-        if a == b:
-            field = f"time.end[{i}]" if end_is_list else "time.end"
-            report(field, f"must differ from time.start, both are {a:g} (sample {i})")
-            return
-
-
-def _eval(value: Any, start: list[float], end: list[float], batch: int, report: Problems) -> list[list[float]] | None:
-    """Output times per sample: ``n`` evenly spaced, a shared explicit list, or [start, end]."""
-    if value is None:
-        return [[a, b] for a, b in zip(start, end)]
-    if isinstance(value, list):
-        return _explicit_eval(value, start, end, batch, report)
-    n = _integer(value, "time.eval", report)
-    if n is None:
-        return None
-    if n < 1:
-        report("time.eval", f"must be >= 1 (number of output times) or a list of times, got {describe(value)}")
-        return None
-    if n * batch > MAX_EVAL_POINTS:
-        report("time.eval", f"{n} times x batch {batch} exceeds the limit of {MAX_EVAL_POINTS} output points")
-        return None
-    if n == 1:
-        return [[b] for b in end]
-    return [[a + (b - a) * (k / (n - 1)) for k in range(n - 1)] + [b] for a, b in zip(start, end)]
-
-
-def _explicit_eval(
-    value: list[Any], start: list[float], end: list[float], batch: int, report: Problems
-) -> list[list[float]] | None:
-    """A list shared by all samples: inside every span and strictly monotone in the integration direction."""
-    if not value:
-        report("time.eval", "list is empty, expected at least one output time")
-        return None
-    if len(value) * batch > MAX_EVAL_POINTS:
-        report("time.eval", f"{len(value)} times x batch {batch} exceeds the limit of {MAX_EVAL_POINTS} output points")
-        return None
-    times = [_number(v, f"time.eval[{j}]", report) for j, v in enumerate(value)]
-    if any(x is None for x in times):
-        return None
-    forward = end[0] > start[0]
-    if any((b > a) != forward for a, b in zip(start, end)):
-        report("time.eval", "an explicit list of times needs all samples to integrate in the same direction")
-        return None
-    for j in range(1, len(times)):
-        previous, current = times[j - 1], times[j]
-        if (current <= previous) if forward else (current >= previous):  # type: ignore[operator]
-            word = "increase" if forward else "decrease"
-            message = f"times must strictly {word} (direction of integration), got {current:g} after {previous:g}"
-            report(f"time.eval[{j}]", message)
-            return None
-    per_sample = []
-    for i, (a, b) in enumerate(zip(start, end)):
-        snapped = [_snap_to_span(x, a, b) for x in times]  # type: ignore[arg-type]
-        for j, x in enumerate(snapped):
-            if not min(a, b) <= x <= max(a, b):
-                report(f"time.eval[{j}]", f"{x!r} lies outside the time span [{a!r}, {b!r}] of sample {i}")
-                return None
-            if j and x == snapped[j - 1]:
-                report(f"time.eval[{j}]", f"{times[j]!r} is {snapped[j - 1]!r} to round-off (sample {i})")
-                return None
-        per_sample.append(snapped)
-    return per_sample
-
-
-def _snap_to_span(x: float, a: float, b: float) -> float:
-    """``x``, or the span's end it misses by round-off only: a list built by adding steps, as
-    ``numpy.arange`` does, ends at 0.30000000000000004 for a span that ends at 0.3."""
-    tolerance = EVAL_SNAP_RTOL * max(abs(a), abs(b), abs(b - a))
-    for edge in (a, b):
-        if abs(x - edge) <= tolerance:
-            return edge
-    return x
 
 
 def _solver(value: Any, methods: Mapping[str, object] | None, report: Problems) -> SolverSpec | None:
