@@ -483,7 +483,7 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     ode, inv = load_ode_inverse_spec(spec_path)  # every rank reads the same file: errors are collective
     if iterations is not None and iterations < 1:
         raise InputError("--iterations must be >= 1")
-    output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
+    output = Path(output) if output is not None else Path(ode.fit_output)
     cpath, replace = check_start(output, resume, force)
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during

@@ -24,6 +24,7 @@ from odecli.app import faults
 from odecli.optim.optimizers import LBFGS, Adam, Space
 from odecli.io.pde_run import write_result
 from odecli.app.pde_problem import Problem, collective
+from odecli.specs.outputs import fit_output_of
 from odecli.specs.pde import load_spec
 from odecli.pde.timing import CommTimer
 
@@ -31,7 +32,7 @@ HISTORY_KEYS = ("loss", "grad_norm", "wall_time_s", "misfit", "regularization", 
 
 
 def default_output(spec_path: Path) -> Path:
-    return Path.cwd() / (Path(spec_path).stem + ".h5")
+    return Path.cwd() / fit_output_of(spec_path)  # <name>-fit.h5, as for every kind (odecli.specs.outputs)
 
 
 def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,

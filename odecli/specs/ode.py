@@ -5,6 +5,12 @@ one-line message naming the file and the dotted field path (``initial.v[2]``). O
 validator serves two callers: ``parse_ode_spec`` stops at the first problem, while
 ``validate_ode_spec_all`` (for ``odecli validate``) collects them all. The difference is
 only the ``Problems`` collector: strict mode raises on the first report.
+
+The keys and value types are declared once (SolverSpec, OdeDocument, System, Time), and both
+the unknown-key checks and the JSON Schema (odecli.specs.schema) come from the declarations.
+
+Output names (odecli.specs.outputs, the same rule for every kind): ``name`` defaults to the
+file's stem; a solve writes ``output`` or ``<name>.h5``, a fit ``<name>-fit.h5``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from odecli.errors import SpecError
 from odecli.specs.declare import INFINITE, Problems, Section, check_keys, expected, read
 from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.specs.loader import describe, load_yaml
+from odecli.specs.outputs import default_output
 from odecli.specs.ode_values import (MAX_BATCH, _batch, _check_spans, _eval, _expand, _number, _per_sample,
                                      _required_per_sample)
 
@@ -143,8 +150,13 @@ class OdeSpec:
 
     @property
     def default_output(self) -> str:
-        """The output file when no override is given: ``output`` or ``<name>.h5``."""
-        return self.output if self.output is not None else f"{self.name}.h5"
+        """The solve's output file when no override is given: ``output`` or ``<name>.h5``."""
+        return default_output(self.name, fit=False, output=self.output)
+
+    @property
+    def fit_output(self) -> str:
+        """The fit's output file when no override is given: ``<name>-fit.h5``."""
+        return default_output(self.name, fit=True)
 
 
 def load_ode_spec(path: str | Path, methods: Mapping[str, object] | None = None) -> OdeSpec:
