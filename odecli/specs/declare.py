@@ -130,41 +130,35 @@ def read_value(raw: Any, annotation: Any, field: str, report: Callable[[str, str
     if _is_section(base):
         result = read(raw, base, field, report)
         return _BAD if result is None else result
-    if typing.get_origin(base) is dict and not _is_leaf(typing.get_args(base)[1]):
+    if typing.get_origin(base) is dict:  # names of the user's choosing, each value declared
         if raw is None:
             return {}
         if not isinstance(raw, dict):
-            report(field, f"expected a mapping of name: settings, got {describe(raw)}")
+            report(field, f"expected a mapping of name: value, got {describe(raw)}")
             return _BAD
-        out = {key: read_value(item, typing.get_args(base)[1], _join(field, key), report)
-               for key, item in raw.items()}
-        return _BAD if any(v is _BAD for v in out.values()) else out
-    if typing.get_origin(base) is dict:
-        if raw is None:
-            return {}
-        if not isinstance(raw, dict):
-            report(field, f"expected a mapping, got {describe(raw)}")
-            return _BAD
-        out = {key: _leaf(item, typing.get_args(base)[1], _join(field, key), report) for key, item in raw.items()}
+        value_type = typing.get_args(base)[1]
+        out = {key: read_value(item, value_type, _join(field, key), report) for key, item in raw.items()}
         return _BAD if any(v is _BAD for v in out.values()) else out
     return _leaf(raw, annotation, field, report)
 
 
 def _leaf(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:
+    """A value msgspec converts (strictly: no strings for numbers), finite unless declared INFINITE."""
     try:
         value = msgspec.convert(_whole_numbers(raw, annotation), annotation, strict=True)
     except msgspec.ValidationError as exc:
         report(*_message(raw, annotation, field, str(exc)))
         return _BAD
-    if isinstance(value, float) and not math.isfinite(value) and not _extra(annotation).get("infinite"):
+    if _extra(annotation).get("infinite"):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
         report(field, f"must be a finite number, got {describe(raw)}")
         return _BAD
-    infinite = _extra(annotation).get("infinite")
-    if isinstance(value, (list, tuple)) and not infinite and any(
-            isinstance(v, float) and not math.isfinite(v) for v in value):
-        index = next(i for i, v in enumerate(value) if isinstance(v, float) and not math.isfinite(v))
-        report(f"{field}[{index}]", f"must be a finite number, got {describe(raw[index])}")
-        return _BAD
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if isinstance(item, float) and not math.isfinite(item):
+                report(f"{field}[{index}]", f"must be a finite number, got {describe(raw[index])}")
+                return _BAD
     return value
 
 
@@ -346,7 +340,9 @@ def _describe(node: dict[str, Any], section: type[Section]) -> dict[str, Any]:
 
 def _field_schema(node: dict[str, Any], annotation: Any, null: bool) -> dict[str, Any]:
     node = dict(node)
-    node.pop("default", None)
+    default = node.pop("default", None)
+    if default is not None and not (isinstance(default, float) and not math.isfinite(default)):
+        node["default"] = default  # shown by editors; JSON has no .inf, and null means "left out"
     if "anyOf" in node and {"type": "null"} in node["anyOf"]:  # msgspec's Optional: one nullable below
         rest = [n for n in node.pop("anyOf") if n != {"type": "null"}]
         node = {**(rest[0] if len(rest) == 1 else {"anyOf": rest}), **node}
