@@ -211,7 +211,7 @@ def init(
 @_clean_errors
 def train_inverse(
     spec: Path = typer.Argument(..., help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: <spec stem>.h5; an ODE fit: <name>-fit.h5)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: <name>-fit.h5; name defaults to the spec file's stem)."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output (OUT.ckpt.h5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file; start over on an earlier run's checkpoint."),

@@ -282,7 +282,8 @@ def test_schema_accepts_the_inverse_sections_the_validator_accepts(path, value):
     ("unknowns.params.k.per_sample", "no"), ("unknowns.params.k.bounds", [0]), ("data.file", "truth.h5"),
     ("data.truth.extra", {}), ("data.noise", -0.1), ("data.seed", -1), ("data.relative", "yes"),
     ("observed", []), ("loss.type", "mae"), ("loss.weights.x", -1.0), ("optimizer.type", "sgd"),
-    ("optimizer.lr", 0), ("optimizer.iterations", 0), ("optimizer.history", 0), ("optimizer.tol", -1.0),
+    ("optimizer.learning_rate", 0), ("optimizer.iterations", 0), ("optimizer.history_size", 0),
+    ("optimizer.tolerance", -1.0), ("optimizer.lr", 1.0), ("optimizer.tol", 1e-9), ("optimizer.history", 5),
     ("optimizer.gtol", -1e-3), ("optimizer.step", 1), ("checkpoint.every", -1), ("checkpoint.each", 2),
 ])
 def test_schema_rejects_the_inverse_sections_the_validator_rejects(path, value):

@@ -41,7 +41,7 @@ inverse:
   data:
     truth: {params: {mu: %(mu)s}}
   observed: [x, v]
-  optimizer: {type: lbfgs, iterations: 15, tol: 1.0e-8, gtol: 1.0e-9}
+  optimizer: {type: lbfgs, iterations: 15, tolerance: 1.0e-8, gtol: 1.0e-9}
 """
 
 DECAY = """
@@ -65,7 +65,7 @@ inverse:
     %(data)s
   observed: [u]
   loss: {weights: {u: 2.0}}
-  optimizer: {type: %(optimizer)s, iterations: %(iterations)s, tol: 1.0e-14, lr: %(lr)s}
+  optimizer: {type: %(optimizer)s, iterations: %(iterations)s, tolerance: 1.0e-14, learning_rate: %(lr)s}
   adjoint: %(adjoint)s
 """
 DECAY_TRUTH = "truth: {params: {k: 1.3}, initial: {u: [2.0, 1.5, 1.0, 0.5, 0.25]}}"

@@ -399,3 +399,86 @@ def test_a_yaml_error_is_worded_by_the_pure_python_parser():
         parse_yaml("kind: ode\n\tx: 1\n", "tab.yaml")
     with pytest.raises(SpecError, match="duplicate key 'kind'"):
         parse_yaml("kind: ode\nkind: ode\n", "twice.yaml")
+
+
+# ---------------------------------------------------------------- one vocabulary, declared once
+
+FIT = """\
+kind: ode
+system: {states: [x], params: {k: 1.0}, equations: {x: -k * x}}
+initial: {x: 1.0}
+time: {start: 0, end: 1, eval: 5}
+inverse:
+  unknowns: {params: {k: {bounds: [0, 5]}}}
+  data: {truth: {params: {k: 2.0}}}
+  optimizer: %s
+"""
+
+
+@pytest.mark.parametrize("old,new", [("lr", "learning_rate"), ("tol", "tolerance"), ("history", "history_size")])
+def test_the_former_ode_optimizer_keys_are_refused_naming_the_shared_ones(old, new):
+    from odecli.specs.inverse import parse_ode_inverse_spec
+
+    with pytest.raises(SpecError) as info:
+        parse_ode_inverse_spec(parse_yaml(FIT % f"{{{old}: 1}}", "fit.yaml"), "", "fit.yaml")
+    assert str(info.value) == f"fit.yaml: inverse.optimizer.{old}: unknown key (renamed: did you mean '{new}'?)"
+
+
+def test_both_kinds_parse_their_optimizer_into_the_same_settings_with_their_own_defaults():
+    from odecli.optim.settings import OptimizerSettings
+    from odecli.specs.inverse import parse_ode_inverse_spec
+    from odecli.specs.pde import validate
+
+    text = FIT % "{type: adam, learning_rate: 0.1, tolerance: 1.0e-8, history_size: 4}"
+    _, inverse = parse_ode_inverse_spec(parse_yaml(text, "fit.yaml"), text, "fit.yaml")
+    assert inverse.optimizer == OptimizerSettings("adam", 0.1, 200, 1e-8, 0.0, 4)
+    _, inverse = parse_ode_inverse_spec(parse_yaml(FIT % "{}", "fit.yaml"), "", "fit.yaml")
+    assert inverse.optimizer == OptimizerSettings("lbfgs", 1.0, 50, 1e-10, 0.0, 10)
+    root = Path(__file__).resolve().parents[1]
+    pde = validate(load_yaml(root / "examples" / "heat-conductivity.yaml")[0], "heat.yaml")
+    assert pde["optimizer"] == OptimizerSettings("lbfgs", 0.0001, 15, 0.0, 0.0, 10, (0.9, 0.999), 12)
+
+
+@pytest.mark.parametrize("path,typo,field,hint", [
+    ("ode", ("time:", "solver: {rtoll: 1}\ntime:"), "solver.rtoll", "did you mean 'rtol'?"),
+    ("inverse", ("data: {", "data: {noize: 0.1, "), "inverse.data.noize", "did you mean 'noise'?"),
+    ("pde", ("optimizer: {", "optimizer: {learning_rat: 1, "), "optimizer.learning_rat", "did you mean 'learning_rate'?"),
+    ("pde", ("true_model: {", "true_model: {backround: 1, "), "true_model.backround", "did you mean 'background'?"),
+])
+def test_unknown_keys_of_every_kind_get_a_did_you_mean(path, typo, field, hint, tmp_path):
+    from odecli.specs.validate import validate_file
+
+    root = Path(__file__).resolve().parents[1]
+    source = {"ode": FIT % "{}", "inverse": FIT % "{}",
+              "pde": (root / "examples" / "acoustic-anomaly.yaml").read_text()}[path]
+    if path == "ode":
+        source = source.split("inverse:")[0]
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(source.replace(*typo, 1))
+    problems = validate_file(spec).problems
+    assert f"{spec}: {field}: unknown key ({hint})" in problems, problems
+
+
+def test_one_default_output_rule_for_every_kind(tmp_path):
+    from odecli.specs.outputs import fit_output_of
+
+    spec = parse_ode_spec(parse_yaml(FIT.split("inverse:")[0], "decay.yaml"), "", "decay.yaml")
+    assert (spec.default_output, spec.fit_output) == ("decay.h5", "decay-fit.h5")
+    named = tmp_path / "spec.yaml"
+    named.write_text("kind: pde-inverse\nname: survey\n")
+    assert fit_output_of(named) == "survey-fit.h5"
+    named.write_text("kind: pde-inverse\n")
+    assert fit_output_of(named) == "spec-fit.h5"
+    assert fit_output_of(tmp_path / "missing.yaml") == "missing-fit.h5"
+
+
+def test_the_schema_lists_exactly_the_declared_keys_of_each_section():
+    from odecli.specs import pde_sections
+    from odecli.specs.ode import SolverSpec
+    from odecli.specs.schema import all_schemas
+
+    document = all_schemas()["$defs"]
+    assert list(document["ode"]["properties"]["solver"]["properties"]) == list(SolverSpec.__dataclass_fields__)
+    for key, section in (("optimizer", pde_sections.Optimizer), ("compute", pde_sections.Compute),
+                         ("parallel", pde_sections.Parallel), ("time", pde_sections.Time)):
+        assert list(document["pde-inverse"]["properties"][key]["properties"]) == list(section.__struct_fields__)

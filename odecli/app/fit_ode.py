@@ -389,13 +389,13 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
             log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}  "
                 f"{step_s:.2f} s")
 
-    n_iter = inv.iterations if iterations is None else iterations
+    n_iter = inv.optimizer.iterations if iterations is None else iterations
     every = inv.checkpoint_every
 
     def save(state: OptState) -> None:
         if checkpoint is None or not every or state.it % every or state.it >= n_iter:
             return  # the last iteration needs none: the output follows
-        ckpt.save(checkpoint, comm, spec_text=ode.text, optimizer=inv.optimizer, state=state, history=history,
+        ckpt.save(checkpoint, comm, spec_text=ode.text, optimizer=inv.optimizer.type, state=state, history=history,
                   n_evals=problem.n_evals)
         ckpt.maybe_exit_after_checkpoint(state.it)
 
@@ -414,11 +414,12 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
             log(f"no checkpoint at {checkpoint}; starting from the beginning")
         state = _start(problem.evaluate, x0)
         record(state.f, state.g)
-    args = (problem.evaluate, state, problem.lower, problem.upper, inv.lr, n_iter, inv.tol, inv.gtol, record, save)
-    if inv.optimizer == "adam":
+    args = (problem.evaluate, state, problem.lower, problem.upper, inv.optimizer.learning_rate, n_iter,
+            inv.optimizer.tolerance, inv.optimizer.gtol, record, save)
+    if inv.optimizer.type == "adam":
         reason, done = _adam(*args)
     else:
-        reason, done = _lbfgs(*args, history=inv.history)
+        reason, done = _lbfgs(*args, history=inv.optimizer.history_size)
     x = state.x
     t, y, data, status, stats = problem.final_solution(x)
     split = lambda v: {u.name: v[o:o + n].copy() for u, o, n in zip(inv.unknowns, problem.offsets, problem.sizes)}  # noqa: E731
@@ -448,7 +449,7 @@ def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult, rep
         a["atol"] = ode.solver.atol
         a["adjoint"] = inv.adjoint
         a["engine"] = result.engine
-        a["optimizer"] = inv.optimizer
+        a["optimizer"] = inv.optimizer.type
         a["iterations"] = result.iterations
         a["stop_reason"] = result.stop_reason
         a["ranks"] = result.ranks
@@ -482,7 +483,7 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     ode, inv = load_ode_inverse_spec(spec_path)  # every rank reads the same file: errors are collective
     if iterations is not None and iterations < 1:
         raise InputError("--iterations must be >= 1")
-    output = Path(output) if output is not None else Path(f"{ode.name}-fit.h5")
+    output = Path(output) if output is not None else Path(ode.fit_output)
     cpath, replace = check_start(output, resume, force)
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during

@@ -24,6 +24,7 @@ from odecli.app import faults
 from odecli.optim.optimizers import LBFGS, Adam, Space
 from odecli.io.pde_run import write_result
 from odecli.app.pde_problem import Problem, collective
+from odecli.specs.outputs import fit_output_of
 from odecli.specs.pde import load_spec
 from odecli.pde.timing import CommTimer
 
@@ -31,7 +32,7 @@ HISTORY_KEYS = ("loss", "grad_norm", "wall_time_s", "misfit", "regularization", 
 
 
 def default_output(spec_path: Path) -> Path:
-    return Path.cwd() / (Path(spec_path).stem + ".h5")
+    return Path.cwd() / fit_output_of(spec_path)  # <name>-fit.h5, as for every kind (odecli.specs.outputs)
 
 
 def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,
@@ -73,7 +74,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         raise collective(exc)
     if spec["compute"]["threads"]:
         torch.set_num_threads(spec["compute"]["threads"])
-    n_iter = iterations if iterations is not None else spec["optimizer"]["iterations"]
+    n_iter = iterations if iterations is not None else spec["optimizer"].iterations
     if n_iter < 1:
         raise collective(InputError("--iterations must be >= 1"))
 
@@ -82,10 +83,10 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     unk = problem.unknown
     space = Space(comm, unk.distributed)
     o = spec["optimizer"]
-    if o["type"] == "adam":
-        opt = Adam(unk.params, o["learning_rate"], o["betas"])
+    if o.type == "adam":
+        opt = Adam(unk.params, o.learning_rate, o.betas)
     else:
-        opt = LBFGS(unk.params, space, o["learning_rate"], o["history_size"], o["max_line_search"])
+        opt = LBFGS(unk.params, space, o.learning_rate, o.history_size, o.max_line_search)
 
     with torch.no_grad():
         initial_field = _gather_np(unk.field(), problem, comm)
@@ -119,7 +120,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
             console.print(f"no checkpoint at {cpath}; starting from the beginning")
 
     every = spec["checkpoint"]["every"]
-    tol = o["tolerance"]
+    tol = o.tolerance
     stop_reason = "iterations"
     timer.reset()
     loop_t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Spec files: safe YAML loading, validation into frozen dataclasses, safe equation compilation."""
+"""Spec files: safe YAML loading; validation and JSON Schema from one set of declarations per kind
+(odecli.specs.declare); safe equation compilation."""
 
 from odecli.specs.expr import compile_expression
 from odecli.specs.loader import load_yaml, parse_yaml, spec_kind

@@ -18,36 +18,158 @@ inverse section against it. Every problem is a one-line :class:`SpecError` with 
         seed: 0
       observed: [x]                   # default: every state
       loss: {type: mse, weights: {x: 1.0}}
-      optimizer: {type: lbfgs, lr: 1.0, iterations: 50, tol: 1e-10, gtol: 0, history: 10}
+      optimizer: {type: lbfgs, learning_rate: 1.0, iterations: 50, tolerance: 1e-10, gtol: 0, history_size: 10}
       adjoint: direct                 # direct | backsolve | checkpoint (default: solver.adjoint)
       checkpoint: {every: 10}         # iterations between OUT.ckpt.h5 checkpoints (0: none)
+
+The section is declared below as msgspec Structs (odecli.specs.declare): the same declarations
+check it and give its JSON Schema. The optimizer keys are those of a pde-inverse spec
+(``learning_rate``, ``tolerance``, ``history_size``); the former ``lr``, ``tol`` and ``history``
+are refused with a did-you-mean naming the new key. The parsed optimizer is an
+:class:`odecli.optim.settings.OptimizerSettings`, as a PDE fit's is.
 """
 
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
 
 from odecli.errors import SpecError
+from odecli.optim.settings import OptimizerSettings
+from odecli.specs.declare import INFINITE, Problems, Section, expected, read
 from odecli.specs.loader import describe, load_yaml
 from odecli.specs.ode import OdeSpec, parse_ode_spec
 
-# The section's keys, enums and lower limits. The JSON Schema (odecli.specs.schema) is built from
-# these same tables, so an editor completes and checks exactly what this validator accepts.
-INVERSE_KEYS = ("unknowns", "data", "observed", "loss", "optimizer", "adjoint", "checkpoint")
-VALUE_GROUPS = ("params", "initial")  # keys of unknowns and of data.truth
-UNKNOWN_KEYS = ("per_sample", "init", "bounds")
-DATA_KEYS = ("file", "truth", "noise", "relative", "seed")
-LOSS_KEYS = ("type", "weights")
-LOSS_TYPES = ("mse",)
-OPTIMIZER_KEYS = ("type", "lr", "iterations", "tol", "gtol", "history")
-CHECKPOINT_KEYS = ("every",)
-OPTIMIZERS = ("adam", "lbfgs")
-ADJOINT_MODES = ("direct", "backsolve", "checkpoint")
-OPTIMIZER_DEFAULTS = {"adam": {"lr": 0.05, "iterations": 200}, "lbfgs": {"lr": 1.0, "iterations": 50}}
-CHECKPOINT_EVERY = 10
+PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]],
+                      expected("a number or a list of numbers (one per sample)")]
+Bounds = Annotated[tuple[float, float], expected("[lower, upper]", INFINITE,
+                                                 description="[lower, upper] (.inf: unbounded); init must lie inside")]
+Weight = Annotated[float, Meta(ge=0, description="weight of this state (default 1)")]
+
+
+class UnknownSettings(Section, frozen=True):
+    """how to fit this value"""
+
+    null_is_default: ClassVar[bool] = False
+    per_sample: Annotated[bool, Meta(description="one value per sample (default), or false: one shared")] = True
+    init: Union[Annotated[PerSample, Meta(description="starting value, or one per sample; default: the spec's")],
+                UnsetType] = UNSET
+    bounds: Union[Bounds, UnsetType] = UNSET
+
+
+class UnknownGroups(Section, frozen=True):
+    """the values to fit (at least one)"""
+
+    params: Annotated[dict[str, UnknownSettings], Meta(description="parameters to fit, names from system.params")] = {}
+    initial: Annotated[dict[str, UnknownSettings],
+                       Meta(description="initial values to fit, names from system.states")] = {}
+
+
+class TruthValues(Section, frozen=True):
+    """synthesise the observations by solving with these true values"""
+
+    params: Annotated[dict[str, PerSample], Meta(description="true parameter values (one, or one per sample)")] = {}
+    initial: Annotated[dict[str, PerSample], Meta(description="true initial values (one, or one per sample)")] = {}
+
+
+class DataSource(Section, frozen=True):
+    """the observations: exactly one of file or truth"""
+
+    null_is_default: ClassVar[bool] = False
+    file: Union[Annotated[str, expected("a file name", pattern=r"\S", description=(
+        "an odecli solve output (t, y per sample), relative to the spec's folder"))], UnsetType] = UNSET
+    truth: Union[TruthValues, UnsetType] = UNSET
+    noise: Annotated[float, Meta(ge=0, description="Gaussian noise std added to the observations")] = 0.0
+    relative: Annotated[bool, Meta(description="true: the noise std is relative to |y|")] = False
+    seed: Annotated[int, Meta(ge=0, description="seed of the noise")] = 0
+
+
+class Loss(Section, frozen=True):
+    """misfit between solution and data"""
+
+    null_is_default: ClassVar[bool] = False
+    type: Annotated[Literal["mse"], Meta(description="mean squared error")] = "mse"
+    weights: Annotated[dict[str, Weight], Meta(description="weights of observed states")] = {}
+
+
+class Optimizer(Section, frozen=True):
+    """learning_rate and iterations default by type: adam 0.05 and 200, lbfgs 1 and 50"""
+
+    null_is_default: ClassVar[bool] = False
+    renamed: ClassVar[dict[str, str]] = {"lr": "learning_rate", "tol": "tolerance", "history": "history_size"}
+    type: Annotated[Literal["adam", "lbfgs"], Meta(description="Adam, or L-BFGS with a line search")] = "lbfgs"
+    learning_rate: Union[Annotated[float, Meta(gt=0, description="Adam's step; L-BFGS's first step length")],
+                         UnsetType] = UNSET
+    iterations: Union[Annotated[int, Meta(ge=1, description="most iterations (--iterations overrides)")],
+                      UnsetType] = UNSET
+    tolerance: Annotated[float, Meta(ge=0, description="stop when the loss changes by at most this (relative)")] = 1e-10
+    gtol: Annotated[float, Meta(ge=0, description="stop when |gradient| is at most this")] = 0.0
+    history_size: Annotated[int, Meta(ge=1, description="L-BFGS history length")] = 10
+
+
+class Checkpoint(Section, frozen=True):
+    """checkpoints of the fit"""
+
+    null_is_default: ClassVar[bool] = False
+    every: Annotated[int, Meta(ge=0, description="iterations between OUT.ckpt.h5 checkpoints (--resume); 0: none")] = 10
+
+
+def _given(key: str) -> dict[str, Any]:
+    return {"required": [key], "properties": {key: {"not": {"type": "null"}}}}
+
+
+class InverseSection(Section, frozen=True):
+    """parameter estimation (odecli train-inverse)"""
+
+    null_is_default: ClassVar[bool] = False
+    unknowns: Annotated[UnknownGroups, Meta(
+        extra={"missing": "; name at least one of params or initial"},
+        # at least one group that names a value: an empty group is read as none
+        extra_json_schema={"anyOf": [{"required": [group], "properties": {group: {"type": "object", "minProperties": 1}}}
+                                     for group in ("params", "initial")]})]
+    data: Annotated[DataSource, Meta(extra={"missing": "; give data.file (an odecli solve output) or data.truth"},
+                                     extra_json_schema={"oneOf": [_given("file"), _given("truth")]})]
+    observed: Union[Annotated[list[str], expected("a non-empty list of state names", min_length=1, extra_json_schema={
+        "uniqueItems": True, "description": "states compared with the data; default (or empty): every state"})],
+        UnsetType] = UNSET
+    loss: Loss = msgspec.field(default_factory=Loss)
+    optimizer: Optimizer = msgspec.field(default_factory=Optimizer)
+    adjoint: Union[Annotated[Literal["direct", "backsolve", "checkpoint"], Meta(
+        description="how gradients are computed; default: solver.adjoint")], UnsetType] = UNSET
+    checkpoint: Checkpoint = msgspec.field(default_factory=Checkpoint)
+
+
+def _keys(section: type[Section]) -> tuple[str, ...]:
+    return tuple(section.__struct_fields__)
+
+
+def _choices(section: type[Section], name: str) -> tuple[str, ...]:
+    annotation = typing.get_type_hints(section, include_extras=True)[name]
+    while typing.get_origin(annotation) is not Literal:
+        annotation = typing.get_args(annotation)[0]
+    return typing.get_args(annotation)
+
+
+# The keys, choices and limits of the declarations above, by name (tests check the schema against them).
+INVERSE_KEYS = _keys(InverseSection)
+VALUE_GROUPS = _keys(UnknownGroups)  # keys of unknowns and of data.truth
+UNKNOWN_KEYS = _keys(UnknownSettings)
+DATA_KEYS = _keys(DataSource)
+LOSS_KEYS = _keys(Loss)
+LOSS_TYPES = _choices(Loss, "type")
+OPTIMIZER_KEYS = _keys(Optimizer)
+CHECKPOINT_KEYS = _keys(Checkpoint)
+OPTIMIZERS = _choices(Optimizer, "type")
+ADJOINT_MODES = _choices(InverseSection, "adjoint")
+OPTIMIZER_DEFAULTS = {"adam": {"learning_rate": 0.05, "iterations": 200},
+                      "lbfgs": {"learning_rate": 1.0, "iterations": 50}}
+CHECKPOINT_EVERY = Checkpoint().every
 
 
 @dataclass(frozen=True)
@@ -58,15 +180,39 @@ class Minimum:
     exclusive: bool = False
 
 
-# Lower limits by field path (loss.weights: each weight).
-NUMBER_MINIMUMS = {
-    "data.noise": Minimum(0.0),
-    "loss.weights": Minimum(0.0),
-    "optimizer.lr": Minimum(0.0, exclusive=True),
-    "optimizer.tol": Minimum(0.0),
-    "optimizer.gtol": Minimum(0.0),
-}
-INTEGER_MINIMUMS = {"data.seed": 0, "optimizer.iterations": 1, "optimizer.history": 1, "checkpoint.every": 0}
+def _minimums(section: type[Section], prefix: str = "") -> tuple[dict[str, Minimum], dict[str, int]]:
+    """The lower limits declared in ``section`` by dotted path (a mapping's values under its own path)."""
+    numbers: dict[str, Minimum] = {}
+    integers: dict[str, int] = {}
+    for name, annotation in typing.get_type_hints(section, include_extras=True).items():
+        if name in ("null_is_default", "renamed"):
+            continue
+        path = f"{prefix}{name}"
+        stack = [annotation]
+        while stack:
+            tp = stack.pop()
+            origin = typing.get_origin(tp)
+            if isinstance(tp, type) and issubclass(tp, Section):
+                sub_numbers, sub_integers = _minimums(tp, path + ".")
+                numbers.update(sub_numbers)
+                integers.update(sub_integers)
+            elif origin is Annotated:
+                base = typing.get_args(tp)[0]
+                for meta in tp.__metadata__:
+                    if base in (float, int) and isinstance(meta, Meta) and (meta.ge, meta.gt) != (None, None):
+                        if base is int:
+                            integers[path] = meta.ge if meta.ge is not None else meta.gt + 1
+                        else:
+                            numbers[path] = Minimum(meta.gt, True) if meta.gt is not None else Minimum(meta.ge)
+                stack.append(base)
+            elif origin is dict:
+                stack.append(typing.get_args(tp)[1])
+            elif origin is Union:
+                stack += list(typing.get_args(tp))
+    return numbers, integers
+
+
+NUMBER_MINIMUMS, INTEGER_MINIMUMS = _minimums(InverseSection)
 
 
 @dataclass(frozen=True)
@@ -99,12 +245,7 @@ class InverseSpec:
     data: DataSpec
     observed: tuple[str, ...]
     weights: tuple[float, ...]  # one per observed state
-    optimizer: str
-    lr: float
-    iterations: int
-    tol: float
-    gtol: float
-    history: int
+    optimizer: OptimizerSettings
     adjoint: str
     checkpoint_every: int  # iterations between checkpoints for --resume; 0: none
 
@@ -122,160 +263,95 @@ def parse_ode_inverse_spec(data: dict[str, Any], text: str, file: str) -> tuple[
 
 
 def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
-    def fail(field: str, message: str):
+    """The declared pass (keys, types, limits), then the checks against the ODE spec."""
+    report = Problems(file)
+
+    def fail(field: str, message: str) -> typing.NoReturn:
         raise SpecError(file, f"inverse.{field}" if field else "inverse", message)
 
-    section = _mapping(section, "", INVERSE_KEYS, fail)
-    unknowns = _unknowns(section.get("unknowns"), ode, fail)
-    data = _data(section.get("data"), ode, file, fail)
-    observed = _observed(section.get("observed"), ode, fail)
-    weights = _loss(section.get("loss"), observed, fail)
-    opt = _optimizer(section.get("optimizer"), fail)
-    adjoint = section.get("adjoint", ode.solver.adjoint)
-    if adjoint not in ADJOINT_MODES:
-        fail("adjoint", f"expected one of {', '.join(ADJOINT_MODES)}, got {describe(adjoint)}")
-    every = _mapping(section.get("checkpoint"), "checkpoint", CHECKPOINT_KEYS, fail).get("every", CHECKPOINT_EVERY)
-    every = _count(every, "checkpoint.every", fail, " (0: no checkpoints)")
-    return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, adjoint=adjoint,
-                       checkpoint_every=every, **opt)
+    declared: InverseSection = read(section, InverseSection, "inverse", report)
+    unknowns = _unknowns(declared.unknowns, ode, fail)
+    data = _data(declared.data, ode, file, fail)
+    observed = _observed(declared.observed, ode, fail)
+    weights = _weights(declared.loss.weights, observed, fail)
+    opt = declared.optimizer
+    defaults = OPTIMIZER_DEFAULTS[opt.type]
+    optimizer = OptimizerSettings(
+        type=opt.type,
+        learning_rate=float(defaults["learning_rate"] if opt.learning_rate is UNSET else opt.learning_rate),
+        iterations=int(defaults["iterations"] if opt.iterations is UNSET else opt.iterations),
+        tolerance=float(opt.tolerance), gtol=float(opt.gtol), history_size=opt.history_size,
+    )
+    adjoint = ode.solver.adjoint if declared.adjoint is UNSET else declared.adjoint
+    return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, optimizer=optimizer,
+                       adjoint=adjoint, checkpoint_every=declared.checkpoint.every)
 
 
-def _mapping(value: Any, field: str, keys: tuple[str, ...], fail) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        fail(field, f"expected a mapping, got {describe(value)}")
-    for key in value:
-        if key not in keys:
-            where = f"{field}.{key}" if field else str(key)
-            fail(where, f"unknown key; expected one of {', '.join(keys)}")
-    return value
-
-
-def _number(value: Any, field: str, fail, *, finite: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        fail(field, f"expected a number, got {describe(value)}")
-    value = float(value)
-    if math.isnan(value) or (finite and math.isinf(value)):
-        fail(field, f"expected a finite number, got {value!r}")
-    return value
-
-
-def _limited(value: Any, path: str, fail, field: str | None = None) -> float:
-    """A finite number held to its NUMBER_MINIMUMS[path] entry, the limit the schema states too;
-    ``field`` names it in the error where that is finer than ``path`` (one of loss.weights)."""
-    field = field or path
-    number = _number(value, field, fail)
-    limit = NUMBER_MINIMUMS[path]
-    if number < limit.value or (limit.exclusive and number == limit.value):
-        fail(field, f"must be {'>' if limit.exclusive else '>='} {limit.value:g}, got {number:g}")
-    return number
-
-
-def _count(value: Any, field: str, fail, note: str = "") -> int:
-    """An integer (not a bool, not 2.0) held to its INTEGER_MINIMUMS[field] entry."""
-    minimum = INTEGER_MINIMUMS[field]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        fail(field, f"expected an integer >= {minimum}{note}, got {describe(value)}")
-    return value
-
-
-def _per_sample(value: Any, field: str, batch: int, fail) -> tuple[float, ...]:
+def _per_sample(value: float | list[float], field: str, batch: int, fail) -> tuple[float, ...]:
     if isinstance(value, list):
         if len(value) not in (1, batch):
             fail(field, f"list has {len(value)} entries, expected 1 or batch={batch}")
-        numbers = tuple(_number(v, f"{field}[{i}]", fail) for i, v in enumerate(value))
+        numbers = tuple(float(v) for v in value)
         return numbers * batch if len(numbers) == 1 else numbers
-    return (_number(value, field, fail),) * batch
+    return (float(value),) * batch
 
 
-def _unknowns(value: Any, ode: OdeSpec, fail) -> tuple[UnknownSpec, ...]:
-    if value is None:
-        fail("unknowns", "required key is missing; name at least one of params or initial")
-    section = _mapping(value, "unknowns", VALUE_GROUPS, fail)
+def _unknowns(groups: UnknownGroups, ode: OdeSpec, fail) -> tuple[UnknownSpec, ...]:
     unknowns: list[UnknownSpec] = []
     for kind, group, names in zip(("param", "initial"), VALUE_GROUPS, (tuple(ode.params), ode.states)):
-        entries = section.get(group) or {}
-        if not isinstance(entries, dict):
-            fail(f"unknowns.{group}", f"expected a mapping of name: settings, got {describe(entries)}")
-        for name, settings in entries.items():
+        for name, settings in getattr(groups, group).items():
             field = f"unknowns.{group}.{name}"
             if name not in names:
                 what = "system.params" if kind == "param" else "system.states"
                 fail(field, f"not in {what} ({', '.join(names) or 'none'})")
-            settings = _mapping(settings, field, UNKNOWN_KEYS, fail)
-            per_sample = settings.get("per_sample", True)
-            if not isinstance(per_sample, bool):
-                fail(f"{field}.per_sample", f"expected true or false, got {describe(per_sample)}")
             lower, upper = -math.inf, math.inf
-            if "bounds" in settings:
-                bounds = settings["bounds"]
-                if not isinstance(bounds, list) or len(bounds) != 2:
-                    fail(f"{field}.bounds", f"expected [lower, upper], got {describe(bounds)}")
-                lower = _number(bounds[0], f"{field}.bounds[0]", fail, finite=False)
-                upper = _number(bounds[1], f"{field}.bounds[1]", fail, finite=False)
+            if settings.bounds is not UNSET:
+                lower, upper = (float(b) for b in settings.bounds)
                 if not lower < upper:
                     fail(f"{field}.bounds", f"lower must be < upper, got [{lower:g}, {upper:g}]")
-            if "init" in settings:
-                init = _per_sample(settings["init"], f"{field}.init", ode.batch, fail)
+            if settings.init is not UNSET:
+                init = _per_sample(settings.init, f"{field}.init", ode.batch, fail)
             elif kind == "param":
                 init = tuple(ode.params[name])
             else:
                 init = tuple(row[ode.states.index(name)] for row in ode.initial)
-            if not per_sample:
+            if not settings.per_sample:
                 if len(set(init)) != 1:
                     fail(f"{field}.init", "a shared unknown needs one initial value (give init: a number)")
                 init = init[:1]
             for i, v in enumerate(init):
                 if not lower <= v <= upper:
                     fail(f"{field}.init", f"initial value {v:g} (sample {i}) lies outside bounds [{lower:g}, {upper:g}]")
-            unknowns.append(UnknownSpec(name, kind, per_sample, init, lower, upper))
+            unknowns.append(UnknownSpec(name, kind, settings.per_sample, init, lower, upper))
     if not unknowns:
         fail("unknowns", "no unknowns given; name at least one under params or initial")
     return tuple(unknowns)
 
 
-def _data(value: Any, ode: OdeSpec, file: str, fail) -> DataSpec:
-    if value is None:
-        fail("data", "required key is missing; give data.file (an odecli solve output) or data.truth")
-    section = _mapping(value, "data", DATA_KEYS, fail)
-    has_file, has_truth = "file" in section, "truth" in section
+def _data(source: DataSource, ode: OdeSpec, file: str, fail) -> DataSpec:
+    has_file, has_truth = source.file is not UNSET, source.truth is not UNSET
     if has_file == has_truth:
         fail("data", f"give exactly one of 'file' or 'truth', got {'both' if has_file else 'neither'}")
     path = None
     truth_params: dict[str, tuple[float, ...]] = {}
     truth_initial: dict[str, tuple[float, ...]] = {}
     if has_file:
-        raw = section["file"]
-        if not isinstance(raw, str) or not raw.strip():
-            fail("data.file", f"expected a file name, got {describe(raw)}")
-        candidate = Path(raw).expanduser()
+        candidate = Path(source.file).expanduser()
         if not candidate.is_absolute():
             candidate = Path(file).resolve().parent / candidate
         path = str(candidate)
     else:
-        truth = _mapping(section["truth"], "data.truth", VALUE_GROUPS, fail)
         for group, names, out in zip(VALUE_GROUPS, (tuple(ode.params), ode.states), (truth_params, truth_initial)):
-            entries = truth.get(group) or {}
-            if not isinstance(entries, dict):
-                fail(f"data.truth.{group}", f"expected a mapping of name: value(s), got {describe(entries)}")
-            for name, raw in entries.items():
+            for name, raw in getattr(source.truth, group).items():
                 if name not in names:
                     fail(f"data.truth.{group}.{name}", f"not a known {'parameter' if group == 'params' else 'state'}")
                 out[name] = _per_sample(raw, f"data.truth.{group}.{name}", ode.batch, fail)
-    noise = _limited(section.get("noise", 0.0), "data.noise", fail)
-    relative = section.get("relative", False)
-    if not isinstance(relative, bool):
-        fail("data.relative", f"expected true or false, got {describe(relative)}")
-    seed = _count(section.get("seed", 0), "data.seed", fail)
-    return DataSpec(path, truth_params, truth_initial, noise, relative, seed)
+    return DataSpec(path, truth_params, truth_initial, float(source.noise), source.relative, source.seed)
 
 
-def _observed(value: Any, ode: OdeSpec, fail) -> tuple[str, ...]:
-    if value is None:
+def _observed(value: list[str] | UnsetType, ode: OdeSpec, fail) -> tuple[str, ...]:
+    if value is UNSET:
         return ode.states
-    if not isinstance(value, list) or not value:
-        fail("observed", f"expected a non-empty list of state names, got {describe(value)}")
     for i, name in enumerate(value):
         if name not in ode.states:
             fail(f"observed[{i}]", f"{describe(name)} is not a state ({', '.join(ode.states)})")
@@ -284,34 +360,11 @@ def _observed(value: Any, ode: OdeSpec, fail) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _loss(value: Any, observed: tuple[str, ...], fail) -> tuple[float, ...]:
-    section = _mapping(value, "loss", LOSS_KEYS, fail)
-    kind = section.get("type", LOSS_TYPES[0])
-    if kind not in LOSS_TYPES:
-        fail("loss.type", f"expected one of {', '.join(LOSS_TYPES)}, got {describe(kind)}")
-    weights = section.get("weights") or {}
-    if not isinstance(weights, dict):
-        fail("loss.weights", f"expected a mapping of state: weight, got {describe(weights)}")
+def _weights(weights: dict[str, float], observed: tuple[str, ...], fail) -> tuple[float, ...]:
     for name in weights:
         if name not in observed:
             fail(f"loss.weights.{name}", f"not an observed state ({', '.join(observed)})")
-    out = []
-    for name in observed:
-        out.append(_limited(weights.get(name, 1.0), "loss.weights", fail, f"loss.weights.{name}"))
+    out = tuple(float(weights.get(name, 1.0)) for name in observed)
     if not any(out):
         fail("loss.weights", "every weight is zero")
-    return tuple(out)
-
-
-def _optimizer(value: Any, fail) -> dict[str, Any]:
-    section = _mapping(value, "optimizer", OPTIMIZER_KEYS, fail)
-    kind = section.get("type", "lbfgs")
-    if kind not in OPTIMIZERS:
-        fail("optimizer.type", f"expected one of {', '.join(OPTIMIZERS)}, got {describe(kind)}")
-    defaults = OPTIMIZER_DEFAULTS[kind]
-    out: dict[str, Any] = {"optimizer": kind, "lr": _limited(section.get("lr", defaults["lr"]), "optimizer.lr", fail)}
-    for key, default in (("iterations", defaults["iterations"]), ("history", 10)):
-        out[key] = _count(section.get(key, default), f"optimizer.{key}", fail)
-    for key, default in (("tol", 1e-10), ("gtol", 0.0)):
-        out[key] = _limited(section.get(key, default), f"optimizer.{key}", fail)
     return out

@@ -4,7 +4,13 @@ Everything a run needs is checked here, before any compute, and every problem be
 one-line message naming the file and the dotted field path (``initial.v[2]``). One
 validator serves two callers: ``parse_ode_spec`` stops at the first problem, while
 ``validate_ode_spec_all`` (for ``odecli validate``) collects them all. The difference is
-only the ``_Problems`` collector: strict mode raises on the first report.
+only the ``Problems`` collector: strict mode raises on the first report.
+
+The keys and value types are declared once (SolverSpec, OdeDocument, System, Time), and both
+the unknown-key checks and the JSON Schema (odecli.specs.schema) come from the declarations.
+
+Output names (odecli.specs.outputs, the same rule for every kind): ``name`` defaults to the
+file's stem; a solve writes ``output`` or ``<name>.h5``, a fit ``<name>-fit.h5``.
 """
 
 from __future__ import annotations
@@ -16,25 +22,19 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union
+
+import msgspec
+from msgspec import Meta
 
 from odecli.errors import SpecError
+from odecli.specs.declare import INFINITE, Problems, Section, check_keys, expected, read
 from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.specs.loader import describe, load_yaml
+from odecli.specs.outputs import default_output
+from odecli.specs.ode_values import (MAX_BATCH, _batch, _check_spans, _eval, _expand, _number, _per_sample,
+                                     _required_per_sample)
 
-TOP_KEYS = ("kind", "name", "system", "initial", "batch", "time", "solver", "output")
-SYSTEM_KEYS = ("states", "params", "equations", "python")
-TIME_KEYS = ("start", "end", "eval")
-SOLVER_KEYS = (
-    "method", "rtol", "atol", "controller", "dt0", "max_steps", "dtype", "device", "dt_min",
-    "dt_max", "safety", "factor_min", "factor_max", "pcoeff", "icoeff", "dcoeff", "adjoint", "compile",
-    "engine",
-)
-CONTROLLERS = ("integral", "pi", "pid")
-DTYPES = ("float32", "float64")
-DEVICES = ("cpu", "cuda", "auto")  # plus "cuda:N"
-ADJOINTS = ("direct", "backsolve", "checkpoint")
-ENGINES = ("auto", "native", "torch")
 # The solver registry's built-in methods (name -> adaptive?), so that checking a spec needs no
 # torch; tests/test_spec.py keeps it equal to odecli.ode.stepper.available_methods().
 BUILTIN_METHODS = {
@@ -42,35 +42,90 @@ BUILTIN_METHODS = {
     "tsit5": True, "dop853": True, "rodas5": True, "rodas5p": True, "rodas4": True, "kvaerno5": True,
     "kvaerno3": True, "auto": True,
 }
-# Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
-MAX_BATCH = 10_000_000
-MAX_EVAL_POINTS = 20_000_000
-EVAL_SNAP_RTOL = 1e-12  # output times this close (relative to the span) to its ends are taken as the ends
 
 
 @dataclass(frozen=True)
 class SolverSpec:
-    """Solver settings; the optional ones carry their defaults."""
+    """Solver settings; the optional ones carry their defaults. Declared once: read by
+    odecli.specs.declare.read and described by its schema (an empty key takes its default).
+    ``method`` is checked against the solver registry, which the schema lists too."""
 
-    method: str = "dopri5"
-    rtol: float = 1e-6
-    atol: float = 1e-6
-    controller: str = "integral"
-    dt0: float | None = None
-    max_steps: int = 100_000
-    dtype: str = "float64"
-    device: str = "auto"
-    dt_min: float = 0.0
-    dt_max: float = math.inf
-    safety: float = 0.9
-    factor_min: float = 0.2
-    factor_max: float = 10.0
-    pcoeff: float | None = None
-    icoeff: float | None = None
-    dcoeff: float | None = None
-    adjoint: str = "direct"
-    compile: bool | str = False  # torch.compile each explicit step: true (once eager time pays for it) or "wait"
-    engine: str = "auto"  # native: generated C solver (equations, explicit RK, CPU float64); torch; auto
+    method: Annotated[str, Meta(description="an ODE method (fixed-step ones need dt0)")] = "dopri5"
+    rtol: Annotated[float, Meta(gt=0, description="relative tolerance")] = 1e-6
+    atol: Annotated[float, Meta(gt=0, description="absolute tolerance")] = 1e-6
+    controller: Literal["integral", "pi", "pid"] = "integral"
+    dt0: Optional[Annotated[float, Meta(gt=0, description="initial (or fixed) step")]] = None
+    max_steps: Annotated[int, Meta(ge=1)] = 100_000
+    dtype: Literal["float32", "float64"] = "float64"
+    device: Annotated[str, expected("one of cpu, cuda, auto (or cuda:N)", pattern="^(cpu|cuda|auto|cuda:[0-9]+)$")] = "auto"
+    dt_min: Annotated[float, Meta(ge=0)] = 0.0
+    dt_max: Annotated[float, Meta(gt=0, extra=INFINITE, description="largest step")] = math.inf
+    safety: Annotated[float, Meta(gt=0, le=1)] = 0.9
+    factor_min: Annotated[float, Meta(gt=0, le=1, description="smallest step-size factor")] = 0.2
+    factor_max: Annotated[float, Meta(ge=1, description="largest step-size factor")] = 10.0
+    pcoeff: Optional[float] = None
+    icoeff: Optional[float] = None
+    dcoeff: Optional[float] = None
+    adjoint: Literal["direct", "backsolve", "checkpoint"] = "direct"
+    # torch.compile each explicit step: true (once eager time pays for it) or "wait"
+    compile: Annotated[Union[bool, Literal["wait"]], expected("true, false or wait", description=(
+        "fuse each explicit step with torch.compile: true once the eager steps have cost about a compile, "
+        "wait before the first step"))] = False
+    # native: generated C solver (equations, explicit RK, CPU float64); torch; auto
+    engine: Annotated[Literal["auto", "native", "torch"], Meta(
+        description="native: generated C solver for equations (explicit RK, CPU, float64)")] = "auto"
+
+
+SOLVER_KEYS = tuple(SolverSpec.__dataclass_fields__)
+
+# ---------------------------------------------------------------- the document, declared
+# The keys and value types of the other sections. They give the unknown-key checks (with a
+# did-you-mean) and the JSON Schema; the values are checked by the functions below, which
+# know what the declarations cannot: names that must be states, lists one per sample.
+
+PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]],
+                      expected("a number or a list of numbers (one per sample)")]
+Identifier = Annotated[str, Meta(pattern="^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class System(Section, frozen=True):
+    """the state names and their right-hand side: equations or python"""
+
+    states: Annotated[list[Identifier], Meta(min_length=1, extra_json_schema={"uniqueItems": True})]
+    params: Optional[dict[str, PerSample]] = None
+    equations: Optional[dict[str, Union[str, float]]] = None
+    python: Optional[Annotated[str, Meta(pattern="^.+\\.py:[A-Za-z_][A-Za-z0-9_]*$")]] = None
+
+
+class Time(Section, frozen=True):
+    """time span per sample; eval: output times (default: start and end)"""
+
+    start: PerSample
+    end: PerSample
+    eval: Optional[Union[Annotated[int, Meta(ge=1)], Annotated[list[float], Meta(min_length=1)]]] = None
+
+
+def _one_given(*keys: str) -> dict[str, Any]:
+    """oneOf: exactly one of ``keys`` given and not empty."""
+    return {"oneOf": [{"required": [key], "properties": {key: {"not": {"type": "null"}}}} for key in keys]}
+
+
+class OdeDocument(Section, frozen=True, kw_only=True):
+    """odecli ODE spec (kind: ode)"""
+
+    kind: Literal["ode"]
+    name: Optional[str] = None
+    system: Annotated[System, Meta(extra_json_schema=_one_given("equations", "python"))]
+    initial: dict[str, PerSample]
+    batch: Optional[Annotated[int, Meta(ge=1, le=MAX_BATCH)]] = None
+    time: Time
+    solver: SolverSpec = msgspec.field(default_factory=SolverSpec)
+    output: Optional[str] = None
+
+
+TOP_KEYS = tuple(OdeDocument.__struct_fields__)
+SYSTEM_KEYS = tuple(System.__struct_fields__)
+TIME_KEYS = tuple(Time.__struct_fields__)
 
 
 @dataclass(frozen=True)
@@ -95,8 +150,13 @@ class OdeSpec:
 
     @property
     def default_output(self) -> str:
-        """The output file when no override is given: ``output`` or ``<name>.h5``."""
-        return self.output if self.output is not None else f"{self.name}.h5"
+        """The solve's output file when no override is given: ``output`` or ``<name>.h5``."""
+        return default_output(self.name, fit=False, output=self.output)
+
+    @property
+    def fit_output(self) -> str:
+        """The fit's output file when no override is given: ``<name>-fit.h5``."""
+        return default_output(self.name, fit=True)
 
 
 def load_ode_spec(path: str | Path, methods: Mapping[str, object] | None = None) -> OdeSpec:
@@ -113,7 +173,7 @@ def parse_ode_spec(
     ``methods`` maps method names to objects with a boolean ``adaptive`` attribute; by
     default every registered method (``odecli.ode.stepper.available_methods``).
     """
-    spec = _validate(data, text, file, methods, _Problems(file, strict=True))
+    spec = _validate(data, text, file, methods, Problems(file, strict=True))
     assert spec is not None  # strict mode raises instead of returning None
     return spec
 
@@ -122,28 +182,13 @@ def validate_ode_spec_all(
     data: Any, text: str, file: str, methods: Mapping[str, object] | None = None
 ) -> list[str]:
     """Every problem in a loaded spec as one-line messages ("file: field: message"); [] if valid."""
-    problems = _Problems(file, strict=False)
+    problems = Problems(file, strict=False)
     _validate(data, text, file, methods, problems)
     return problems.messages
 
 
-class _Problems:
-    """Collects validation problems; in strict mode the first one is raised at once."""
-
-    def __init__(self, file: str, strict: bool) -> None:
-        self.file = file
-        self.strict = strict
-        self.messages: list[str] = []
-
-    def __call__(self, field: str, message: str) -> None:
-        error = SpecError(self.file, field, message)
-        if self.strict:
-            raise error
-        self.messages.append(str(error))
-
-
 def _validate(
-    data: Any, text: str, file: str, methods: Mapping[str, object] | None, report: _Problems
+    data: Any, text: str, file: str, methods: Mapping[str, object] | None, report: Problems
 ) -> OdeSpec | None:
     """Check every section, reporting problems; return the spec only if none were found."""
     if not isinstance(data, dict):
@@ -153,12 +198,12 @@ def _validate(
         hint = "; run it with odecli train-inverse" if data["kind"] == "pde-inverse" else ""
         report("kind", f"expected 'ode', got {describe(data['kind'])}{hint}")
         return None
-    _check_keys(data, "", TOP_KEYS, report)
+    check_keys(data, OdeDocument, "", report)
     if "kind" not in data:
         report("kind", "required key is missing; expected 'kind: ode'")
     name = _name(data.get("name"), file, report)
 
-    system = _section(data, "system", SYSTEM_KEYS, report)
+    system = _section(data, "system", System, report)
     states: tuple[str, ...] | None = None
     params: dict[str, list[float] | None] = {}
     shared: tuple[str, ...] = ()
@@ -169,7 +214,7 @@ def _validate(
         shared = tuple(k for k in params if not isinstance(system["params"][k], list))
         equations, python = _equations_or_python(system, states, params, file, report)
     initial = _initial(data.get("initial"), states, report)
-    time = _section(data, "time", TIME_KEYS, report)
+    time = _section(data, "time", Time, report)
     start = _required_per_sample(time, "start", "time.start", report)
     end = _required_per_sample(time, "end", "time.end", report)
 
@@ -216,16 +261,7 @@ def _join(field: str, key: Any) -> str:
     return f"{field}.{key}" if field else str(key)
 
 
-def _check_keys(mapping: dict[Any, Any], field: str, allowed: Sequence[str], report: _Problems) -> None:
-    """Report keys outside ``allowed``, suggesting the closest allowed one."""
-    for key in mapping:
-        if key not in allowed:
-            close = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"expected one of: {', '.join(allowed)}"
-            report(_join(field, key), f"unknown key ({hint})")
-
-
-def _section(data: dict[str, Any], key: str, allowed: Sequence[str], report: _Problems) -> dict[str, Any] | None:
+def _section(data: dict[str, Any], key: str, declared: type[Section], report: Problems) -> dict[str, Any] | None:
     """A required nested mapping with known keys; ``None`` if missing or not a mapping."""
     value = data.get(key)
     if value is None:
@@ -234,56 +270,11 @@ def _section(data: dict[str, Any], key: str, allowed: Sequence[str], report: _Pr
     if not isinstance(value, dict):
         report(key, f"expected a mapping, got {describe(value)}")
         return None
-    _check_keys(value, key, allowed, report)
+    check_keys(value, declared, key, report)
     return value
 
 
-def _number(value: Any, field: str, report: _Problems, expected: str = "a number", finite: bool = True) -> float | None:
-    """A float from an int or float (never a bool); NaN/inf refused when ``finite``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        report(field, f"expected {expected}, got {describe(value)}")
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
-        number = math.inf
-    if math.isnan(number) or (finite and math.isinf(number)):
-        report(field, f"must be a finite number, got {describe(value)}")
-        return None
-    return number
-
-
-def _integer(value: Any, field: str, report: _Problems) -> int | None:
-    """An int from an int or a whole float (``1e5``); bools refused."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        report(field, f"expected a whole number, got {describe(value)}")
-        return None
-    return value
-
-
-def _bounded(
-    value: Any, field: str, report: _Problems, *, gt: float | None = None, ge: float | None = None,
-    le: float | None = None, finite: bool = True,
-) -> float | None:
-    """A number with bounds; the message states the violated bound and the given value."""
-    number = _number(value, field, report, finite=finite)
-    if number is None:
-        return None
-    if gt is not None and not number > gt:
-        bound = f"> {gt:g}"
-    elif ge is not None and not number >= ge:
-        bound = f">= {ge:g}"
-    elif le is not None and not number <= le:
-        bound = f"<= {le:g}"
-    else:
-        return number
-    report(field, f"must be {bound}, got {describe(value)}")
-    return None
-
-
-def _choice(value: Any, field: str, choices: Sequence[str], report: _Problems) -> str | None:
+def _choice(value: Any, field: str, choices: Sequence[str], report: Problems) -> str | None:
     if isinstance(value, str) and value in choices:
         return value
     close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
@@ -292,29 +283,7 @@ def _choice(value: Any, field: str, choices: Sequence[str], report: _Problems) -
     return None
 
 
-def _per_sample(value: Any, field: str, report: _Problems) -> list[float] | None:
-    """A number (shared by all samples) or a non-empty list of numbers (one per sample)."""
-    expected = "a number or a list of numbers (one per sample)"
-    if not isinstance(value, list):
-        number = _number(value, field, report, expected=expected)
-        return None if number is None else [number]
-    if not value:
-        report(field, f"list is empty, expected {expected}")
-        return None
-    numbers = [_number(v, f"{field}[{i}]", report) for i, v in enumerate(value)]
-    return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
-
-
-def _required_per_sample(section: dict[str, Any] | None, key: str, field: str, report: _Problems) -> list[float] | None:
-    if section is None:
-        return None
-    if section.get(key) is None:
-        report(field, "required key is missing")
-        return None
-    return _per_sample(section[key], field, report)
-
-
-def _identifier(value: Any, field: str, what: str, taken: Mapping[str, str], report: _Problems) -> str | None:
+def _identifier(value: Any, field: str, what: str, taken: Mapping[str, str], report: Problems) -> str | None:
     """A name usable in expressions: an identifier, no keyword, dunder or reserved word, not taken."""
     if not isinstance(value, str) or not value.isidentifier() or keyword.iskeyword(value) or value.startswith("__"):
         report(field, f"{what} must be an identifier such as 'x' or 'theta_1', got {describe(value)}")
@@ -332,7 +301,7 @@ def _identifier(value: Any, field: str, what: str, taken: Mapping[str, str], rep
 # ---------------------------------------------------------------- sections
 
 
-def _name(value: Any, file: str, report: _Problems) -> str | None:
+def _name(value: Any, file: str, report: Problems) -> str | None:
     if value is None:
         return Path(file).stem
     if not isinstance(value, str) or not value.strip() or re.search(r"[/\\\x00]", value):
@@ -341,7 +310,7 @@ def _name(value: Any, file: str, report: _Problems) -> str | None:
     return value
 
 
-def _states(value: Any, report: _Problems) -> tuple[str, ...] | None:
+def _states(value: Any, report: Problems) -> tuple[str, ...] | None:
     """The state names; ``None`` if any is bad, so dependent checks are skipped, not cascaded."""
     if value is None:
         report("system.states", "required key is missing; expected a list of state names such as [x, v]")
@@ -356,7 +325,7 @@ def _states(value: Any, report: _Problems) -> tuple[str, ...] | None:
     return tuple(value) if len(taken) == len(value) else None
 
 
-def _params(value: Any, states: tuple[str, ...] | None, report: _Problems) -> dict[str, list[float] | None]:
+def _params(value: Any, states: tuple[str, ...] | None, report: Problems) -> dict[str, list[float] | None]:
     """Every well-named parameter (values ``None`` where invalid), so names stay known for equations."""
     if value is None:
         return {}
@@ -373,7 +342,7 @@ def _params(value: Any, states: tuple[str, ...] | None, report: _Problems) -> di
 
 
 def _equations_or_python(
-    system: dict[str, Any], states: tuple[str, ...] | None, params: Mapping[str, Any], file: str, report: _Problems
+    system: dict[str, Any], states: tuple[str, ...] | None, params: Mapping[str, Any], file: str, report: Problems
 ) -> tuple[dict[str, str] | None, str | None]:
     has_equations, has_python = system.get("equations") is not None, system.get("python") is not None
     if has_equations == has_python:
@@ -386,7 +355,7 @@ def _equations_or_python(
 
 
 def _equations(
-    value: Any, states: tuple[str, ...] | None, params: Mapping[str, Any], file: str, report: _Problems
+    value: Any, states: tuple[str, ...] | None, params: Mapping[str, Any], file: str, report: Problems
 ) -> dict[str, str] | None:
     """One expression per state, each compiled now so that errors surface before any run."""
     if not isinstance(value, dict):
@@ -419,7 +388,7 @@ def _equations(
     return equations
 
 
-def _python(value: Any, file: str, report: _Problems) -> str | None:
+def _python(value: Any, file: str, report: Problems) -> str | None:
     """``path.py:function`` made absolute; the file is parsed (never imported) to find the def."""
     field = "system.python"
     match = re.fullmatch(r"(.+):([^:]+)", value) if isinstance(value, str) else None
@@ -450,7 +419,7 @@ def _python(value: Any, file: str, report: _Problems) -> str | None:
     return f"{path}:{function}"
 
 
-def _initial(value: Any, states: tuple[str, ...] | None, report: _Problems) -> dict[str, list[float] | None] | None:
+def _initial(value: Any, states: tuple[str, ...] | None, report: Problems) -> dict[str, list[float] | None] | None:
     if value is None:
         report("initial", "required section is missing; give a value for every state")
         return None
@@ -468,169 +437,25 @@ def _initial(value: Any, states: tuple[str, ...] | None, report: _Problems) -> d
     return {key: _per_sample(value[key], f"initial.{key}", report) for key in wanted}
 
 
-def _batch(value: Any, lists: Mapping[str, list[float] | None], report: _Problems) -> int | None:
-    """The explicit batch size, else the longest per-sample list (1 if there is none)."""
-    if value is None:
-        return max((len(v) for v in lists.values() if v is not None), default=1)
-    batch = _integer(value, "batch", report)
-    if batch is not None and not 1 <= batch <= MAX_BATCH:
-        report("batch", f"must be between 1 and {MAX_BATCH}, got {describe(value)}")
+def _solver(value: Any, methods: Mapping[str, object] | None, report: Problems) -> SolverSpec | None:
+    """Solver settings with defaults (the declared pass), then the method against the solver
+    registry; a fixed-step method needs ``dt0`` as its step."""
+    solver = read(value, SolverSpec, "solver", report)
+    raw = value if isinstance(value, dict) else {}
+    method = SolverSpec.method if raw.get("method") is None else raw["method"]
+    if not isinstance(method, str):  # read() has reported it
         return None
-    return batch
-
-
-def _expand(values: list[float] | None, field: str, batch: int | None, report: _Problems) -> list[float] | None:
-    """Broadcast a length-1 list to ``batch``; other lengths must equal ``batch``."""
-    if values is None or batch is None:
+    table = method_table(methods, method)
+    if method not in table:
+        _choice(method, "solver.method", sorted(table), report)
         return None
-    if len(values) == 1:
-        return values * batch
-    if len(values) != batch:
-        report(field, f"list has {len(values)} entries, expected 1 or batch={batch}")
-        return None
-    return values
-
-
-def _check_spans(start: list[float], end: list[float], end_is_list: bool, report: _Problems) -> None:
-    for i, (a, b) in enumerate(zip(start, end)):
-        if a == b:
-            field = f"time.end[{i}]" if end_is_list else "time.end"
-            report(field, f"must differ from time.start, both are {a:g} (sample {i})")
-            return
-
-
-def _eval(value: Any, start: list[float], end: list[float], batch: int, report: _Problems) -> list[list[float]] | None:
-    """Output times per sample: ``n`` evenly spaced, a shared explicit list, or [start, end]."""
-    if value is None:
-        return [[a, b] for a, b in zip(start, end)]
-    if isinstance(value, list):
-        return _explicit_eval(value, start, end, batch, report)
-    n = _integer(value, "time.eval", report)
-    if n is None:
-        return None
-    if n < 1:
-        report("time.eval", f"must be >= 1 (number of output times) or a list of times, got {describe(value)}")
-        return None
-    if n * batch > MAX_EVAL_POINTS:
-        report("time.eval", f"{n} times x batch {batch} exceeds the limit of {MAX_EVAL_POINTS} output points")
-        return None
-    if n == 1:
-        return [[b] for b in end]
-    return [[a + (b - a) * (k / (n - 1)) for k in range(n - 1)] + [b] for a, b in zip(start, end)]
-
-
-def _explicit_eval(
-    value: list[Any], start: list[float], end: list[float], batch: int, report: _Problems
-) -> list[list[float]] | None:
-    """A list shared by all samples: inside every span and strictly monotone in the integration direction."""
-    if not value:
-        report("time.eval", "list is empty, expected at least one output time")
-        return None
-    if len(value) * batch > MAX_EVAL_POINTS:
-        report("time.eval", f"{len(value)} times x batch {batch} exceeds the limit of {MAX_EVAL_POINTS} output points")
-        return None
-    times = [_number(v, f"time.eval[{j}]", report) for j, v in enumerate(value)]
-    if any(x is None for x in times):
-        return None
-    forward = end[0] > start[0]
-    if any((b > a) != forward for a, b in zip(start, end)):
-        report("time.eval", "an explicit list of times needs all samples to integrate in the same direction")
-        return None
-    for j in range(1, len(times)):
-        previous, current = times[j - 1], times[j]
-        if (current <= previous) if forward else (current >= previous):  # type: ignore[operator]
-            word = "increase" if forward else "decrease"
-            message = f"times must strictly {word} (direction of integration), got {current:g} after {previous:g}"
-            report(f"time.eval[{j}]", message)
-            return None
-    per_sample = []
-    for i, (a, b) in enumerate(zip(start, end)):
-        snapped = [_snap_to_span(x, a, b) for x in times]  # type: ignore[arg-type]
-        for j, x in enumerate(snapped):
-            if not min(a, b) <= x <= max(a, b):
-                report(f"time.eval[{j}]", f"{x!r} lies outside the time span [{a!r}, {b!r}] of sample {i}")
-                return None
-            if j and x == snapped[j - 1]:
-                report(f"time.eval[{j}]", f"{times[j]!r} is {snapped[j - 1]!r} to round-off (sample {i})")
-                return None
-        per_sample.append(snapped)
-    return per_sample
-
-
-def _snap_to_span(x: float, a: float, b: float) -> float:
-    """``x``, or the span's end it misses by round-off only: a list built by adding steps, as
-    ``numpy.arange`` does, ends at 0.30000000000000004 for a span that ends at 0.3."""
-    tolerance = EVAL_SNAP_RTOL * max(abs(a), abs(b), abs(b - a))
-    for edge in (a, b):
-        if abs(x - edge) <= tolerance:
-            return edge
-    return x
-
-
-def _solver(value: Any, methods: Mapping[str, object] | None, report: _Problems) -> SolverSpec | None:
-    """Solver settings with defaults; fixed-step methods need ``dt0`` as their step."""
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        report("solver", f"expected a mapping, got {describe(value)}")
-        return None
-    _check_keys(value, "solver", SOLVER_KEYS, report)
-    table = method_table(methods, value.get("method"))
-    checks: dict[str, Callable[[Any, str], Any]] = {
-        "method": lambda v, f: _choice(v, f, sorted(table), report),
-        "rtol": lambda v, f: _bounded(v, f, report, gt=0),
-        "atol": lambda v, f: _bounded(v, f, report, gt=0),
-        "controller": lambda v, f: _choice(v, f, CONTROLLERS, report),
-        "dt0": lambda v, f: _bounded(v, f, report, gt=0),
-        "max_steps": lambda v, f: _min_int(v, f, 1, report),
-        "dtype": lambda v, f: _choice(v, f, DTYPES, report),
-        "device": lambda v, f: _device(v, f, report),
-        "dt_min": lambda v, f: _bounded(v, f, report, ge=0),
-        "dt_max": lambda v, f: _bounded(v, f, report, gt=0, finite=False),
-        "safety": lambda v, f: _bounded(v, f, report, gt=0, le=1),
-        "factor_min": lambda v, f: _bounded(v, f, report, gt=0, le=1),
-        "factor_max": lambda v, f: _bounded(v, f, report, ge=1),
-        "pcoeff": lambda v, f: _number(v, f, report),
-        "icoeff": lambda v, f: _number(v, f, report),
-        "dcoeff": lambda v, f: _number(v, f, report),
-        "adjoint": lambda v, f: _choice(v, f, ADJOINTS, report),
-        "compile": lambda v, f: _compile_mode(v, f, report),
-        "engine": lambda v, f: _choice(v, f, ENGINES, report),
-    }
-    defaults = SolverSpec()
-    fields: dict[str, Any] = {}
-    valid = True
-    for key, check in checks.items():
-        raw = value.get(key)
-        fields[key] = getattr(defaults, key) if raw is None else check(raw, f"solver.{key}")
-        valid = valid and (raw is None or fields[key] is not None)
-    method, dt_min, dt_max = fields["method"], fields["dt_min"], fields["dt_max"]
-    if method is not None and not table[method] and value.get("dt0") is None:
+    if not table[method] and raw.get("dt0") is None:
         report("solver.dt0", f"required for fixed-step method '{method}' (it is the step size)")
-    if dt_min is not None and dt_max is not None and dt_min > dt_max:
-        report("solver.dt_min", f"must be <= solver.dt_max ({dt_max:g}), got {dt_min:g}")
-    return SolverSpec(**fields) if valid else None
-
-
-def _compile_mode(value: Any, field: str, report: _Problems) -> bool | str | None:
-    if isinstance(value, bool) or value == "wait":
-        return value
-    report(field, f"expected true, false or wait, got {describe(value)}")
-    return None
-
-
-def _device(value: Any, field: str, report: _Problems) -> str | None:
-    if isinstance(value, str) and re.fullmatch(r"cuda:\d+", value):
-        return value
-    return _choice(value, field, DEVICES, report)
-
-
-def _min_int(value: Any, field: str, minimum: int, report: _Problems) -> int | None:
-    number = _integer(value, field, report)
-    if number is not None and number < minimum:
-        report(field, f"must be >= {minimum}, got {describe(value)}")
         return None
-    return number
+    if solver is not None and solver.dt_min > solver.dt_max:
+        report("solver.dt_min", f"must be <= solver.dt_max ({solver.dt_max:g}), got {solver.dt_min:g}")
+        return None
+    return solver
 
 
 def method_table(methods: Mapping[str, object] | None, wanted: Any) -> dict[str, bool]:
@@ -645,7 +470,7 @@ def method_table(methods: Mapping[str, object] | None, wanted: Any) -> dict[str,
     return {name: bool(getattr(method, "adaptive")) for name, method in methods.items()}
 
 
-def _output(value: Any, report: _Problems) -> str | None:
+def _output(value: Any, report: Problems) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip() or "\x00" in value:

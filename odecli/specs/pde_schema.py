@@ -1,16 +1,20 @@
-"""JSON Schema of ``kind: pde-inverse`` specs (structure and types; odecli.specs.pde stays the authority).
+"""JSON Schema of ``kind: pde-inverse`` specs.
 
-A key the validator reads as left out (its default) when empty is ``nullable``; one it reads
-with no default, or checks as given, is not.
+The sections with fixed keys come from their declarations (odecli.specs.pde_sections), the
+same ones the validator reads them with. The parts whose keys depend on a ``type`` (models,
+the unknown, sources and receivers) and the heat boundary are described here, next to the
+validator's tables they use. A key the validator reads as left out (its default) when empty
+is ``nullable``; one it reads with no default, or checks as given, is not.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from odecli.specs.pde import (BOUNDARY_TYPES, EQUATIONS, MODEL_KEYS, MODEL_REQUIRED, MODEL_TYPES, OPTIMIZERS,
-                             SIDES, TRANSFORMS, UNKNOWN_TYPES)
-from odecli.specs.schema import nullable
+from odecli.specs import pde_sections as sections
+from odecli.specs.declare import nullable
+from odecli.specs.declare import schema as declared
+from odecli.specs.pde import BOUNDARY_TYPES, EQUATIONS, MODEL_KEYS, MODEL_REQUIRED, MODEL_TYPES, SIDES, TRANSFORMS, UNKNOWN_TYPES
 
 _NUMBER = {"type": "number"}
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
@@ -24,7 +28,7 @@ _LINE = {
     "properties": {"from": _POINT, "to": _POINT, "count": {"type": "integer", "minimum": 1}},
     "additionalProperties": False,
 }
-_ACOUSTIC_BOUNDARY = ("absorbing_width", "absorbing_strength", "free_surface")
+_ACOUSTIC_BOUNDARY = tuple(sections.AcousticBoundary.__struct_fields__)
 _HEAT_BOUNDARY = ("type", "value") + SIDES
 
 
@@ -94,9 +98,7 @@ def pde_inverse_schema() -> dict[str, Any]:
                                _object({"type": nullable({"enum": list(BOUNDARY_TYPES)}),
                                         "value": nullable(_NUMBER)})]})
     boundary = _object({
-        "absorbing_width": nullable(_integer(0)),
-        "absorbing_strength": nullable(_POSITIVE),
-        "free_surface": nullable({"type": "boolean"}),
+        **declared(sections.AcousticBoundary)["properties"],
         "type": nullable({"enum": list(BOUNDARY_TYPES)}),
         "value": nullable(_NUMBER),
         **{s: side for s in SIDES},
@@ -143,43 +145,20 @@ def pde_inverse_schema() -> dict[str, Any]:
             "name": nullable({"type": "string"}),
             "description": nullable({"type": "string"}),
             "equation": {"enum": list(EQUATIONS)},
-            "grid": _object({
-                "shape": {"type": "array", "items": _integer(4), "minItems": 2, "maxItems": 2},
-                "spacing": _POSITIVE_PAIR,
-            }, ("shape", "spacing")),
-            "time": _object({"dt": _POSITIVE, "steps": _integer(1)}, ("dt", "steps")),
+            "grid": declared(sections.Grid),
+            "time": declared(sections.Time),
             "boundary": boundary,
             "initial_condition": nullable(_NUMBER),
             "sources": sources,
             "receivers": receivers,
             "true_model": nullable(_model()),
-            "observed": _object({"noise": nullable(_NONNEGATIVE), "seed": nullable({"type": "integer"}),
-                                 "file": nullable({"type": "string"}), "dataset": nullable({"type": "string"})},
-                                nullable=True),
+            "observed": nullable(declared(sections.Observed)),
             "unknown": unknown,
-            "regularization": _object({"tikhonov": nullable(_NONNEGATIVE), "tv": nullable(_NONNEGATIVE),
-                                       "tv_epsilon": nullable(_POSITIVE)}, nullable=True),
-            "optimizer": _object({
-                "type": nullable({"enum": list(OPTIMIZERS)}),
-                "learning_rate": nullable(_POSITIVE),
-                "iterations": _integer(1),
-                "tolerance": nullable(_NONNEGATIVE),
-                "betas": nullable({"type": "array", "items": _NONNEGATIVE, "minItems": 2, "maxItems": 2}),
-                "history_size": nullable(_integer(1)),
-                "max_line_search": nullable(_integer(1)),
-            }, ("iterations",)),
-            "loss": _object({"normalize": nullable({"type": "boolean"})}, nullable=True),
-            "parallel": _object({
-                "proc_grid": nullable({"type": "array", "items": _integer(1), "minItems": 2, "maxItems": 2}),
-                "exchange_every": nullable({"oneOf": [{"const": "auto"}, _integer(1)]}),
-            }, nullable=True),
-            "checkpoint": _object({"every": nullable(_integer(0))}, nullable=True),
-            "compute": _object({
-                "device": nullable({"type": "string", "pattern": "^(cpu|cuda|auto|cuda:[0-9]+)$"}),
-                "dtype": nullable({"enum": ["float64", "float32"]}),
-                "time_segments": nullable({"oneOf": [{"const": "auto"}, _integer(1)]}),
-                "threads": nullable(_integer(0)),
-            }, nullable=True),
+            **{key: nullable(declared(section)) for key, section in (
+                ("regularization", sections.Regularization), ("loss", sections.Loss),
+                ("parallel", sections.Parallel), ("checkpoint", sections.Checkpoint),
+                ("compute", sections.Compute))},
+            "optimizer": declared(sections.Optimizer),
         },
         "additionalProperties": False,
         "allOf": [_per_equation("acoustic2d", _ACOUSTIC_BOUNDARY, initial_condition=False),

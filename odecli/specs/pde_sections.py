@@ -1,0 +1,111 @@
+"""The declared sections of a ``kind: pde-inverse`` spec: keys, types, limits and defaults, once.
+
+odecli.specs.pde reads each of these with :func:`odecli.specs.declare.read` and
+odecli.specs.pde_schema describes them with :func:`odecli.specs.declare.schema`, so the
+validator and the JSON Schema cannot drift apart. An empty (null) key reads as left out, as
+it always has in pde-inverse specs. The geometry (sources, receivers), the models and the
+unknown, whose keys depend on their ``type``, are checked by odecli.specs.pde itself.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+import msgspec
+from msgspec import Meta
+
+from odecli.specs.declare import Section, expected
+
+Positive = Annotated[float, Meta(gt=0)]
+NonNegative = Annotated[float, Meta(ge=0)]
+Count = Annotated[int, Meta(ge=1)]
+AutoOrCount = Annotated[Union[Literal["auto"], Count], expected("auto or a whole number >= 1")]
+DEVICE_PATTERN = "^(cpu|cuda|auto|cuda:[0-9]+)$"
+
+
+class Grid(Section, frozen=True):
+    """the grid's nodes: shape [ny, nx] and spacing in metres (one number: the same in both)"""
+
+    shape: Annotated[tuple[Annotated[int, Meta(ge=4)], Annotated[int, Meta(ge=4)]],
+                     expected("[ny, nx], two whole numbers >= 4")]
+    # a list, not a tuple: msgspec 0.23 crashes (segfault) converting to a union of a number and a tuple of them
+    spacing: Annotated[Union[Positive, Annotated[list[Positive], Meta(min_length=2, max_length=2)]],
+                       expected("a number > 0 or [dy, dx]")]
+
+
+class Time(Section, frozen=True):
+    """the time step (s) and the number of steps"""
+
+    dt: Positive
+    steps: Count
+
+
+class AcousticBoundary(Section, frozen=True):
+    """acoustic2d: an absorbing layer on the sides (and the top unless free_surface)"""
+
+    absorbing_width: Annotated[int, Meta(ge=0)] = 20
+    absorbing_strength: Optional[Positive] = None
+    free_surface: bool = False
+
+
+class Observed(Section, frozen=True):
+    """the observed data: synthesised from true_model (with noise), or read from a file"""
+
+    noise: NonNegative = 0.0
+    seed: int = 0
+    file: Optional[str] = None
+    dataset: str = "data/observed"
+
+
+class Regularization(Section, frozen=True):
+    """penalties on the unknown field"""
+
+    tikhonov: NonNegative = 0.0
+    tv: NonNegative = 0.0
+    tv_epsilon: Positive = 1e-6
+
+
+class Optimizer(Section, frozen=True, kw_only=True):
+    """the optimiser; the same keys as an ODE fit's (odecli.optim.settings.OptimizerSettings)"""
+
+    type: Literal["adam", "lbfgs"] = "adam"
+    learning_rate: Positive = 1.0
+    iterations: Count
+    tolerance: NonNegative = 0.0
+    betas: Annotated[tuple[NonNegative, NonNegative], expected("[beta1, beta2], two numbers >= 0")] = (0.9, 0.999)
+    history_size: Count = 10
+    max_line_search: Count = 12
+
+
+class Loss(Section, frozen=True):
+    """the misfit"""
+
+    normalize: bool = True
+
+
+class Parallel(Section, frozen=True):
+    """ranks and halo exchanges"""
+
+    proc_grid: Optional[Annotated[tuple[Count, Count], expected("[ranks in y, ranks in x]")]] = None
+    exchange_every: AutoOrCount = "auto"
+
+
+class Checkpoint(Section, frozen=True):
+    """iterations between checkpoints (0: none)"""
+
+    every: Annotated[int, Meta(ge=0)] = 0
+
+
+class Compute(Section, frozen=True):
+    """where and how the run computes"""
+
+    dtype: Literal["float64", "float32"] = "float64"
+    device: Annotated[str, expected("one of cpu, cuda, auto or cuda:N", pattern=DEVICE_PATTERN, extra={
+        "message": "must be one of cpu, cuda, auto or cuda:N; got {value!r}"})] = "cpu"
+    time_segments: AutoOrCount = "auto"
+    threads: Annotated[int, Meta(ge=0)] = 0
+
+
+def plain(section: Section) -> dict:
+    """A read section as the plain dict (lists, not tuples) the run has always been given."""
+    return msgspec.to_builtins(section)
