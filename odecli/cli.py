@@ -12,24 +12,73 @@ import functools
 import gc
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 from typing import Callable, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 
 from odecli import __version__
 from odecli.errors import EXIT_INTERNAL, EXIT_INVALID_INPUT, InputError, OdecliError
 
+try:  # typer >= 0.20 carries its own copy of click
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - older typer on the click package
+    from click.exceptions import UsageError
+
+
+class _UsageError(UsageError):
+    """A bad flag, value or argument, shown as every other input error is: one line, exit 2."""
+
+    def show(self, file=None) -> None:
+        command = self.ctx.command_path if self.ctx is not None else "odecli"
+        sys.stderr.write(f"error: {self.format_message()} (see '{command} --help')\n")
+
+
+class _Group(typer.core.TyperGroup):
+    """The odecli command group: usage errors of every command become :class:`_UsageError`."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:
+            if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
+                raise
+            raise _UsageError(exc.format_message(), exc.ctx) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
+                raise
+            raise _UsageError(exc.format_message(), exc.ctx) from None
+
+
 app = typer.Typer(
+    cls=_Group,
     name="odecli",
     help="Batched ODE solving and MPI-parallel PDE inverse problems on CPU or GPU.",
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Plain help (click's): typer's rich panels print flags as `--force <bool>` and arguments as `{spec}`.
+    rich_markup_mode=None,
 )
+
+
+class _Command(typer.core.TyperCommand):
+    """Usage lines as Unix help writes them (``odecli solve [OPTIONS] SPEC``): typer wraps a
+    required argument in braces (``{SPEC}``), which reads like a placeholder syntax."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{(.*)\}$", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
+
+
 stdout = Console(highlight=False)
 stderr = Console(stderr=True, highlight=False)
 
@@ -107,10 +156,10 @@ def main(
     """Batched ODE solving and MPI-parallel PDE inverse problems."""
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def solve(
-    spec: Path = typer.Argument(..., help="YAML spec with kind: ode."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: ode."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: spec's output or <name>.h5)."),
     method: Optional[str] = typer.Option(None, "--method", help="Override solver.method."),
     rtol: Optional[float] = typer.Option(None, "--rtol", help="Override solver.rtol."),
@@ -134,10 +183,10 @@ def solve(
     raise typer.Exit(outcome.exit_code)
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def stats(
-    run: Path = typer.Argument(..., help="A run file written by odecli."),
+    run: Path = typer.Argument(..., metavar="RUN", help="A run file written by odecli."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     per_sample: bool = typer.Option(False, "--per-sample", help="List every sample (ODE runs)."),
 ) -> None:
@@ -154,9 +203,9 @@ def stats(
         render(summary, stdout)
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
-def validate(spec: Path = typer.Argument(..., help="A YAML spec of any kind.")) -> None:
+def validate(spec: Path = typer.Argument(..., metavar="SPEC", help="A YAML spec of any kind.")) -> None:
     """Check a spec without running it; list every problem with its field path.
 
     Example: odecli validate examples/vdp-sweep.yaml
@@ -173,7 +222,7 @@ def validate(spec: Path = typer.Argument(..., help="A YAML spec of any kind.")) 
     stdout.print(f"{spec}: valid {report.kind} spec", markup=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def schema() -> None:
     """Print the JSON Schema of every spec kind (for editors and the YAML language server).
@@ -185,10 +234,10 @@ def schema() -> None:
     sys.stdout.write(json.dumps(all_schemas(), indent=2) + "\n")
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def init(
-    kind: str = typer.Argument(..., help="ode or pde-inverse"),
+    kind: str = typer.Argument(..., metavar="KIND", help="ode or pde-inverse"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write the spec (default <kind>.yaml)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
@@ -207,10 +256,10 @@ def init(
     stdout.print(f"wrote {target}", markup=False)
 
 
-@app.command("train-inverse")
+@app.command("train-inverse", cls=_Command)
 @_clean_errors
 def train_inverse(
-    spec: Path = typer.Argument(..., help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: <name>-fit.h5; name defaults to the spec file's stem)."),
     iterations: Optional[int] = typer.Option(None, "--iterations", help="Override the number of iterations."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the checkpoint beside the output (OUT.ckpt.h5)."),
@@ -235,10 +284,10 @@ def train_inverse(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def plot(
-    run: Path = typer.Argument(..., help="A run file written by odecli (ode, pde-inverse or ode-inverse)."),
+    run: Path = typer.Argument(..., metavar="RUN", help="A run file written by odecli (ode, pde-inverse or ode-inverse)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Picture file, .png or .pdf (default: <run stem>.png)."),
     samples: Optional[str] = typer.Option(None, "--samples", help="Samples to draw, e.g. 0,3,5 or 2-6 (default: all, at most 20)."),
     states: Optional[str] = typer.Option(None, "--states", help="States to draw, e.g. x,v (default: all)."),
@@ -259,10 +308,10 @@ def plot(
     stdout.print(f"wrote {target}", markup=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(cls=_Command)
 @_clean_errors
 def export(
-    run: Path = typer.Argument(..., help="A run file written by odecli."),
+    run: Path = typer.Argument(..., metavar="RUN", help="A run file written by odecli."),
     csv: Optional[Path] = typer.Option(None, "--csv", help="Folder for the CSV files (created if missing)."),
     force: bool = typer.Option(False, "--force", help="Overwrite existing CSV files in the folder."),
 ) -> None:
