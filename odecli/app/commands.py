@@ -36,6 +36,7 @@ def solve_file(spec_path: Path, output: Path | None, *, overrides: dict[str, Any
     from odecli.app.solve import solve_spec_arrays, with_overrides
     from odecli.app.solve_ranks import launched_ranks, solve_cli
     from odecli.io.ode_run import write_ode_run
+    from odecli.report.failures import FailureTally
     from odecli.report.progress import solve_progress
 
     ode_spec = with_overrides(ode_spec, **overrides)
@@ -47,9 +48,12 @@ def solve_file(spec_path: Path, output: Path | None, *, overrides: dict[str, Any
         solution = solve_spec_arrays(ode_spec, progress=progress)
     write_ode_run(target, ode_spec, solution, replace=force)
     status = solution.status
-    failed = int((status != 0).sum())
+    failures = FailureTally()
+    failures.add(0, status, solution.t_final)
+    failed = failures.failed
     steps = solution.stats["n_steps"].astype(float)
-    line = (f"{ode_spec.name}: {status.size} samples, {status.size - failed} succeeded, {failed} failed; "
+    line = (f"{ode_spec.name}: {status.size} samples, {status.size - failed} succeeded, {failed} failed"
+            f"{failures.clause()}; "
             f"steps mean {steps.mean():.1f} max {int(steps.max())}; {solution.wall_time_s:.3f} s; wrote {target}")
     logger(line)
     return Outcome(EXIT_FAILED_SAMPLES if failed else EXIT_OK, line)

@@ -143,6 +143,7 @@ class DistributedResult:
 
     samples: int
     failed: int
+    why: str  # the failures' clause of the summary line (odecli.report.failures), "" when none failed
     steps_mean: float
     steps_max: int
     wall_time_s: float
@@ -257,18 +258,20 @@ def _solve_and_write(
 
     from odecli.io.atomic import atomic_path
     from odecli.io.ode_run import OdeRunStream, write_ranks
+    from odecli.report.failures import FailureTally
 
     batch = spec.batch
     schedule = GuidedSchedule(batch, comm.size, *bounds)
-    failed = steps_total = steps_max = 0
+    failures = FailureTally()
+    steps_total = steps_max = 0
     try:
         with atomic_path(target, replace) as tmp, h5py.File(tmp, "w") as h5:
             writer = OdeRunStream(h5, spec)
 
             def store(chunk: tuple[int, int], part: dict) -> None:
-                nonlocal failed, steps_total, steps_max
+                nonlocal steps_total, steps_max
                 writer.write(chunk[0], part)
-                failed += int(np.count_nonzero(part["status"]))
+                failures.add(chunk[0], part["status"], part["t_final"])
                 steps = part["stats"]["n_steps"]
                 steps_total += int(steps.sum())
                 steps_max = max(steps_max, int(steps.max()))
@@ -285,7 +288,7 @@ def _solve_and_write(
         end_job(comm, exc, _describe)
         raise  # not reached
     return DistributedResult(
-        samples=batch, failed=failed, steps_mean=steps_total / batch, steps_max=steps_max, wall_time_s=done.wall_s,
+        samples=batch, failed=failures.failed, why=failures.clause(), steps_mean=steps_total / batch, steps_max=steps_max, wall_time_s=done.wall_s,
         ranks=comm.size, busy_s=done.busy_s.tolist(), idle_s=done.idle_s.tolist(), samples_per_rank=done.items.tolist(),
     )
 
@@ -310,7 +313,7 @@ def solve_cli(spec: OdeSpec, target: Path, *, force: bool, quiet: bool, stdout: 
         result = solve_distributed(spec, target, on_progress=on_progress, replace=force)
     if comm.rank == 0:
         line = (f"{spec.name}: {result.samples} samples, {result.samples - result.failed} succeeded, "
-                f"{result.failed} failed; steps mean {result.steps_mean:.1f} max {result.steps_max}; "
+                f"{result.failed} failed{result.why}; steps mean {result.steps_mean:.1f} max {result.steps_max}; "
                 f"{result.wall_time_s:.3f} s on {result.ranks} ranks (idle {result.idle_fraction:.0%}); wrote {target}")
         logger(line)
         if not quiet:

@@ -23,6 +23,20 @@ class Status(enum.IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
+    @property
+    def description(self) -> str:
+        """What happened, in the README's words (for summaries a person reads)."""
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS = {
+    Status.SUCCESS: "success",
+    Status.GENERAL_ERROR: "general error",
+    Status.REACHED_DT_MIN: "step size below dt_min",
+    Status.REACHED_MAX_STEPS: "max_steps reached",
+    Status.INFINITE_NORM: "non-finite values",
+}
+
 
 STATUS_NAMES: dict[int, str] = {int(s): s.label for s in Status}
 
