@@ -143,6 +143,11 @@ def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
     return write
 
 
+def _note_oversubscription(note: Optional[str], quiet: bool) -> None:
+    if note and not quiet and _mpi_rank() == 0:
+        stderr.print(f"note: {note}", markup=False, soft_wrap=True)
+
+
 def _version(value: bool) -> None:
     if value:
         stdout.print(f"odecli {__version__}")
@@ -173,8 +178,9 @@ def solve(
 
     Example: odecli solve examples/vdp-sweep.yaml -o vdp.h5
     """
-    from odecli.app.commands import solve_file
+    from odecli.app.commands import oversubscription_note, solve_file
 
+    _note_oversubscription(oversubscription_note(), quiet)
     overrides = {"method": method, "rtol": rtol, "atol": atol, "device": device}
     outcome = solve_file(spec, output, overrides=overrides, force=force, quiet=quiet, stdout=stdout,
                          stderr=stderr, logger=_file_logger(log))
@@ -271,7 +277,9 @@ def train_inverse(
 
     Example: mpirun -n 2 odecli train-inverse examples/acoustic-anomaly.yaml -o fwi.h5
     """
-    from odecli.app.commands import train_inverse_file
+    from odecli.app.commands import oversubscription_note, train_inverse_file
+
+    _note_oversubscription(oversubscription_note(), quiet)
 
     # The ~170,000 objects of the modules imported so far live until exit: frozen (after one
     # collection, so no garbage is frozen with them), the collector's full passes stop walking

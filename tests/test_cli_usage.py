@@ -37,3 +37,14 @@ def test_help_shows_no_typer_placeholders(command):
     assert result.exit_code == 0
     assert "<bool>" not in result.output
     assert "{" not in result.output.splitlines()[0]  # the usage line: `odecli solve [OPTIONS] SPEC`
+
+
+def test_more_ranks_than_cpus_get_a_note(monkeypatch):
+    from odecli.app.commands import oversubscription_note
+    from odecli.threads import available_cpus
+
+    monkeypatch.setenv("MPI_LOCALNRANKS", str(available_cpus() + 2))
+    note = oversubscription_note()
+    assert note is not None and f"{available_cpus() + 2} MPI ranks share {available_cpus()} CPUs" in note
+    monkeypatch.setenv("MPI_LOCALNRANKS", "1")
+    assert oversubscription_note() is None

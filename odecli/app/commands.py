@@ -24,6 +24,24 @@ class Outcome:
     summary: str | None = None
 
 
+def oversubscription_note() -> str | None:
+    """A note when more MPI ranks run on this machine than it has CPUs: each rank then gets less
+    than a core and the run is slower than with fewer ranks (4 ranks on 2 cores ran 4-8x slower
+    than 1 rank), which otherwise looks like a fault of odecli."""
+    import os
+
+    from odecli.app.solve_ranks import launched_ranks
+    from odecli.threads import available_cpus
+
+    local = next((int(os.environ[v]) for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                  if os.environ.get(v, "").isdigit()), launched_ranks())
+    cpus = available_cpus()
+    if local <= cpus:
+        return None
+    return (f"{local} MPI ranks share {cpus} CPUs on this machine: each rank gets less than one core, "
+            f"so this runs slower than {cpus} rank{'s' if cpus > 1 else ''} would")
+
+
 def solve_file(spec_path: Path, output: Path | None, *, overrides: dict[str, Any], force: bool, quiet: bool,
                stdout: Any, stderr: Any, logger: Logger) -> Outcome:
     """Solve a ``kind: ode`` spec into an HDF5 run file (over the ranks when under mpirun)."""
