@@ -36,3 +36,14 @@ def test_chunks_in_any_order_give_the_lowest_failing_sample():
     assert tally.failed == 2
     assert tally.clause() == " (1 max_steps reached, 1 non-finite values; first: sample 2 stopped at t = 0.75)"
     assert FailureTally().clause() == ""
+
+
+def test_a_python_right_hand_side_says_it_ran_on_the_pytorch_loop(tmp_path):
+    (tmp_path / "rhs.py").write_text("def f(t, y, p):\n    return -y\n")
+    spec = tmp_path / "decay.yaml"
+    spec.write_text("kind: ode\nname: decay\nsystem:\n  states: [x]\n  python: rhs.py:f\n"
+                    "initial: {x: [1.0, 2.0]}\ntime: {start: 0.0, end: 1.0}\n")
+    result = CliRunner().invoke(app, ["solve", str(spec), "-o", str(tmp_path / "run.h5")])
+    assert result.exit_code == 0, result.output
+    assert "on the PyTorch loop (a python: right-hand side" in result.output
+    assert "equations:" in result.output

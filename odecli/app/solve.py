@@ -159,12 +159,15 @@ def _solve(spec: OdeSpec, progress: Callable[[Progress], None] | None) -> Soluti
     options = SolverOptions(method=s.method, rtol=s.rtol, atol=s.atol, controller=controller, dt0=s.dt0,
                             max_steps=s.max_steps)
     solution: Solution | ArraySolution | None = None
+    why = ""
     if s.engine != "torch":
         solution, why = _solve_native(spec, device, options, progress)
         if why and s.engine == "native":
             raise InputError(f"{spec.file}: solver.engine: native cannot run this spec: {why}")
     if solution is None:
         solution = _solve_torch(spec, device, options, progress)
+        if why:
+            solution.extra["why_not_native"] = why  # for the run's summary line
     solution.extra["device"] = device
     return solution
 
