@@ -91,7 +91,6 @@ def test_validate_and_train_inverse_report_the_same_line(tmp_path, base, field, 
 @pytest.mark.parametrize("base,field,value", [
     (SMALL, "unknown.fixed_border", 12),          # the largest that leaves a free cell
     (SMALL, "unknown.bounds", [0, 2600]),         # a bound may touch zero
-    (SMALL, "compute.device", "cuda:0"),          # valid in a spec, whatever the machine has
     (HEAT, "unknown.initial", 0.0),               # an insulator is a conductivity
 ])
 def test_the_limits_themselves_are_valid(tmp_path, base, field, value):
@@ -99,6 +98,21 @@ def test_the_limits_themselves_are_valid(tmp_path, base, field, value):
     spec.write_text(yaml.safe_dump(_set(base, field, value)))
     result = CliRunner().invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0 and "valid pde-inverse spec" in result.output, result.output
+
+
+def test_a_gpu_the_machine_lacks_is_refused_by_validate(tmp_path):
+    """Issue 43: a spec certain to fail must not validate (it used to, and failed at run time)."""
+    import torch
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_set(SMALL, "compute.device", "cuda:0")))
+    result = CliRunner().invoke(app, ["validate", str(spec)])
+    if torch.cuda.is_available():
+        assert result.exit_code == 0, result.output
+    else:
+        assert result.exit_code == 2
+        assert _errors(result) == [f"error: {spec}: compute.device: device 'cuda:0' requested but CUDA is not "
+                                   f"available; use cpu or auto"], result.output
 
 
 def test_device_auto_runs_on_what_there_is(tmp_path):

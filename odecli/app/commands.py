@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError
+from odecli.specs import feasibility
 
 Logger = Callable[[str], None]
 
@@ -24,17 +25,25 @@ class Outcome:
     summary: str | None = None
 
 
+def _ranks() -> tuple[int, int]:
+    """(ranks in the job, ranks on this machine) from the MPI launcher's environment."""
+    import os
+
+    from odecli.app.solve_ranks import launched_ranks
+
+    total = launched_ranks()
+    here = next((int(os.environ[v]) for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                 if os.environ.get(v, "").isdigit()), total)
+    return total, here
+
+
 def oversubscription_note() -> str | None:
     """A note when more MPI ranks run on this machine than it has CPUs: each rank then gets less
     than a core and the run is slower than with fewer ranks (4 ranks on 2 cores ran 4-8x slower
     than 1 rank), which otherwise looks like a fault of odecli."""
-    import os
-
-    from odecli.app.solve_ranks import launched_ranks
     from odecli.threads import available_cpus
 
-    local = next((int(os.environ[v]) for v in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
-                  if os.environ.get(v, "").isdigit()), launched_ranks())
+    local = _ranks()[1]
     cpus = available_cpus()
     if local <= cpus:
         return None
@@ -49,6 +58,7 @@ def solve_file(spec_path: Path, output: Path | None, *, overrides: dict[str, Any
     from odecli.specs import load_ode_spec
 
     ode_spec = load_ode_spec(spec_path)
+    feasibility.check_ode(ode_spec)
     target = output or Path(ode_spec.default_output)
     check_writable(target, force=force)
     from odecli.app.solve import solve_spec_arrays, with_overrides
@@ -96,14 +106,18 @@ def train_inverse_file(spec_path: Path, output: Path | None, *, iterations: int 
     """Fit a ``kind: pde-inverse`` spec, or a ``kind: ode`` spec with an ``inverse:`` section."""
     from odecli.specs import load_yaml, spec_kind
 
-    data, _ = load_yaml(spec_path)
+    data, text = load_yaml(spec_path)
     kind = spec_kind(data, str(spec_path))
     if kind == "pde-inverse":
         from odecli.specs.pde import validate
 
-        validate(data, str(spec_path), spec_path.parent)  # a bad field fails before torch is imported
+        spec = validate(data, str(spec_path), spec_path.parent)  # a bad field fails before torch is imported
+        feasibility.check_pde(spec, *_ranks())
         from odecli.app.fit_pde import train_inverse as run
     elif kind == "ode":
+        from odecli.specs import parse_ode_spec
+
+        feasibility.check_ode(parse_ode_spec({k: v for k, v in data.items() if k != "inverse"}, text, str(spec_path)))
         from odecli.app.fit_ode import train_inverse as run
     else:
         raise InputError(f"{spec_path}: kind: train-inverse needs kind pde-inverse or ode, got {kind!r}")

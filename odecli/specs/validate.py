@@ -8,7 +8,8 @@ from pathlib import Path
 
 from odecli.errors import InputError, SpecError
 from odecli.specs.loader import load_yaml, spec_kind
-from odecli.specs.ode import validate_ode_spec_all
+from odecli.specs import feasibility
+from odecli.specs.ode import parse_ode_spec, validate_ode_spec_all
 
 KINDS = ("ode", "pde-inverse")
 
@@ -38,16 +39,29 @@ def validate_data(data: dict, text: str, path: Path) -> ValidationReport:
             report.notes.append(f"this spec loads and runs Python code: {python}")
         if "inverse" in data and not report.problems:  # the section is read against a valid ODE spec
             report.problems += _inverse_problems(data, text, path)
+        if not report.problems:
+            report.problems += _certain_failures(lambda: feasibility.check_ode(parse_ode_spec(body, text, str(path))))
     elif kind == "pde-inverse":
         from odecli.specs.pde import validate as validate_pde
 
         try:
-            validate_pde(data, str(path), Path(path).parent)
+            spec = validate_pde(data, str(path), Path(path).parent)
         except SpecError as exc:
             report.problems.append(str(exc))
+        else:
+            report.problems += _certain_failures(lambda: feasibility.check_pde(spec))
     else:
         raise InputError(f"{path}: kind: expected one of {', '.join(KINDS)}, got {kind!r}")
     return report
+
+
+def _certain_failures(check) -> list[str]:
+    """The problem a valid spec would certainly meet when run (odecli.specs.feasibility)."""
+    try:
+        check()
+    except SpecError as exc:
+        return [str(exc)]
+    return []
 
 
 def _inverse_problems(data: dict, text: str, path: Path) -> list[str]:
