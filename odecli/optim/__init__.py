@@ -2,31 +2,27 @@
 
 :func:`make_optimizer` builds the one an :class:`OptimizerSettings` names; the fit loop
 (:mod:`odecli.app.fit`) drives it through the :class:`Optimizer` protocol.
+
+The names load on first use: the spec layer imports :mod:`odecli.optim.settings` and
+:mod:`odecli.optim.transforms` without torch, which the others import.
 """
 
 from __future__ import annotations
 
-import math
+import importlib
+from typing import Any
 
-from odecli.optim.adam import Adam
-from odecli.optim.lbfgs import LBFGS, armijo_backtracking
-from odecli.optim.settings import OptimizerSettings
-from odecli.optim.space import Space, Vector
-from odecli.optim.step import Evaluate, Optimizer, Step
-from odecli.optim.transforms import Box
-
-
-def make_optimizer(settings: OptimizerSettings, params: Vector, space: Space, bounds: Box | None = None,
-                   max_first_step: float = math.inf) -> Optimizer:
-    """The optimiser ``settings.type`` names, moving ``params`` in place (see :class:`LBFGS` for
-    ``max_first_step``)."""
-    if settings.type == "adam":
-        return Adam(params, settings.learning_rate, settings.betas, bounds=bounds)
-    if settings.type == "lbfgs":
-        return LBFGS(params, space, settings.learning_rate, settings.history_size,
-                     settings.max_line_search, bounds=bounds, max_first_step=max_first_step)
-    raise ValueError(f"unknown optimizer type {settings.type!r}")
+_HOME = {
+    "Adam": "adam", "LBFGS": "lbfgs", "armijo_backtracking": "lbfgs", "Box": "bounds",
+    "OptimizerSettings": "settings", "Space": "space", "Vector": "space",
+    "Evaluate": "step", "Optimizer": "step", "Step": "step", "make_optimizer": "factory",
+}
 
 
-__all__ = ["Adam", "Box", "Evaluate", "LBFGS", "Optimizer", "OptimizerSettings", "Space", "Step",
-           "Vector", "armijo_backtracking", "make_optimizer"]
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'odecli.optim' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"odecli.optim.{_HOME[name]}"), name)
+
+
+__all__ = sorted(_HOME)

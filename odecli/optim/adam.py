@@ -18,7 +18,7 @@ import torch
 
 from odecli.optim.space import Vector
 from odecli.optim.step import Evaluate, Step
-from odecli.optim.transforms import Box
+from odecli.optim.bounds import Box
 
 
 class Adam:

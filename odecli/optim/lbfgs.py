@@ -20,7 +20,7 @@ import torch
 
 from odecli.optim.space import Space, Vector
 from odecli.optim.step import Evaluate, Step
-from odecli.optim.transforms import Box
+from odecli.optim.bounds import Box
 
 ARMIJO_C1 = 1e-4  # sufficient decrease: f_new <= f + c1 * (directional derivative along the step)
 
