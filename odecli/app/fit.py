@@ -7,10 +7,13 @@ evaluated (collectively over the ranks), which history columns it adds, and how 
 written and read (the per-kind modules :mod:`odecli.app.fit_ode` and :mod:`odecli.app.fit_pde`).
 
 Points and iterations: point 0 is the initial guess, point ``k`` the parameters after ``k``
-iterations (counted from 1 in logs, history and stats). The history holds one row per recorded
-point; a kind that does not record its final point (``record_final`` False: the PDE fits, whose
-final point's loss would cost one more evaluation after an Adam step) has one row per iteration.
-Every recorded point after the first is tested for convergence; the next iteration starts from it.
+iterations (counted from 1 in logs, history and stats; the log calls point 0 ``start``). The
+history holds one row per recorded point, row ``k`` for point ``k``; ``wall_time_s`` is the
+seconds since the row before (row 0: the initial evaluation), so the rows sum to the fit's time.
+A kind that does not record its final point (``record_final`` False: the PDE fits, whose run files
+have always had one row per iteration, and whose final loss would cost one more evaluation after
+an Adam step) neither records nor tests it. Every recorded point is tested for convergence (the
+loss change from point 1 on); the next iteration starts from it.
 """
 
 from __future__ import annotations
@@ -95,10 +98,13 @@ def optimizer_settings(spec: Any) -> OptimizerSettings:
                              max_line_search=ODE_MAX_LINE_SEARCH)
 
 
-def _stop_test(f_prev: float, f: float, grad_norm: float, tolerance: float, gtol: float) -> Stop | None:
+def _stop_test(f_prev: float | None, f: float, grad_norm: float, tolerance: float,
+               gtol: float) -> Stop | None:
+    """Why the fit stops at a point of loss ``f`` reached from one of loss ``f_prev`` (None: the
+    initial guess), or None to go on."""
     if f == 0.0 or grad_norm <= gtol:
         return Stop.GRADIENT
-    if abs(f_prev - f) <= tolerance * max(abs(f_prev), 1e-300):
+    if f_prev is not None and abs(f_prev - f) <= tolerance * max(abs(f_prev), 1e-300):
         return Stop.LOSS_CHANGE
     return None
 
@@ -137,9 +143,7 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
     else:
         done = 0
         f, g = objective.evaluate(0)
-        gn = record(f, g, 0)
-        if f == 0.0 or gn <= settings.gtol:
-            stop = Stop.GRADIENT
+        stop = _stop_test(None, f, record(f, g, 0), settings.tolerance, settings.gtol)
     while stop is None and done < n:
         before = [p.detach().clone() for p in opt.params] if may_fail else None
         step = opt.step(f, g, lambda: objective.evaluate(done))
@@ -147,13 +151,13 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
             stop = Stop.LINE_SEARCH
             break
         done += 1
-        if step.evaluated:
-            f_new, g_new = step.f, step.g
-        elif done == n and not settings.record_final:
+        if done == n and not settings.record_final:  # neither recorded nor tested, even when known
             if log is not None:
                 log(f"iter {done:>4}/{n}  {time.perf_counter() - last:6.2f} s  (final point: see the output)")
             history["wall_time_s"][-1] += time.perf_counter() - last  # the rows sum to the loop's time
             break
+        if step.evaluated:
+            f_new, g_new = step.f, step.g
         else:
             f_new, g_new = objective.evaluate(done)
             if g_new is None or not math.isfinite(f_new):
