@@ -65,7 +65,7 @@ def test_both_optimisers_minimise_a_quadratic(kind, lr, iterations):
 def test_a_box_keeps_every_point_inside_the_bounds(kind, lr):
     lower = torch.full((4,), -1.0, dtype=torch.float64)
     upper = torch.full((4,), 2.0, dtype=torch.float64)
-    x, outcome, _ = _fit(kind, 60, lr, box=Box([lower], [upper]))
+    x, _, _ = _fit(kind, 60, lr, box=Box([lower], [upper]))
     assert bool(((x >= lower) & (x <= upper)).all())
     assert torch.allclose(x, TARGET.clamp(-1.0, 2.0), atol=0.05)
 

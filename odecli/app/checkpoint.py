@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import h5py
 import numpy as np

@@ -21,8 +21,9 @@ from __future__ import annotations
 import enum
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -146,7 +147,7 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
         stop = _stop_test(None, f, record(f, g, 0), settings.tolerance, settings.gtol)
     while stop is None and done < n:
         before = [p.detach().clone() for p in opt.params] if may_fail else None
-        step = opt.step(f, g, lambda: objective.evaluate(done))
+        step = opt.step(f, g, lambda completed=done: objective.evaluate(completed))
         if not step.ok:
             stop = Stop.LINE_SEARCH
             break

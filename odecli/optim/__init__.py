@@ -25,4 +25,16 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"odecli.optim.{_HOME[name]}"), name)
 
 
-__all__ = sorted(_HOME)
+__all__ = [
+    "LBFGS",
+    "Adam",
+    "Box",
+    "Evaluate",
+    "Optimizer",
+    "OptimizerSettings",
+    "Space",
+    "Step",
+    "Vector",
+    "armijo_backtracking",
+    "make_optimizer",
+]

@@ -12,13 +12,13 @@ Issue 40's scale-aware Adam belongs here: a different :meth:`Adam.step` on the s
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from odecli.optim.bounds import Box
 from odecli.optim.space import Vector
 from odecli.optim.step import Evaluate, Step
-from odecli.optim.bounds import Box
 
 
 class Adam:

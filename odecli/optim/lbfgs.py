@@ -14,13 +14,13 @@ issue 40's strong-Wolfe search is another function of that signature, passed as 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from odecli.optim.bounds import Box
 from odecli.optim.space import Space, Vector
 from odecli.optim.step import Evaluate, Step
-from odecli.optim.bounds import Box
 
 ARMIJO_C1 = 1e-4  # sufficient decrease: f_new <= f + c1 * (directional derivative along the step)
 
