@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import torch
 
 from odecli.app import faults
 from odecli.app.checkpoint import Saved
+from odecli.errors import OdecliError
 from odecli.optim import Optimizer, OptimizerSettings, Space, Vector
 
 LOSS_COLUMNS = ("loss", "grad_norm", "wall_time_s")  # every kind's history starts with these
@@ -97,6 +99,23 @@ def optimizer_settings(spec: Any) -> OptimizerSettings:
     return OptimizerSettings(type=spec.optimizer, learning_rate=spec.lr, iterations=spec.iterations,
                              tolerance=spec.tol, gtol=spec.gtol, history_size=spec.history,
                              max_line_search=ODE_MAX_LINE_SEARCH)
+
+
+def end_every_rank(comm: Any, exc: BaseException, collective: bool) -> None:
+    """On several ranks, a failure that this rank alone raised (``collective`` False) would leave
+    the others waiting at their next collective for ever: print it with the rank and abort the
+    job (with the error's exit code where it has one). A collective one returns, to be raised."""
+    if comm.size == 1 or collective:
+        return
+    code = getattr(exc, "exit_code", 1)
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else 1
+    msg = str(exc) or type(exc).__name__
+    if not isinstance(exc, OdecliError):
+        msg = f"{type(exc).__name__}: {msg}"
+    sys.stderr.write(f"error: rank {comm.rank}: {msg}\n")
+    sys.stderr.flush()
+    comm.abort(code or 1)
 
 
 def _stop_test(f_prev: float | None, f: float, grad_norm: float, tolerance: float,

@@ -18,7 +18,6 @@ and writes the run file. ``--resume`` finishes a killed fit exactly as an uninte
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 from odecli import __version__
 from odecli.app import checkpoint as ckpt
-from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, optimizer_settings, run_fit
+from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, optimizer_settings, run_fit
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
 from odecli.io.atomic import atomic_h5
 from odecli.optim import Box, Optimizer, Space, make_optimizer
@@ -422,11 +421,9 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
                     write_fit(output, ode, inv, result, replace)
                     cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
             comm.barrier()
-        except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
-            if comm.size > 1 and not isinstance(exc, OdecliError):
-                sys.stderr.write(f"error: rank {comm.rank}: {type(exc).__name__}: {exc}\n")
-                sys.stderr.flush()
-                comm.abort(1)
+        except BaseException as exc:  # a failure on one rank must end every rank
+            # an OdecliError here is every rank's: they all evaluate the same global values
+            end_every_rank(comm, exc, collective=isinstance(exc, OdecliError))
             raise
     failed = int((np.asarray(result.status) != 0).sum())
     if comm.rank == 0 and not quiet:

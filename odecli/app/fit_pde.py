@@ -13,7 +13,6 @@ exception on one rank prints its message and aborts the whole MPI job, so nothin
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from odecli.app import checkpoint as ckpt
-from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, optimizer_settings, run_fit
+from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, optimizer_settings, run_fit
 from odecli.app.pde_problem import Problem, collective
 from odecli.errors import InputError, OdecliError
 from odecli.io.pde_run import write_result
@@ -50,17 +49,8 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     try:
         with ckpt.note_on_interrupt(ckpt.checkpoint_path(output)):
             return _train(comm, Path(spec_path), output, iterations, resume, force, quiet)
-    except BaseException as exc:  # noqa: BLE001 - every failure must end every rank
-        if comm.size > 1 and not getattr(exc, "collective", False):
-            code = getattr(exc, "exit_code", 1)
-            if isinstance(exc, SystemExit):
-                code = exc.code if isinstance(exc.code, int) else 1
-            msg = str(exc) or type(exc).__name__
-            if not isinstance(exc, OdecliError):
-                msg = f"{type(exc).__name__}: {msg}"
-            sys.stderr.write(f"error: rank {comm.rank}: {msg}\n")
-            sys.stderr.flush()
-            comm.abort(code or 1)
+    except BaseException as exc:  # every failure must end every rank
+        end_every_rank(comm, exc, collective=getattr(exc, "collective", False))
         raise
 
 
