@@ -298,7 +298,7 @@ def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path):
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
     assert res.exit_code == 0, res.output
     assert "no checkpoint at" in res.output and "starting from the beginning" in res.output
-    assert "iter    0" in res.output
+    assert "start " in res.output
     with h5py.File(out) as h5:
         assert len(h5["history/loss"]) == 13
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--resume"])
@@ -323,18 +323,18 @@ def test_an_earlier_fits_checkpoint_is_neither_lost_nor_resumed_unasked(tmp_path
                                        "to continue it or --force to start over"]
     assert cpath.read_bytes() == before and not out.exists()
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--force"])
-    assert res.exit_code == 0 and "resuming" not in res.output and "iter    0" in res.output, res.output
+    assert res.exit_code == 0 and "resuming" not in res.output and "start " in res.output, res.output
     assert not cpath.exists()
 
 
 def test_ctrl_c_after_a_checkpoint_says_that_it_keeps_the_fit(tmp_path, monkeypatch):
-    from odecli.app import checkpoint_ode as inverse_checkpoint
+    from odecli.app import faults
 
     def ctrl_c(iteration: int) -> None:
         if iteration == 4:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(inverse_checkpoint, "maybe_exit_after_checkpoint", ctrl_c)
+    monkeypatch.setattr(faults, "maybe_exit_after_checkpoint", ctrl_c)
     spec, out = _checkpointed(tmp_path), tmp_path / "fit.h5"
     res = CliRunner().invoke(app, ["train-inverse", str(spec), "-o", str(out), "--quiet"])
     assert res.exit_code == 130, res.output
@@ -360,12 +360,13 @@ def _replace(h5, name: str, value) -> None:
 
 
 ODE_DAMAGE = {  # what is done to a good checkpoint -> what the error says about it
-    "missing x": (lambda h5: h5.__delitem__("x"), "missing 'x'"),
+    "missing x": (lambda h5: h5.__delitem__("params/0"), "missing 'params/0'"),
     "missing iteration": (lambda h5: h5.attrs.__delitem__("iteration"), "missing 'iteration'"),
     "missing history": (lambda h5: h5.__delitem__("history/loss"), "missing 'history/loss'"),
-    "x of another fit": (lambda h5: _replace(h5, "x", h5["x"][:3]), "'x' has shape (3,), expected (6,)"),
-    "L-BFGS pairs of another fit": (lambda h5: _replace(h5, "s", h5["s"][:, :2]),
-                                    "'s' has shape (4, 2), expected (4, 6)"),
+    "x of another fit": (lambda h5: _replace(h5, "params/0", h5["params/0"][:3]),
+                         "'params/0' has shape (3,), expected (6,)"),
+    "L-BFGS pairs of another fit": (lambda h5: _replace(h5, "opt/s0/0", h5["opt/s0/0"][:2]),
+                                    "'opt/s0/0' has shape (2,), expected (6,)"),
     "short history": (lambda h5: _replace(h5, "history/loss", h5["history/loss"][:2]),
                       "'history/loss' has shape (2,), expected 5 entries"),
 }

@@ -431,9 +431,10 @@ def test_both_kinds_parse_their_optimizer_into_the_same_settings_with_their_own_
 
     text = FIT % "{type: adam, learning_rate: 0.1, tolerance: 1.0e-8, history_size: 4}"
     _, inverse = parse_ode_inverse_spec(parse_yaml(text, "fit.yaml"), text, "fit.yaml")
-    assert inverse.optimizer == OptimizerSettings("adam", 0.1, 200, 1e-8, 0.0, 4)
+    # an ODE fit's line search has always tried up to 30 steps, a PDE fit's 12
+    assert inverse.optimizer == OptimizerSettings("adam", 0.1, 200, 1e-8, 0.0, 4, (0.9, 0.999), 30)
     _, inverse = parse_ode_inverse_spec(parse_yaml(FIT % "{}", "fit.yaml"), "", "fit.yaml")
-    assert inverse.optimizer == OptimizerSettings("lbfgs", 1.0, 50, 1e-10, 0.0, 10)
+    assert inverse.optimizer == OptimizerSettings("lbfgs", 1.0, 50, 1e-10, 0.0, 10, (0.9, 0.999), 30)
     root = Path(__file__).resolve().parents[1]
     pde = validate(load_yaml(root / "examples" / "heat-conductivity.yaml")[0], "heat.yaml")
     assert pde["optimizer"] == OptimizerSettings("lbfgs", 0.0001, 15, 0.0, 0.0, 10, (0.9, 0.999), 12)

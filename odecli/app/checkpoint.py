@@ -1,11 +1,15 @@
-"""Checkpoints beside the output (``OUT.ckpt.h5``): enough state to continue bit-for-bit.
+"""Checkpoints of every fit (``OUT.ckpt.h5`` beside the output): enough state to continue bit for bit.
 
-Distributed vectors are gathered to the global grid, so a checkpoint is independent of the rank
-layout (resuming on the same number of ranks reproduces the uninterrupted run exactly).
+One layout for ODE and PDE fits (``kind`` tells them apart): the parameters (``params/<i>``), the
+gradient at them (``g/<i>``) and the loss (attr ``f``), the optimiser's vectors
+(``opt/<name>/<i>``) and scalars (attr ``optimizer_scalars``, JSON), the history of the points
+recorded so far (one row per point, ``iteration + 1`` rows), and what the kind adds (its own attrs
+and datasets). The optimisers are deterministic given that state, so a killed fit resumed from it
+ends exactly as an uninterrupted one. Distributed vectors are gathered to the global grid, so a
+checkpoint does not depend on the rank layout; rank 0 writes it and every rank reads it back.
 
-The rules shared with ODE fits (:mod:`odecli.app.checkpoint_ode`) live here too: a checkpoint is
-hours of work, so a run never starts over on one silently (:func:`check_start`), Ctrl-C says
-where the work is (:func:`note_on_interrupt`), and a damaged one is one clear error
+A checkpoint is hours of work, so a run never starts over on one silently (:func:`check_start`),
+Ctrl-C says where the work is (:func:`note_on_interrupt`), and a damaged one is one clear error
 (:func:`open_checkpoint`).
 """
 
@@ -13,19 +17,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import h5py
 import numpy as np
 import torch
 
+from odecli import __version__
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_h5, check_writable
+from odecli.optim import Optimizer, Vector
+from odecli.parallel.comm import Comm
+from odecli.parallel.decomposition import Decomposition
 from odecli.parallel.ops import gather_global, local_block
 
 
 def checkpoint_path(output: Path) -> Path:
+    """Where the checkpoints of a fit that writes ``output`` go."""
     output = Path(output)
     return output.with_name(output.stem + ".ckpt.h5")
 
@@ -129,84 +140,126 @@ def note_on_interrupt(cpath: Path) -> Iterator[None]:
         raise
 
 
-def _gather(vec, distributed, decomp, comm):
-    out = []
-    for v, dist in zip(vec, distributed):
-        if dist and comm.size > 1:
-            g = gather_global(v.detach(), decomp, comm, root=0)
-            out.append(None if g is None else g.cpu().numpy())
-        else:
-            out.append(v.detach().cpu().numpy())
-    return out
+@dataclass
+class Layout:
+    """How one fit's vectors lie over the ranks: which parts are distributed, and over what grid."""
+
+    comm: Comm
+    distributed: list[bool]
+    decomp: Decomposition | None = None  # None: every part is replicated
+
+    def gather(self, vec: Vector) -> list[np.ndarray | None]:
+        """Collective: the global arrays on rank 0 (None elsewhere for the distributed parts)."""
+        out = []
+        for v, dist in zip(vec, self.distributed):
+            if dist and self.comm.size > 1:
+                g = gather_global(v.detach(), self.decomp, self.comm, root=0)
+                out.append(None if g is None else g.cpu().numpy())
+            else:
+                out.append(v.detach().cpu().numpy())
+        return out
 
 
-def save(path: Path, *, spec_text: str, iteration: int, params, distributed, opt, history: dict,
-         timing: dict, decomp, comm) -> None:
-    """Collective: gather on rank 0, which writes ``path`` atomically."""
-    vecs = {"params": _gather(params, distributed, decomp, comm)}
+@dataclass
+class Saved:
+    """A checkpoint read back: the point, the history, and what the kind saved beside them."""
+
+    iteration: int
+    f: float
+    g: Vector
+    history: dict[str, list]
+    extra: dict[str, Any]
+
+
+def _column(values: list) -> np.ndarray:
+    integer = bool(values) and all(isinstance(v, (int, np.integer)) for v in values)
+    return np.asarray(values, dtype=np.int64 if integer else np.float64)
+
+
+def save(path: Path, layout: Layout, *, kind: str, spec_text: str, iteration: int, f: float, g: Vector,
+         opt: Optimizer, history: dict[str, list], attrs: dict[str, Any] | None = None,
+         arrays: dict[str, np.ndarray] | None = None) -> None:
+    """Collective: gather on rank 0, which writes ``path`` atomically; its failure is raised on
+    every rank, so that none waits for a rank that has stopped."""
+    comm = layout.comm
+    vecs = {"params": layout.gather(opt.params), "g": layout.gather(g)}
     for name, vec in opt.state_vectors().items():
-        vecs[f"opt/{name}"] = _gather(vec, distributed, decomp, comm)
-    if comm.rank != 0:
-        return
-    with atomic_h5(path) as f:
-        f.attrs["kind"] = "pde-inverse-checkpoint"
-        f.attrs["spec"] = spec_text
-        f.attrs["iteration"] = iteration
-        f.attrs["optimizer"] = opt.kind
-        f.attrs["optimizer_scalars"] = json.dumps(opt.state_scalars())
-        f.attrs["ranks"] = comm.size
-        for name, vec in vecs.items():
-            grp = f.create_group(name)
-            for i, arr in enumerate(vec):
-                grp.create_dataset(str(i), data=arr)
-        h = f.create_group("history")
-        for k, v in history.items():
-            h.create_dataset(k, data=np.asarray(v, dtype=np.float64))
-        t = f.create_group("timing")
-        for k, v in timing.items():
-            t.create_dataset(k, data=np.asarray(v, dtype=np.float64))
+        vecs[f"opt/{name}"] = layout.gather(vec)
+    error = None
+    if comm.rank == 0:
+        try:
+            with atomic_h5(path) as h5:
+                a = h5.attrs
+                a["kind"] = kind
+                a["spec"] = spec_text
+                a["iteration"] = iteration
+                a["f"] = f
+                a["optimizer"] = opt.kind
+                a["optimizer_scalars"] = json.dumps(opt.state_scalars())
+                a["ranks"] = comm.size
+                a["odecli_version"] = __version__
+                for name, value in (attrs or {}).items():
+                    a[name] = value
+                for name, vec in vecs.items():
+                    grp = h5.create_group(name)
+                    for i, arr in enumerate(vec):
+                        grp.create_dataset(str(i), data=arr)
+                hist = h5.create_group("history")
+                for name, values in history.items():
+                    hist.create_dataset(name, data=_column(values))
+                for name, arr in (arrays or {}).items():
+                    h5.create_dataset(name, data=arr)
+        except InputError as exc:
+            error = str(exc)
+    if comm.size > 1:
+        error = comm.bcast_object(error, root=0)
+    if error is not None:
+        raise InputError(error)
 
 
-def load(path: Path, *, spec_text: str, params, distributed, opt, decomp, comm,
-         history_keys: tuple[str, ...]) -> tuple[int, dict, dict]:
-    """Every rank reads the file and takes its own block; returns (iteration, history, timing).
+def load(path: Path, layout: Layout, *, kind: str, spec_text: str, opt: Optimizer,
+         history_keys: tuple[str, ...],
+         read_extra: Callable[[h5py.File], dict[str, Any]] = lambda f: {}) -> Saved:
+    """Every rank reads ``path`` and takes its own block; the parameters are set in ``opt.params``
+    and the optimiser's state is loaded. ``read_extra`` reads what the kind saved beside them.
 
-    Every part is checked (present, of the run's shapes) before the optimiser sees it."""
-    with open_checkpoint(path, "pde-inverse-checkpoint", spec_text) as f:
+    Every part is checked (present, of the run's shapes) before the optimiser sees it; a
+    checkpoint of another spec or a damaged one is one clear error."""
+    params = opt.params
+    with open_checkpoint(path, kind, spec_text) as f:
         if read_attr(f, "optimizer") != opt.kind:
             raise InputError(f"{path}: checkpoint optimizer {f.attrs['optimizer']} != {opt.kind}")
         iteration = int(read_attr(f, "iteration"))
-        ranks = int(read_attr(f, "ranks"))
+        loss = float(read_attr(f, "f"))
         try:
             scalars = json.loads(read_attr(f, "optimizer_scalars"))
         except ValueError:
             raise unusable(path, "'optimizer_scalars' is not JSON") from None
 
-        def read_vec(name, like):
+        def read_vec(name: str) -> Vector:
             out = []
-            for i, (ref, dist) in enumerate(zip(like, distributed)):
-                shape = decomp.global_shape if dist else tuple(ref.shape)
+            for i, (ref, dist) in enumerate(zip(params, layout.distributed)):
+                shape = layout.decomp.global_shape if dist else tuple(ref.shape)
                 arr = torch.as_tensor(read_array(f, f"{name}/{i}", shape), dtype=ref.dtype,
                                       device=ref.device)
-                if dist and comm.size > 1:
-                    arr = local_block(arr, decomp).contiguous()
+                if dist and layout.comm.size > 1:
+                    arr = local_block(arr, layout.decomp).contiguous()
                 out.append(arr.clone())
             return out
 
-        values = read_vec("params", params)
+        values = read_vec("params")
+        g = read_vec("g")
         vecs = _Parts(path, "opt/")
         if "opt" in f:
             for name in f["opt"]:
-                vecs[name] = read_vec(f"opt/{name}", params)
-        history = {k: list(read_array(f, f"history/{k}", rows=iteration)) for k in history_keys}
-        timing = {k: np.asarray(read_array(f, f"timing/{k}", rows=ranks))
-                  for k in ("total_s", "comm_s")}
+                vecs[name] = read_vec(f"opt/{name}")
+        history = {k: read_array(f, f"history/{k}", rows=iteration + 1).tolist() for k in history_keys}
+        extra = read_extra(f)
         opt.load(vecs, _Parts(path, "optimizer_scalars.", scalars))
         with torch.no_grad():
             for p, v in zip(params, values):
                 p.copy_(v)
-        timing["ranks"] = ranks
-        return iteration, history, timing
+        return Saved(iteration, loss, g, history, extra)
 
 
 class _Parts(dict):

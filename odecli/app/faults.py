@@ -1,14 +1,18 @@
 """Fault injection for the failure-handling tests (environment variables, off by default).
 
 ``ODECLI_PDE_FAIL_RANK=r`` (and optionally ``ODECLI_PDE_FAIL_ITER=k``, default 0): rank ``r``
-raises at iteration ``k``.  ``ODECLI_PDE_EXIT_AFTER_CHECKPOINT=k``: every rank exits abruptly
-(status 75, no output) right after the checkpoint written at iteration ``k`` - a simulated kill.
+raises at iteration ``k``.  ``ODECLI_PDE_EXIT_AFTER_CHECKPOINT=k`` or
+``ODECLI_ODE_EXIT_AFTER_CHECKPOINT=k``: every rank exits abruptly (status 75, no output) right
+after the checkpoint written at iteration ``k`` - a simulated kill (the fit loop calls it for
+both kinds; the two names are those the tests of each kind set).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+EXIT_AFTER_CHECKPOINT = ("ODECLI_PDE_EXIT_AFTER_CHECKPOINT", "ODECLI_ODE_EXIT_AFTER_CHECKPOINT")
 
 
 def maybe_fail(rank: int, iteration: int | None) -> None:
@@ -19,10 +23,11 @@ def maybe_fail(rank: int, iteration: int | None) -> None:
         raise RuntimeError(f"injected failure on rank {rank} at iteration {iteration}")
 
 
-def maybe_exit_after_checkpoint(iteration: int, variable: str = "ODECLI_PDE_EXIT_AFTER_CHECKPOINT") -> None:
-    """The simulated kill; ``variable`` names the switch (ODE fits use their own)."""
-    k = os.environ.get(variable)
-    if k is not None and int(k) == iteration:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(75)
+def maybe_exit_after_checkpoint(iteration: int) -> None:
+    """The simulated kill (see the module docstring)."""
+    for variable in EXIT_AFTER_CHECKPOINT:
+        k = os.environ.get(variable)
+        if k is not None and int(k) == iteration:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(75)

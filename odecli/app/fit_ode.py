@@ -10,14 +10,14 @@ to the 1-rank run (to round-off, ~1e-12), rather than depending on an all-reduce
 Shared unknowns are handed to the solver as one copy per row (the spec's right-hand sides broadcast
 per-sample parameters), so their per-sample contributions come out of the same backward pass.
 
-Since the optimisers are deterministic given their state, ``OUT.ckpt.h5`` checkpoints of that state
-let ``--resume`` finish a killed fit exactly as an uninterrupted one (:mod:`odecli.app.checkpoint_ode`).
+The loop, the optimisers and the checkpoints are those of every fit (:mod:`odecli.app.fit`,
+:mod:`odecli.optim`, :mod:`odecli.app.checkpoint`): this module builds the problem, evaluates it,
+and writes the run file. ``--resume`` finishes a killed fit exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from odecli import __version__
-from odecli.app import checkpoint_ode as ckpt
+from odecli.app import checkpoint as ckpt
+from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
-from odecli.app.checkpoint_ode import OptState
 from odecli.io.atomic import atomic_h5
+from odecli.optim import Box, Optimizer, Space, make_optimizer
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
@@ -267,100 +268,40 @@ def _read_observations(path: str, ode: OdeSpec, inv: InverseSpec) -> tuple[np.nd
     return t, y[..., [states.index(n) for n in inv.observed]]
 
 
-# ---------------------------------------------------------------------------------- optimisers
-
-
-def _converged(f_prev: float, f: float, g: np.ndarray, tol: float, gtol: float) -> str | None:
-    """The stop test both optimisers share: a small gradient, or a small relative loss change."""
-    if f == 0.0 or np.linalg.norm(g) <= gtol:
-        return "converged: gradient"
-    if abs(f_prev - f) <= tol * max(abs(f_prev), 1e-300):
-        return "converged: loss change"
-    return None
-
-
-def _start(evaluate, x: np.ndarray) -> OptState:
-    """Both optimisers start from the loss and gradient at the initial guess."""
-    f, g = evaluate(x)
-    if g is None:
-        raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
-    return OptState(x, f, g)
-
-
-def _adam(evaluate, state: OptState, lower, upper, lr, iterations, tol, gtol, record, checkpoint) -> tuple[str, int]:
-    """Adam from ``state`` (updated in place); ``checkpoint(state)`` after every iteration that goes on."""
-    if state.m is None:
-        state.m, state.v = np.zeros_like(state.x), np.zeros_like(state.x)
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    for it in range(state.it + 1, iterations + 1):
-        m = b1 * state.m + (1 - b1) * state.g
-        v = b2 * state.v + (1 - b2) * state.g * state.g
-        x_new = np.clip(state.x - lr * (m / (1 - b1**it)) / (np.sqrt(v / (1 - b2**it)) + eps), lower, upper)
-        f_new, g_new = evaluate(x_new)
-        if g_new is None:
-            return "failed: a sample did not solve", it - 1
-        f_prev = state.f
-        state.x, state.f, state.g, state.m, state.v, state.it = x_new, f_new, g_new, m, v, it
-        record(state.f, state.g)
-        reason = _converged(f_prev, state.f, state.g, tol, gtol)
-        if reason:
-            return reason, it
-        checkpoint(state)
-    return "max iterations", state.it
-
-
-def _lbfgs(evaluate, state: OptState, lower, upper, lr, iterations, tol, gtol, record, checkpoint,
-           history=10) -> tuple[str, int]:
-    """L-BFGS with Armijo backtracking from ``state`` (updated in place); trial points are projected
-    onto the bounds; ``checkpoint(state)`` after every iteration that goes on."""
-    for it in range(state.it + 1, iterations + 1):
-        x, f, g, s_hist, y_hist = state.x, state.f, state.g, state.s, state.y
-        q = -g.copy()
-        alphas = []
-        for s, y in reversed(list(zip(s_hist, y_hist))):
-            a = (s @ q) / (y @ s)
-            alphas.append(a)
-            q -= a * y
-        if s_hist:
-            q *= (s_hist[-1] @ y_hist[-1]) / (y_hist[-1] @ y_hist[-1])
-        for (s, y), a in zip(zip(s_hist, y_hist), reversed(alphas)):
-            q += (a - (y @ q) / (y @ s)) * s
-        d = q
-        if not s_hist or g @ d >= 0:
-            s_hist, y_hist = [], []
-            d = -g
-            step = min(1.0, lr / max(np.abs(g).max(), 1e-300))
-        else:
-            step = 1.0
-        accepted = False
-        for _ in range(30):
-            x_new = np.clip(x + step * d, lower, upper)
-            if np.array_equal(x_new, x):
-                break
-            f_new, g_new = evaluate(x_new)
-            if g_new is not None and f_new <= f + 1e-4 * (g @ (x_new - x)):
-                accepted = True
-                break
-            step *= 0.5
-        if not accepted:
-            return "converged: no further decrease (line search)", it - 1
-        s, y = x_new - x, g_new - g
-        if s @ y > 1e-12 * max(y @ y, 1e-300):
-            s_hist.append(s)
-            y_hist.append(y)
-            if len(s_hist) > history:
-                s_hist.pop(0)
-                y_hist.pop(0)
-        state.x, state.f, state.g, state.s, state.y, state.it = x_new, f_new, g_new, s_hist, y_hist, it
-        record(state.f, state.g)
-        reason = _converged(f, state.f, state.g, tol, gtol)
-        if reason:
-            return reason, it
-        checkpoint(state)
-    return "max iterations", state.it
-
-
 # ------------------------------------------------------------------------------------ the fit
+
+HISTORY = (*LOSS_COLUMNS, "n_evals")  # one row per point: the initial guess, then each iteration
+CHECKPOINT_KIND = "ode-inverse-checkpoint"
+# The run file's ``stop_reason`` for each way the loop stops (the words ODE fits have always used).
+STOP_REASONS = {Stop.ITERATIONS: "max iterations", Stop.LOSS_CHANGE: "converged: loss change",
+                Stop.GRADIENT: "converged: gradient",
+                Stop.LINE_SEARCH: "converged: no further decrease (line search)",
+                Stop.FAILED: "failed: a sample did not solve"}
+
+
+class OdeObjective:
+    """The ODE half of a fit (:class:`odecli.app.fit.Objective`) over one vector of unknowns that
+    every rank holds whole (its evaluation gathers the samples in global order)."""
+
+    def __init__(self, problem: Problem, ode: OdeSpec, x: torch.Tensor, opt: Optimizer,
+                 checkpoint: Path | None) -> None:
+        self.problem, self.ode, self.x, self.opt, self.checkpoint = problem, ode, x, opt, checkpoint
+        self.layout = ckpt.Layout(problem.comm, [False])
+
+    def evaluate(self, completed: int) -> tuple[float, list[torch.Tensor] | None]:
+        f, g = self.problem.evaluate(self.x.numpy())
+        if completed == 0 and g is None:
+            raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
+        return f, None if g is None else [torch.from_numpy(g)]
+
+    def columns(self) -> dict[str, float]:
+        return {"n_evals": self.problem.n_evals}
+
+    def save(self, iteration: int, f: float, g: list[torch.Tensor], history: dict[str, list]) -> None:
+        if self.checkpoint is not None:
+            ckpt.save(self.checkpoint, self.layout, kind=CHECKPOINT_KIND, spec_text=self.ode.text,
+                      iteration=iteration, f=f, g=g, opt=self.opt, history=history,
+                      attrs={"n_evals": self.problem.n_evals})
 
 
 def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations: int | None = None,
@@ -376,57 +317,41 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     if log is not None and problem.native_rhs is not None and inv.adjoint != "direct":
         log(f"note: gradients by {inv.adjoint} run in the PyTorch loop; adjoint: direct would run them in "
             "generated C (exact for the discrete solution, and usually far faster)")
-    history: dict[str, list[float]] = {name: [] for name in ckpt.HISTORY}
-
-    def record(f: float, g: np.ndarray) -> None:
-        history["loss"].append(f)
-        history["grad_norm"].append(float(np.linalg.norm(g)))
-        history["wall_time_s"].append(time.perf_counter() - started)
-        history["n_evals"].append(problem.n_evals)
-        if log is not None:
-            times = history["wall_time_s"]
-            step_s = times[-1] - (times[-2] if len(times) > 1 else 0.0)
-            log(f"iter {len(history['loss']) - 1:4d}  loss {f:.6e}  |grad| {history['grad_norm'][-1]:.3e}  "
-                f"{step_s:.2f} s")
-
-    n_iter = inv.optimizer.iterations if iterations is None else iterations
-    every = inv.checkpoint_every
-
-    def save(state: OptState) -> None:
-        if checkpoint is None or not every or state.it % every or state.it >= n_iter:
-            return  # the last iteration needs none: the output follows
-        ckpt.save(checkpoint, comm, spec_text=ode.text, optimizer=inv.optimizer.type, state=state, history=history,
-                  n_evals=problem.n_evals)
-        ckpt.maybe_exit_after_checkpoint(state.it)
-
+    settings = inv.optimizer
+    n_iter = settings.iterations if iterations is None else iterations
     x0 = np.clip(problem.x0, problem.lower, problem.upper)
+    x = torch.tensor(x0, dtype=torch.float64)
+    space = Space(None, [False])  # every rank holds the whole vector: no reductions
+    box = Box([torch.from_numpy(problem.lower)], [torch.from_numpy(problem.upper)])
+    # max_first_step: a steepest-descent step of L-BFGS is never longer than the gradient itself
+    opt = make_optimizer(settings, [x], space, bounds=box, max_first_step=1.0)
+    objective = OdeObjective(problem, ode, x, opt, checkpoint)
+
+    resumed = None
     if resume and checkpoint is not None and checkpoint.exists():
-        state, saved, problem.n_evals = ckpt.load(checkpoint, ode.text, problem.x0.size)
-        history.update(saved)
-        started -= history["wall_time_s"][-1]  # wall times go on from the interrupted run's
+        resumed = ckpt.load(checkpoint, objective.layout, kind=CHECKPOINT_KIND, spec_text=ode.text, opt=opt,
+                            history_keys=HISTORY, read_extra=lambda f: {"n_evals": int(ckpt.read_attr(f, "n_evals"))})
+        problem.n_evals = resumed.extra["n_evals"]
+        started -= sum(resumed.history["wall_time_s"])  # wall time goes on from the interrupted run's
         if log is not None:
-            log(f"resuming from {checkpoint} at iteration {state.it}")
-            if state.it >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
-                log(f"note: the checkpoint already has {state.it} iterations (this run asks for "
+            log(f"resuming from {checkpoint} at iteration {resumed.iteration}")
+            if resumed.iteration >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
+                log(f"note: the checkpoint already has {resumed.iteration} iterations (this run asks for "
                     f"{n_iter}); writing the output from it as it is")
-    else:
-        if resume and log is not None:
-            log(f"no checkpoint at {checkpoint}; starting from the beginning")
-        state = _start(problem.evaluate, x0)
-        record(state.f, state.g)
-    args = (problem.evaluate, state, problem.lower, problem.upper, inv.optimizer.learning_rate, n_iter,
-            inv.optimizer.tolerance, inv.optimizer.gtol, record, save)
-    if inv.optimizer.type == "adam":
-        reason, done = _adam(*args)
-    else:
-        reason, done = _lbfgs(*args, history=inv.optimizer.history_size)
-    x = state.x
-    t, y, data, status, stats = problem.final_solution(x)
+    elif resume and log is not None:
+        log(f"no checkpoint at {checkpoint}; starting from the beginning")
+    outcome = run_fit(objective, opt, space,
+                      FitSettings(n_iter, settings.tolerance, settings.gtol,
+                                  inv.checkpoint_every if checkpoint is not None else 0),
+                      history_columns=HISTORY[len(LOSS_COLUMNS):], resumed=resumed, may_fail=True, log=log)
+    xf = x.numpy().copy()
+    t, y, data, status, stats = problem.final_solution(xf)
     split = lambda v: {u.name: v[o:o + n].copy() for u, o, n in zip(inv.unknowns, problem.offsets, problem.sizes)}  # noqa: E731
     return FitResult(
-        fitted=split(x), initial_guess=split(x0), truth=problem.truth, history=history, stop_reason=reason,
-        iterations=done, t=t, y=y, data=data, status=status, stats=stats,
-        wall_time_s=time.perf_counter() - started, ranks=comm.size, engine=problem.gradient_engine,
+        fitted=split(xf), initial_guess=split(x0), truth=problem.truth, history=outcome.history,
+        stop_reason=STOP_REASONS[outcome.stop], iterations=outcome.iterations, t=t, y=y, data=data,
+        status=status, stats=stats, wall_time_s=time.perf_counter() - started, ranks=comm.size,
+        engine=problem.gradient_engine,
     )
 
 
@@ -496,11 +421,9 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
                     write_fit(output, ode, inv, result, replace)
                     cpath.unlink(missing_ok=True)  # the output holds everything the checkpoint did
             comm.barrier()
-        except BaseException as exc:  # noqa: BLE001 - a failure on one rank must end every rank
-            if comm.size > 1 and not isinstance(exc, OdecliError):
-                sys.stderr.write(f"error: rank {comm.rank}: {type(exc).__name__}: {exc}\n")
-                sys.stderr.flush()
-                comm.abort(1)
+        except BaseException as exc:  # a failure on one rank must end every rank
+            # an OdecliError here is every rank's: they all evaluate the same global values
+            end_every_rank(comm, exc, collective=isinstance(exc, OdecliError))
             raise
     failed = int((np.asarray(result.status) != 0).sum())
     if comm.rank == 0 and not quiet:

@@ -1,4 +1,8 @@
-"""The inverse loop behind ``odecli train-inverse`` (with or without mpirun).
+"""``odecli train-inverse`` for ``kind: pde-inverse`` specs: the PDE half of the one fit loop.
+
+The loop itself is :func:`odecli.app.fit.run_fit`; this module builds the problem
+(:class:`odecli.app.pde_problem.Problem`), hands the loop its evaluation and history columns,
+checkpoints with the ranks' timings, and writes the run file.
 
 Every rank runs the same program on its block; the loss and every optimiser decision are global
 (all-reduced) values, so all ranks take the same path.  Errors every rank hits at the same point
@@ -9,30 +13,34 @@ exception on one rank prints its message and aborts the whole MPI job, so nothin
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from odecli.app import checkpoint as ckpt
+from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
+from odecli.app.pde_problem import Problem, collective
 from odecli.errors import InputError, OdecliError
+from odecli.io.pde_run import write_result
+from odecli.optim import Space, make_optimizer
 from odecli.parallel.comm import get_comm
 from odecli.parallel.ops import gather_global
-from odecli.app import checkpoint as ckpt
-from odecli.app import faults
-from odecli.optim.optimizers import LBFGS, Adam, Space
-from odecli.io.pde_run import write_result
-from odecli.app.pde_problem import Problem, collective
+from odecli.pde.timing import CommTimer
 from odecli.specs.outputs import fit_output_of
 from odecli.specs.pde import load_spec
-from odecli.pde.timing import CommTimer
 
-HISTORY_KEYS = ("loss", "grad_norm", "wall_time_s", "misfit", "regularization", "model_error")
+HISTORY_KEYS = (*LOSS_COLUMNS, "misfit", "regularization", "model_error")
+CHECKPOINT_KIND = "pde-inverse-checkpoint"
+# The run file's ``stop_reason`` for each way the loop stops (the words PDE runs have always used).
+STOP_REASONS = {Stop.ITERATIONS: "iterations", Stop.LOSS_CHANGE: "tolerance", Stop.GRADIENT: "zero gradient",
+                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed"}
 
 
 def default_output(spec_path: Path) -> Path:
-    return Path.cwd() / fit_output_of(spec_path)  # <name>-fit.h5, as for every kind (odecli.specs.outputs)
+    """``<name>-fit.h5`` in the working directory, as for every kind (odecli.specs.outputs)."""
+    return Path.cwd() / fit_output_of(spec_path)
 
 
 def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,
@@ -42,17 +50,8 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
     try:
         with ckpt.note_on_interrupt(ckpt.checkpoint_path(output)):
             return _train(comm, Path(spec_path), output, iterations, resume, force, quiet)
-    except BaseException as exc:  # noqa: BLE001 - every failure must end every rank
-        if comm.size > 1 and not getattr(exc, "collective", False):
-            code = getattr(exc, "exit_code", 1)
-            if isinstance(exc, SystemExit):
-                code = exc.code if isinstance(exc.code, int) else 1
-            msg = str(exc) or type(exc).__name__
-            if not isinstance(exc, OdecliError):
-                msg = f"{type(exc).__name__}: {msg}"
-            sys.stderr.write(f"error: rank {comm.rank}: {msg}\n")
-            sys.stderr.flush()
-            comm.abort(code or 1)
+    except BaseException as exc:  # every failure must end every rank
+        end_every_rank(comm, exc, collective=getattr(exc, "collective", False))
         raise
 
 
@@ -61,6 +60,48 @@ def _gather_np(local: torch.Tensor, problem: Problem, comm):
         return local.detach().cpu().numpy()
     g = gather_global(local.detach(), problem.decomp, comm, root=0)
     return None if g is None else g.cpu().numpy()
+
+
+class PdeObjective:
+    """The PDE half of a fit (:class:`odecli.app.fit.Objective`): the problem's loss and gradient,
+    the misfit/regularisation/model-error columns, and checkpoints with the ranks' timings."""
+
+    def __init__(self, problem: Problem, spec: dict, layout: ckpt.Layout, opt, cpath: Path,
+                 timer: CommTimer, prior_total: np.ndarray, prior_comm: np.ndarray) -> None:
+        self.problem, self.spec, self.layout, self.opt, self.cpath = problem, spec, layout, opt, cpath
+        self.timer, self.prior_total, self.prior_comm = timer, prior_total, prior_comm
+        self.loop_t0 = time.perf_counter()
+        self.model_error = float("nan")
+
+    def evaluate(self, completed: int):
+        return self.problem.evaluate(completed)
+
+    def columns(self) -> dict[str, float]:
+        with torch.no_grad():
+            self.model_error = self.problem.model_error(self.problem.unknown.field())
+        last = self.problem.last
+        return {"misfit": last["misfit"], "regularization": last["regularization"],
+                "model_error": self.model_error}
+
+    def progress(self) -> str:
+        return f"  model err {self.model_error:.4g}" if math.isfinite(self.model_error) else ""
+
+    def timing(self) -> dict:
+        """Collective: the ranks' total and communication seconds, this run's and the resumed ones'."""
+        elapsed = time.perf_counter() - self.loop_t0
+        return _timing(self.layout.comm, self.prior_total, self.prior_comm, elapsed, self.timer.comm_s)
+
+    def save(self, iteration: int, f: float, g, history: dict) -> None:
+        timing = self.timing()
+        ckpt.save(self.cpath, self.layout, kind=CHECKPOINT_KIND, spec_text=self.spec["text"],
+                  iteration=iteration, f=f, g=g, opt=self.opt, history=history,
+                  arrays={f"timing/{k}": np.asarray(v, dtype=np.float64) for k, v in timing.items()})
+
+
+def _read_timing(f) -> dict:
+    ranks = int(ckpt.read_attr(f, "ranks"))
+    return {"ranks": ranks, **{k: np.asarray(ckpt.read_array(f, f"timing/{k}", rows=ranks))
+                               for k in ("total_s", "comm_s")}}
 
 
 def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet) -> int:
@@ -74,7 +115,8 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         raise collective(exc)
     if spec["compute"]["threads"]:
         torch.set_num_threads(spec["compute"]["threads"])
-    n_iter = iterations if iterations is not None else spec["optimizer"].iterations
+    settings = spec["optimizer"]
+    n_iter = iterations if iterations is not None else settings.iterations
     if n_iter < 1:
         raise collective(InputError("--iterations must be >= 1"))
 
@@ -82,16 +124,11 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     problem = Problem(spec, comm, timer)
     unk = problem.unknown
     space = Space(comm, unk.distributed)
-    o = spec["optimizer"]
-    if o.type == "adam":
-        opt = Adam(unk.params, o.learning_rate, o.betas)
-    else:
-        opt = LBFGS(unk.params, space, o.learning_rate, o.history_size, o.max_line_search)
+    layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
+    opt = make_optimizer(settings, unk.params, space)
 
     with torch.no_grad():
         initial_field = _gather_np(unk.field(), problem, comm)
-    history = {k: [] for k in HISTORY_KEYS}
-    start = 0
     prior_total = np.zeros(comm.size)
     prior_comm = np.zeros(comm.size)
     console = None
@@ -99,17 +136,18 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         from rich.console import Console
 
         console = Console(stderr=True, highlight=False)
+    resumed = None
     if resume:
         if cpath.exists():
             try:  # every rank reads the same file
-                start, history, timing = ckpt.load(
-                    cpath, spec_text=spec["text"], params=unk.params, distributed=unk.distributed,
-                    opt=opt, decomp=problem.decomp, comm=comm, history_keys=HISTORY_KEYS)
+                resumed = ckpt.load(cpath, layout, kind=CHECKPOINT_KIND, spec_text=spec["text"],
+                                    opt=opt, history_keys=HISTORY_KEYS, read_extra=_read_timing)
             except OdecliError as exc:
                 raise collective(exc)
-            if timing["ranks"] == comm.size:
-                prior_total = np.asarray(timing["total_s"])
-                prior_comm = np.asarray(timing["comm_s"])
+            if resumed.extra["ranks"] == comm.size:
+                prior_total = np.asarray(resumed.extra["total_s"])
+                prior_comm = np.asarray(resumed.extra["comm_s"])
+            start = resumed.iteration
             if console:
                 console.print(f"resuming from {cpath} at iteration {start}")
                 if start >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
@@ -119,61 +157,18 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         elif console:
             console.print(f"no checkpoint at {cpath}; starting from the beginning")
 
-    every = spec["checkpoint"]["every"]
-    tol = o.tolerance
-    stop_reason = "iterations"
     timer.reset()
-    loop_t0 = time.perf_counter()
-    for k in range(start, n_iter):
-        t0 = time.perf_counter()
-        evaluate = lambda: problem.evaluate(k)  # noqa: E731
-        if opt.kind == "adam":
-            f, g = evaluate()
-        else:
-            f, g = opt.current(evaluate)
-            if not problem.last and opt.parts:  # resumed: parts of the loss come from the checkpoint
-                problem.last = dict(opt.parts)
-        gn = space.norm(g)
-        with torch.no_grad():
-            merr = problem.model_error(unk.field())
-        prev = history["loss"][-1] if history["loss"] else None
-        history["loss"].append(f)
-        history["grad_norm"].append(gn)
-        history["misfit"].append(problem.last.get("misfit", f))
-        history["regularization"].append(problem.last.get("regularization", 0.0))
-        history["model_error"].append(merr)
-        if tol > 0 and prev is not None and abs(prev - f) <= tol * max(abs(f), 1e-300):
-            stop_reason = "tolerance"
-            history["wall_time_s"].append(time.perf_counter() - t0)
-            break
-        if gn == 0.0:
-            stop_reason = "zero gradient"
-            history["wall_time_s"].append(time.perf_counter() - t0)
-            break
-        if opt.kind == "adam":
-            opt.step(g)
-        else:
-            opt.step(evaluate)
-            opt.parts = {k: problem.last[k] for k in ("misfit", "regularization") if k in problem.last}
-        wall = time.perf_counter() - t0
-        history["wall_time_s"].append(wall)
-        if console:
-            extra = f"  model err {merr:.4g}" if math.isfinite(merr) else ""
-            console.print(f"iter {k + 1:>4}/{n_iter}  loss {f:.6e}  |grad| {gn:.4e}  "
-                          f"{wall:6.2f} s{extra}")
-        if opt.kind == "lbfgs" and opt.failed:
-            stop_reason = "line search failed"
-            break
-        if every and (k + 1) % every == 0 and k + 1 < n_iter:
-            elapsed = time.perf_counter() - loop_t0
-            timing = _timing(comm, prior_total + 0, prior_comm + 0, elapsed, timer.comm_s)
-            ckpt.save(cpath, spec_text=spec["text"], iteration=k + 1, params=unk.params,
-                      distributed=unk.distributed, opt=opt, history=history, timing=timing,
-                      decomp=problem.decomp, comm=comm)
-            faults.maybe_exit_after_checkpoint(k + 1)
+    objective = PdeObjective(problem, spec, layout, opt, cpath, timer, prior_total, prior_comm)
+    outcome = run_fit(
+        objective, opt, space,
+        FitSettings(n_iter, settings.tolerance, settings.gtol, spec["checkpoint"]["every"],
+                    record_final=False),
+        history_columns=HISTORY_KEYS[len(LOSS_COLUMNS):], resumed=resumed,
+        log=(lambda line: console.print(line, highlight=False)) if console else None,
+        extra_log=objective.progress)
+    history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
 
-    elapsed = time.perf_counter() - loop_t0
-    timing = _timing(comm, prior_total, prior_comm, elapsed, timer.comm_s)
+    timing = objective.timing()
     with torch.no_grad():
         final_local = unk.field()
         final_field = _gather_np(final_local, problem, comm)

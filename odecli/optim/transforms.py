@@ -1,4 +1,8 @@
-"""Maps between a bounded unknown and the unbounded variable an optimiser moves."""
+"""Maps between a bounded unknown and the unbounded variable an optimiser moves.
+
+Imported by the spec layer, which must not import torch (``odecli validate`` stays fast): keep it
+free of torch. The box projection of unknowns moved without a transform is :mod:`odecli.optim.bounds`.
+"""
 
 from __future__ import annotations
 

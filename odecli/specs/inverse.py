@@ -111,6 +111,10 @@ class Optimizer(Section, frozen=True):
     tolerance: Annotated[float, Meta(ge=0, description="stop when the loss changes by at most this (relative)")] = 1e-10
     gtol: Annotated[float, Meta(ge=0, description="stop when |gradient| is at most this")] = 0.0
     history_size: Annotated[int, Meta(ge=1, description="L-BFGS history length")] = 10
+    betas: Annotated[tuple[Annotated[float, Meta(ge=0)], Annotated[float, Meta(ge=0)]],
+                     Meta(description="Adam's moment decay rates [beta1, beta2]")] = (0.9, 0.999)
+    # ODE fits have always tried up to 30 steps per line search (PDE fits: 12)
+    max_line_search: Annotated[int, Meta(ge=1, description="L-BFGS: trial steps per line search")] = 30
 
 
 class Checkpoint(Section, frozen=True):
@@ -281,6 +285,7 @@ def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
         learning_rate=float(defaults["learning_rate"] if opt.learning_rate is UNSET else opt.learning_rate),
         iterations=int(defaults["iterations"] if opt.iterations is UNSET else opt.iterations),
         tolerance=float(opt.tolerance), gtol=float(opt.gtol), history_size=opt.history_size,
+        betas=tuple(float(b) for b in opt.betas), max_line_search=opt.max_line_search,
     )
     adjoint = ode.solver.adjoint if declared.adjoint is UNSET else declared.adjoint
     return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, optimizer=optimizer,

@@ -72,6 +72,7 @@ class Optimizer(Section, frozen=True, kw_only=True):
     learning_rate: Positive = 1.0
     iterations: Count
     tolerance: NonNegative = 0.0
+    gtol: NonNegative = 0.0
     betas: Annotated[tuple[NonNegative, NonNegative], expected("[beta1, beta2], two numbers >= 0")] = (0.9, 0.999)
     history_size: Count = 10
     max_line_search: Count = 12

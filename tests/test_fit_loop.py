@@ -1,0 +1,134 @@
+"""The one fit loop and its optimisers on small synthetic objectives: convergence, bounds, the
+stop reasons, history rows, and a resume from a checkpoint that continues bit for bit."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from odecli.app import checkpoint as ckpt
+from odecli.app.fit import FitSettings, Stop, run_fit
+from odecli.optim import Box, OptimizerSettings, Space, make_optimizer
+from odecli.parallel.comm import get_comm
+
+TARGET = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+SCALE = torch.tensor([1.0, 4.0, 0.5, 2.0], dtype=torch.float64)
+
+
+class Quadratic:
+    """f(x) = sum(scale * (x - target)^2); ``fail_at``: evaluations from this count on fail."""
+
+    def __init__(self, x: torch.Tensor, fail_at: int | None = None) -> None:
+        self.x, self.fail_at, self.n_evals = x, fail_at, 0
+        self.saved: list[int] = []
+        self.save_hook = None
+
+    def evaluate(self, completed: int):
+        self.n_evals += 1
+        if self.fail_at is not None and self.n_evals >= self.fail_at:
+            return math.inf, None
+        d = self.x - TARGET
+        return float(torch.sum(SCALE * d * d)), [2.0 * SCALE * d]
+
+    def columns(self) -> dict[str, float]:
+        return {"n_evals": self.n_evals}
+
+    def save(self, iteration, f, g, history) -> None:
+        self.saved.append(iteration)
+        if self.save_hook is not None:
+            self.save_hook(iteration, f, g, history)
+
+
+def _fit(kind: str, iterations: int, lr: float, box: Box | None = None, **settings):
+    x = torch.zeros(4, dtype=torch.float64)
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings(kind, lr, iterations, 0.0), [x], space, bounds=box)
+    objective = Quadratic(x)
+    outcome = run_fit(objective, opt, space, FitSettings(iterations, settings.pop("tolerance", 0.0), **settings),
+                      history_columns=("n_evals",))
+    return x, outcome, objective
+
+
+@pytest.mark.parametrize("kind,lr,iterations", [("adam", 0.1, 400), ("lbfgs", 1.0, 50)])
+def test_both_optimisers_minimise_a_quadratic(kind, lr, iterations):
+    x, outcome, _ = _fit(kind, iterations, lr, tolerance=1e-14)
+    assert torch.allclose(x, TARGET, atol=1e-3 if kind == "adam" else 1e-8), x
+    rows = len(outcome.history["loss"])
+    assert rows == outcome.iterations + 1 and outcome.history["loss"][-1] < outcome.history["loss"][0]
+    assert all(len(v) == rows for v in outcome.history.values())
+
+
+@pytest.mark.parametrize("kind,lr", [("adam", 0.1), ("lbfgs", 1.0)])
+def test_a_box_keeps_every_point_inside_the_bounds(kind, lr):
+    lower = torch.full((4,), -1.0, dtype=torch.float64)
+    upper = torch.full((4,), 2.0, dtype=torch.float64)
+    x, _, _ = _fit(kind, 60, lr, box=Box([lower], [upper]))
+    assert bool(((x >= lower) & (x <= upper)).all())
+    assert torch.allclose(x, TARGET.clamp(-1.0, 2.0), atol=0.05)
+
+
+def test_the_last_point_is_neither_recorded_nor_tested_when_the_kind_says_so():
+    _, outcome, objective = _fit("adam", 5, 0.1, record_final=False)
+    assert outcome.stop is Stop.ITERATIONS and outcome.iterations == 5
+    assert len(outcome.history["loss"]) == 5 and objective.n_evals == 5  # no evaluation after the last step
+
+
+def test_a_point_that_cannot_be_evaluated_ends_the_fit_at_the_one_before():
+    x = torch.zeros(4, dtype=torch.float64)
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings("adam", 0.1, 10, 0.0), [x], space)
+    objective = Quadratic(x, fail_at=4)  # the start and two iterations evaluate, the third fails
+    outcome = run_fit(objective, opt, space, FitSettings(10, 0.0), history_columns=("n_evals",), may_fail=True)
+    assert outcome.stop is Stop.FAILED and outcome.iterations == 2 and len(outcome.history["loss"]) == 3
+    d = x - TARGET
+    assert float(torch.sum(SCALE * d * d)) == outcome.history["loss"][-1]  # the parameters of point 2
+
+
+def test_a_zero_gradient_at_the_start_stops_before_any_step():
+    x = TARGET.clone()
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings("lbfgs", 1.0, 10, 0.0), [x], space)
+    outcome = run_fit(Quadratic(x), opt, space, FitSettings(10, 0.0), history_columns=("n_evals",))
+    assert outcome.stop is Stop.GRADIENT and outcome.iterations == 0
+
+
+@pytest.mark.parametrize("kind,lr", [("adam", 0.1), ("lbfgs", 1.0)])
+def test_a_fit_resumed_from_its_checkpoint_ends_bit_for_bit_as_an_uninterrupted_one(tmp_path: Path, kind, lr):
+    comm = get_comm()
+    settings = OptimizerSettings(kind, lr, 8, 0.0)
+
+    def start():
+        x = torch.zeros(4, dtype=torch.float64)
+        space = Space(None, [False])
+        return x, space, make_optimizer(settings, [x], space)
+
+    x_full, space, opt = start()
+    full = run_fit(Quadratic(x_full), opt, space, FitSettings(8, 0.0), history_columns=("n_evals",))
+
+    path = tmp_path / "fit.ckpt.h5"
+    layout = ckpt.Layout(comm, [False])
+    x, space, opt = start()
+    objective = Quadratic(x)
+
+    def save(iteration, f, g, history):
+        ckpt.save(path, layout, kind="test-checkpoint", spec_text="spec", iteration=iteration, f=f, g=g, opt=opt,
+                  history=history)
+        if iteration == 4:
+            raise KeyboardInterrupt  # killed right after the checkpoint of iteration 4
+
+    objective.save_hook = save
+    with pytest.raises(KeyboardInterrupt):
+        run_fit(objective, opt, space, FitSettings(8, 0.0, checkpoint_every=2), history_columns=("n_evals",))
+
+    x, space, opt = start()
+    saved = ckpt.load(path, layout, kind="test-checkpoint", spec_text="spec", opt=opt,
+                      history_keys=("loss", "grad_norm", "wall_time_s", "n_evals"))
+    assert saved.iteration == 4 and len(saved.history["loss"]) == 5
+    resumed = run_fit(Quadratic(x), opt, space, FitSettings(8, 0.0), history_columns=("n_evals",), resumed=saved)
+    assert torch.equal(x, x_full)
+    assert resumed.history["loss"] == full.history["loss"]
+    assert resumed.history["grad_norm"] == full.history["grad_norm"]
+    assert (resumed.stop, resumed.iterations) == (full.stop, full.iterations)
