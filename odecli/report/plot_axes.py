@@ -50,8 +50,9 @@ def add_notes(fig, notes: Sequence[str]) -> None:
         fig.supxlabel(text, fontsize="x-small", color="0.35")
 
 
-def decade_log_axis(ax, values: np.ndarray, axis: str = "y") -> bool:
-    """A log scale over whole decades, labelled at powers of ten only (minor ticks unlabelled).
+def decade_log_axis(ax, values: np.ndarray, axis: str = "y", whole_decades: bool = True) -> bool:
+    """A log scale labelled at powers of ten only (minor ticks unlabelled), over whole decades
+    unless ``whole_decades`` is False (then over the values' own range, e.g. a time axis).
 
     Without this a loss spanning less than a decade gets labels at 2.5 or 7.5 x 10^k, which read
     as linear ticks. Returns False (scale left linear) when no value is positive.
@@ -66,6 +67,8 @@ def decade_log_axis(ax, values: np.ndarray, axis: str = "y") -> bool:
     high = 10.0 ** math.ceil(math.log10(positive.max()))
     if high <= low:
         high = low * 10.0
+    if not whole_decades and positive.max() > positive.min():
+        low, high = float(positive.min()), float(positive.max())
     which = ax.yaxis if axis == "y" else ax.xaxis
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log", nonpositive="mask")
     (ax.set_ylim if axis == "y" else ax.set_xlim)(low, high)

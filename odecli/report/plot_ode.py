@@ -108,7 +108,7 @@ def _log_scales(axes, request: PlotRequest, t: np.ndarray, y: np.ndarray, picked
     if request.logx:
         shown = t[picked]
         for ax in axes:
-            decade_log_axis(ax, shown, "x")
+            decade_log_axis(ax, shown, "x", whole_decades=False)
         if (shown <= 0).any():
             request.notes.append("--logx: times <= 0 are not drawn")
     if request.logy:
@@ -160,7 +160,8 @@ def plot_ode(h5, request: PlotRequest, plt):
     if sparse:
         request.notes.append(_sparse_note(t))
     figure_legend(fig, handles, [h.get_label() for h in handles], request.notes)
-    fig.suptitle(_title(h5, y.shape[0]), fontsize="medium")
+    # the title over the axes, not the figure: a figure title would run under the legend beside them
+    axes[0, 0].set_title(_title(h5, y.shape[0]), fontsize="medium")
     add_notes(fig, request.notes)
     return fig
 
@@ -199,9 +200,9 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     return fig
 
 
-def _draw_loss(ax, h5) -> None:
+def _draw_loss(ax, h5, title: str = "loss") -> None:
     loss = np.asarray(h5["history/loss"][...], dtype=float)
-    ax.set_title("loss", fontsize="medium")
+    ax.set_title(title, fontsize="medium")
     if loss.size == 0:
         ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
         return
@@ -224,7 +225,7 @@ def plot_ode_inverse(h5, request: PlotRequest, plt):
     fitted = {name: h5["fit"][name][...] for name in h5["fit"]} if "fit" in h5 else None
     fig, axes = plt.subplots(len(states) + 1, 1, figsize=figure_size("ode-inverse", len(states)), dpi=DPI,
                              squeeze=False, layout="constrained")
-    _draw_loss(axes[0, 0], h5)
+    _draw_loss(axes[0, 0], h5, f"ode-inverse {h5.attrs.get('name', '')}: loss")
     labels = [f"fit, sample {i}" for i in range(y.shape[0])]
     observed = _ode_observations(h5, t, names)
     t_data = t
@@ -244,7 +245,6 @@ def plot_ode_inverse(h5, request: PlotRequest, plt):
         request.notes.append(_sparse_note(t))
     figure_legend(fig, handles, [h.get_label() for h in handles], request.notes,
                   always=[(marked[0], "observed data (dots, in the sample's colour)")] if marked else ())
-    fig.suptitle(f"ode-inverse {h5.attrs.get('name', '')}".strip(), fontsize="medium")
     add_notes(fig, request.notes)
     return fig
 
