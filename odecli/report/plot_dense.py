@@ -25,14 +25,14 @@ import numpy as np
 from odecli.errors import OdecliError
 from odecli.io.layout import as_batched
 
-DENSE_POINTS = 4000  # at least this many output times per sample when re-solving (fast phase-portrait jumps need them)
+DENSE_POINTS = 4000  # at least this many output times per sample when re-solving, by default
 MAX_RESOLVE_S = 5.0  # the run's own wall time above which a picture does not re-solve it
 MAX_DENSE_VALUES = 20_000_000  # samples x times x states of the dense solution, at most
 MATCH = 1e-3  # dense and stored values may differ by this fraction of the state's range (+ atol)
 
 
 def dense_solution(h5, t: np.ndarray, y: np.ndarray, fitted: Optional[dict[str, np.ndarray]] = None,
-                   ) -> Optional[tuple[np.ndarray, np.ndarray, int]]:
+                   points: int = DENSE_POINTS) -> Optional[tuple[np.ndarray, np.ndarray, int]]:
     """(t, y) re-solved at ``(n - 1) * k + 1`` times per sample and ``k``, or None (see module doc).
 
     ``fitted``: an ODE fit's fitted parameters (its ``fit/`` group), which replace the spec's
@@ -45,12 +45,13 @@ def dense_solution(h5, t: np.ndarray, y: np.ndarray, fitted: Optional[dict[str, 
     if float(h5.attrs.get("wall_time_s", 0.0)) > MAX_RESOLVE_S:
         return None
     try:
-        return _resolve(text, str(h5.attrs.get("spec_file", "spec.yaml")), t, y, fitted)
+        return _resolve(text, str(h5.attrs.get("spec_file", "spec.yaml")), t, y, fitted, points)
     except (OdecliError, OSError, RuntimeError, ValueError, KeyError, TypeError):
         return None  # the picture falls back to the stored points; it never fails for this
 
 
-def _resolve(text: str, file: str, t: np.ndarray, y: np.ndarray, fitted: Optional[dict[str, np.ndarray]]):
+def _resolve(text: str, file: str, t: np.ndarray, y: np.ndarray, fitted: Optional[dict[str, np.ndarray]],
+             points: int):
     from odecli.app.solve import solve_spec_arrays
     from odecli.specs.loader import parse_yaml
     from odecli.specs.ode import parse_ode_spec
@@ -60,7 +61,7 @@ def _resolve(text: str, file: str, t: np.ndarray, y: np.ndarray, fitted: Optiona
     n_stored = y.shape[1]
     if not isinstance(time, dict) or time.get("eval", 2) != n_stored or isinstance(time.get("eval"), bool):
         return None
-    k = max(1, math.ceil(DENSE_POINTS / (n_stored - 1)))
+    k = max(1, math.ceil(points / (n_stored - 1)))
     n_dense = (n_stored - 1) * k + 1
     if y.shape[0] * n_dense * y.shape[2] > MAX_DENSE_VALUES:
         return None

@@ -1,13 +1,15 @@
 """ODE figures for ``odecli plot``: trajectories against t, phase portraits, and ODE fits.
 
 Sparse output. A run file holds the solution only at its stored times (``time.eval``); the
-solver's steps between them are gone. ``plot_dense`` re-solves the run's own spec densely where
-it can (and says so on the figure); otherwise, and for fits and failed samples, this applies. Where a stored point lies off the straight line through its two
-neighbours by more than ``SPARSE_BEND`` of the state's range (101 points over t = 0..40 for a
-stiff Van der Pol bend by up to 0.36 of it, 201 points of a pendulum by 0.006), straight lines between them would draw corners and spikes the ODE does not have.
-We do not interpolate (a spline through the points is not the ODE's solution either); the
-stored points are drawn as markers on thin lines and a note on the figure says the output is
-sparse and how to get more points (raise ``time.eval``).
+solver's steps between them are gone. Where a stored point lies off the straight line through
+its two neighbours by more than ``SPARSE_BEND`` of the state's range (101 points over t = 0..40
+of a stiff Van der Pol bend by up to 0.36 of it, 301 Lotka-Volterra points by 0.036, 201
+points of a pendulum by 0.006), straight lines between the points draw corners and spikes the
+ODE does not have. Such runs are drawn from ``plot_dense``'s re-solve of their own spec, which
+passes through every stored point, and the figure says so. Where that cannot be done (a
+``python:`` right-hand side, failed samples, see ``plot_dense``) we do not interpolate (a spline
+through the points is not the ODE's solution either): the stored points are drawn as markers on
+thin lines and a note on the figure says the output is sparse and how to get more points.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from odecli.report.plot import PlotRequest, figure_size, parse_samples, parse_st
 from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, figure_legend, iteration_axis
 
 MAX_DEFAULT_FITS = 8  # a fit's panels also carry its data points: fewer samples by default
-SPARSE_BEND = 0.05  # a stored point this far (fraction of the state's range) off its neighbours' chord: sparse
+SPARSE_BEND = 0.01  # a stored point this far (fraction of the state's range) off its neighbours' chord: sparse
 
 
 def _state_names(h5, n_states: int) -> list[str]:
@@ -85,7 +87,7 @@ def _draw_line(ax, x, y, colour, failed: bool, sparse: bool, label: str):
                    marker="o" if sparse else None, markersize=2.5, label=label)[0]
 
 
-def _densify(h5, request: PlotRequest, t, y, status, picked, sparse: bool, fitted=None):
+def _densify(h5, request: PlotRequest, t, y, status, picked, sparse: bool, fitted=None, points: int = 4000):
     """(t, y, still sparse) to draw: the run re-solved densely when it is sparse and can be.
 
     Failed samples are drawn as stored: the figure then shows exactly where the file says they
@@ -94,7 +96,7 @@ def _densify(h5, request: PlotRequest, t, y, status, picked, sparse: bool, fitte
         return t, y, sparse
     from odecli.report.plot_dense import dense_solution
 
-    dense = dense_solution(h5, t, y, fitted)
+    dense = dense_solution(h5, t, y, fitted, points)
     if dense is None:
         return t, y, sparse
     t_dense, y_dense, _ = dense
@@ -173,7 +175,8 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     if request.states is not None:
         raise InputError("--states: cannot be combined with --phase (the phase flag names the two states)")
     a, b = pair
-    t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, pair))
+    # a phase portrait crosses fast jumps in a few output times: four times the points
+    t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, pair), points=16000)
     fig, ax = plt.subplots(figsize=figure_size("phase"), dpi=DPI, layout="constrained")
     colours = _colours(plt, len(picked))
     handles = []
