@@ -46,7 +46,7 @@ def dense_solution(h5, t: np.ndarray, y: np.ndarray, fitted: Optional[dict[str, 
         return None
     try:
         return _resolve(text, str(h5.attrs.get("spec_file", "spec.yaml")), t, y, fitted, points)
-    except (OdecliError, OSError, RuntimeError, ValueError, KeyError, TypeError):
+    except (OdecliError, OSError, RuntimeError, ValueError, KeyError, TypeError, IndexError, ArithmeticError):
         return None  # the picture falls back to the stored points; it never fails for this
 
 
