@@ -301,6 +301,8 @@ def plot(
     states: Optional[str] = typer.Option(None, "--states", help="States to draw, e.g. x,v (default: all)."),
     phase: Optional[str] = typer.Option(None, "--phase", help="Phase portrait of two states, e.g. x,v."),
     shot: int = typer.Option(0, "--shot", help="pde-inverse: the shot whose receiver traces are drawn."),
+    logx: bool = typer.Option(False, "--logx", help="Log scale for t (or the first --phase state)."),
+    logy: bool = typer.Option(False, "--logy", help="Log scale for the states (or the second --phase state)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing picture."),
 ) -> None:
     """Draw a run: ODE trajectories or a phase portrait; inverse runs' fields, loss and traces.
@@ -309,7 +311,7 @@ def plot(
     """
     from odecli.report.plot import PlotRequest, plot_run
 
-    request = PlotRequest(samples=samples, states=states, phase=phase, shot=shot)
+    request = PlotRequest(samples=samples, states=states, phase=phase, shot=shot, logx=logx, logy=logy)
     target = plot_run(run, output, request, force=force)
     for note in request.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
