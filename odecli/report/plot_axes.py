@@ -1,5 +1,5 @@
 """Drawing helpers every ``odecli plot`` figure shares: legends that never cover a trace,
-notes the layout makes room for, log axes ticked at whole decades, iteration axes from 1.
+notes the layout makes room for, log axes ticked at whole decades, iteration axes as the fit's log counts.
 
 They exist so each rule is written once: a legend goes beside the axes (the constrained
 layout shrinks the axes to make room) in as many columns as the figure's height needs, and a
@@ -79,9 +79,10 @@ def decade_log_axis(ax, values: np.ndarray, axis: str = "y", whole_decades: bool
 
 
 def iteration_axis(ax, n_rows: int) -> np.ndarray:
-    """Iteration numbers 1..n for n history rows (row k holds iteration k + 1), integer ticks."""
+    """The x of each history row: row k holds the point after k iterations (0: the initial guess),
+    as the fit's log prints it (``start``, then ``iter 1``, ``iter 2`` ...); integer ticks."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("iteration")
-    return np.arange(1, n_rows + 1)
+    ax.set_xlabel("iterations done (0: the initial guess)")
+    return np.arange(n_rows)
