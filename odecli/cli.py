@@ -79,8 +79,8 @@ class _Command(typer.core.TyperCommand):
         return [re.sub(r"^\{(.*)\}$", r"\1", piece) for piece in super().collect_usage_pieces(ctx)]
 
 
-stdout = Console(highlight=False)
-stderr = Console(stderr=True, highlight=False)
+stdout = Console(highlight=False, soft_wrap=True)  # lines are never wrapped, also when piped
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _mpi_rank() -> int:

@@ -48,3 +48,20 @@ def test_more_ranks_than_cpus_get_a_note(monkeypatch):
     assert note is not None and f"{available_cpus() + 2} MPI ranks share {available_cpus()} CPUs" in note
     monkeypatch.setenv("MPI_LOCALNRANKS", "1")
     assert oversubscription_note() is None
+
+
+def test_piped_output_lines_are_not_wrapped(tmp_path, capfd):
+    """Issue 43: a PDE fit's lines wrapped at 80 columns when piped ('model error 0.03061 -> ⏎0.005554')."""
+    import os
+    import subprocess
+    import sys
+
+    spec = Path(__file__).resolve().parents[1] / "examples" / "heat-conductivity.yaml"
+    env = {**os.environ, "COLUMNS": "40"}  # even a narrow terminal setting must not fold a piped line
+    run = subprocess.run([sys.executable, "-m", "odecli", "train-inverse", str(spec), "-o", str(tmp_path / "fit.h5"),
+                          "--iterations", "1"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = (run.stdout + run.stderr).splitlines()
+    wrote = [line for line in lines if line.startswith("wrote ")]
+    assert len(wrote) == 1 and "model error" in wrote[0] and wrote[0].rstrip().endswith(")"), lines
+    assert any(len(line) > 40 for line in lines)

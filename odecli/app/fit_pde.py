@@ -135,7 +135,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     if comm.rank == 0 and not quiet:
         from rich.console import Console
 
-        console = Console(stderr=True, highlight=False)
+        console = Console(stderr=True, highlight=False, soft_wrap=True)  # piped output: one line per event, never wrapped at 80 columns
     resumed = None
     if resume:
         if cpath.exists():
