@@ -86,3 +86,17 @@ def iteration_axis(ax, n_rows: int) -> np.ndarray:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iterations done (0: the initial guess)")
     return np.arange(n_rows)
+
+
+def draw_loss(ax, h5, title: str = "loss") -> None:
+    """A fit's loss history (``history/loss``) on a decade-labelled log axis."""
+    loss = np.asarray(h5["history/loss"][...], dtype=float)
+    ax.set_title(title, fontsize="medium")
+    if loss.size == 0:
+        ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
+        return
+    iterations = iteration_axis(ax, loss.size)
+    ax.plot(iterations, loss, marker="o" if loss.size < 50 else None, markersize=3, linewidth=1.2)
+    decade_log_axis(ax, loss, "y")
+    ax.set_ylabel("loss")
+    ax.grid(True, which="both", alpha=0.3)

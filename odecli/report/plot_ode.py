@@ -19,7 +19,7 @@ import numpy as np
 from odecli.errors import InputError
 from odecli.io.layout import as_batched, require
 from odecli.report.plot import PlotRequest, figure_size, parse_samples, parse_states
-from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, figure_legend, iteration_axis
+from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, draw_loss, figure_legend
 
 MAX_DEFAULT_FITS = 8  # a fit's panels also carry its data points: fewer samples by default
 SPARSE_BEND = 0.01  # a stored point this far (fraction of the state's range) off its neighbours' chord: sparse
@@ -203,17 +203,6 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     return fig
 
 
-def _draw_loss(ax, h5, title: str = "loss") -> None:
-    loss = np.asarray(h5["history/loss"][...], dtype=float)
-    ax.set_title(title, fontsize="medium")
-    if loss.size == 0:
-        ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
-        return
-    iterations = iteration_axis(ax, loss.size)
-    ax.plot(iterations, loss, marker="o" if loss.size < 50 else None, markersize=3, linewidth=1.2)
-    decade_log_axis(ax, loss, "y")
-    ax.set_ylabel("loss")
-    ax.grid(True, which="both", alpha=0.3)
 
 
 def plot_ode_inverse(h5, request: PlotRequest, plt):
@@ -228,7 +217,7 @@ def plot_ode_inverse(h5, request: PlotRequest, plt):
     fitted = {name: h5["fit"][name][...] for name in h5["fit"]} if "fit" in h5 else None
     fig, axes = plt.subplots(len(states) + 1, 1, figsize=figure_size("ode-inverse", len(states)), dpi=DPI,
                              squeeze=False, layout="constrained")
-    _draw_loss(axes[0, 0], h5, f"ode-inverse {h5.attrs.get('name', '')}: loss")
+    draw_loss(axes[0, 0], h5, f"ode-inverse {h5.attrs.get('name', '')}: loss")
     labels = [f"fit, sample {i}" for i in range(y.shape[0])]
     observed = _ode_observations(h5, t, names)
     t_data = t

@@ -16,7 +16,7 @@ import numpy as np
 from odecli.errors import InputError
 from odecli.io.layout import require
 from odecli.report.plot import PlotRequest, figure_size
-from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, iteration_axis
+from odecli.report.plot_axes import DPI, add_notes, draw_loss
 
 MAX_TRACES = 4
 TRACE_SPACING = 2.2  # vertical distance between stacked traces, in units of the largest amplitude
@@ -27,17 +27,6 @@ FIELD_NAMES = {  # equation -> (what the field is, its label with units)
 }
 
 
-def _draw_loss(ax, h5) -> None:
-    loss = np.asarray(h5["history/loss"][...], dtype=float)
-    ax.set_title("loss", fontsize="medium")
-    if loss.size == 0:
-        ax.text(0.5, 0.5, "no iterations recorded", ha="center", va="center", transform=ax.transAxes)
-        return
-    iterations = iteration_axis(ax, loss.size)
-    ax.plot(iterations, loss, marker="o" if loss.size < 50 else None, markersize=3, linewidth=1.2)
-    decade_log_axis(ax, loss, "y")
-    ax.set_ylabel("loss")
-    ax.grid(True, which="both", alpha=0.3)
 
 
 def _time_axis(data, n_shape: tuple[int, ...]) -> tuple[int, Optional[np.ndarray]]:
@@ -123,7 +112,7 @@ def plot_pde_inverse(h5, request: PlotRequest, plt):
         ax.set_ylabel("y (m)")
     if image is not None:
         fig.colorbar(image, ax=field_axes, shrink=0.9, label=f"{colour_label}, one scale for all three")
-    _draw_loss(fig.add_subplot(grid[1, 0]), h5)
+    draw_loss(fig.add_subplot(grid[1, 0]), h5)
     legend = markers + _draw_traces(fig.add_subplot(grid[1, 1:]), h5, request)
     if legend:  # one legend below everything: it covers no field and no trace
         fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize="small")
