@@ -38,7 +38,7 @@ from msgspec import Meta, Struct, UnsetType
 from odecli.errors import SpecError
 from odecli.specs.loader import describe
 
-__all__ = ["INFINITE", "Meta", "Problems", "Section", "check_keys", "expected", "read", "schema"]
+__all__ = ["INFINITE", "Meta", "Problems", "Section", "check_keys", "expected", "fields", "read", "read_value", "schema"]
 
 INFINITE = {"infinite": True}  # Meta(extra=INFINITE): the float may be .inf (finite numbers otherwise)
 
@@ -140,7 +140,61 @@ def read_value(raw: Any, annotation: Any, field: str, report: Callable[[str, str
         value_type = typing.get_args(base)[1]
         out = {key: read_value(item, value_type, _join(field, key), report) for key, item in raw.items()}
         return _BAD if any(v is _BAD for v in out.values()) else out
+    if _sections_in(base):
+        return _read_union(raw, annotation, field, report)
     return _leaf(raw, annotation, field, report)
+
+
+def _sections_in(base: Any) -> list[Any]:
+    """The sections of a union (or a list of them) ``base`` names, if any."""
+    found = []
+    for member in _members(base):
+        if typing.get_origin(member) is list:
+            member = _base(typing.get_args(member)[0])
+        if _is_section(member):
+            found.append(member)
+    return found
+
+
+def _read_union(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:
+    """A value whose declaration names sections: a mapping is read as the section its tag
+    (``type``) names, or as the one section; a list as a list of them; anything else as the
+    union's other members."""
+    members = _members(_base(annotation))
+    sections = [m for m in members if _is_section(m)]
+    lists = [m for m in members if typing.get_origin(m) is list and _is_section(_base(typing.get_args(m)[0]))]
+    if isinstance(raw, dict) and sections:
+        section = sections[0]
+        tag_field = section.__struct_config__.tag_field if len(sections) > 1 else None
+        if tag_field is not None:
+            tags = {s.__struct_config__.tag: s for s in sections}
+            tag = raw.get(tag_field)
+            where = _join(field, tag_field)
+            if tag is None:
+                report(where, "required key is missing")
+                return _BAD
+            if tag not in tags:
+                choices = [str(t) for t in tags]
+                close = difflib.get_close_matches(tag, choices, n=1) if isinstance(tag, str) else []
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                report(where, f"expected one of {', '.join(choices)}, got {describe(tag)}{hint}")
+                return _BAD
+            section = tags[tag]
+            raw = {key: value for key, value in raw.items() if key != tag_field}
+        result = read(raw, section, field, report)
+        return _BAD if result is None else result
+    if isinstance(raw, list) and lists:
+        element = _base(typing.get_args(lists[0])[0])
+        out = [read_value(item, element, f"{field}[{index}]", report) for index, item in enumerate(raw)]
+        return _BAD if any(v is _BAD for v in out) else out
+    rest = [m for m in members if m not in sections and m not in lists]
+    if not rest:
+        extra = _extra(annotation)
+        report(field, f"expected {extra.get('expected', 'a mapping')}, got {describe(raw)}")
+        return _BAD
+    leaf = rest[0] if len(rest) == 1 else Union[tuple(rest)]
+    metas = _metas(annotation)
+    return _leaf(raw, typing.Annotated[(leaf, *metas)] if metas else leaf, field, report)
 
 
 def _leaf(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:
@@ -241,6 +295,11 @@ def _fields(section: type[Section]) -> dict[str, tuple[Any, bool]]:
     return {f.name: (f.type, f.required) for f in msgspec.structs.fields(section)}
 
 
+def fields(section: type[Section]) -> dict[str, tuple[Any, bool]]:
+    """The keys ``section`` declares: name -> (annotation, required), in declaration order."""
+    return dict(_fields(section))
+
+
 def _is_section(tp: Any) -> bool:
     """A Section, or a frozen dataclass declared the same way (the ODE solver's SolverSpec)."""
     return isinstance(tp, type) and (issubclass(tp, Section) or dataclasses.is_dataclass(tp))
@@ -318,16 +377,20 @@ def schema(section: type[Section]) -> dict[str, Any]:
     return _describe(_inline(document, document.get("$defs", {})), section)
 
 
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
+def _inline(node: Any, defs: dict[str, Any], within: tuple[str, ...] = ()) -> Any:
+    """``node`` with every ``$ref`` replaced by its definition; a definition met again inside
+    itself (a recursive union) becomes ``{}``, which :func:`_union_schema` then rewrites."""
     if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
+        return [_inline(item, defs, within) for item in node]
     if not isinstance(node, dict):
         return node
-    node = {k: _inline(v, defs) for k, v in node.items() if k not in ("$defs", "title")}
     if "$ref" in node:
-        target = _inline(defs[node.pop("$ref").split("/")[-1]], defs)
-        node = {**target, **node}
-    return node
+        name = node["$ref"].split("/")[-1]
+        if name in within:
+            return {}
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {**_inline(defs[name], defs, (*within, name)), **_inline(rest, defs, within)}
+    return {k: _inline(v, defs, within) for k, v in node.items() if k not in ("$defs", "title")}
 
 
 def _describe(node: dict[str, Any], section: type[Section]) -> dict[str, Any]:
@@ -354,9 +417,35 @@ def _field_schema(node: dict[str, Any], annotation: Any, null: bool) -> dict[str
         value = typing.get_args(base)[1]
         node["additionalProperties"] = _field_schema(node["additionalProperties"], value,
                                                      not _is_leaf(value) or _NULL in _members(value))
+    elif _members(base) != [base] and _sections_in(base):
+        node = _union_schema(node, base)
     if typing.get_origin(base) is Literal:
         node["enum"] = list(typing.get_args(base))  # declaration order (msgspec sorts them)
     return nullable(node) if null else node
+
+
+_DESCRIBING: set[Any] = set()  # sections whose schema is being written: how deep a recursive union goes
+
+
+def _union_schema(node: dict[str, Any], base: Any) -> dict[str, Any]:
+    """One branch per member of a union that names sections, each section described as
+    :func:`schema` describes it. A section that contains itself (a smoothed model of a model)
+    is described one level deep: its own field lists the other members only."""
+    branches = []
+    for member in _members(base):
+        if _is_section(member):
+            if member in _DESCRIBING:
+                continue
+            _DESCRIBING.add(member)
+            try:
+                branches.append(schema(member))
+            finally:
+                _DESCRIBING.discard(member)
+        else:
+            document = msgspec.json.schema(member)
+            branches.append(_field_schema(_inline(document, document.get("$defs", {})), member, False))
+    kept = {k: v for k, v in node.items() if k in ("description", "default")}
+    return {"oneOf": branches, **kept}
 
 
 def nullable(node: dict[str, Any]) -> dict[str, Any]:
