@@ -38,7 +38,8 @@ from msgspec import Meta, Struct, UnsetType
 from odecli.errors import SpecError
 from odecli.specs.loader import describe
 
-__all__ = ["INFINITE", "Meta", "Problems", "Section", "check_keys", "expected", "fields", "read", "read_value", "schema"]
+__all__ = ["INFINITE", "INVALID", "Meta", "Problems", "Section", "check_keys", "expected", "fields", "read", "read_value",
+           "schema"]
 
 INFINITE = {"infinite": True}  # Meta(extra=INFINITE): the float may be .inf (finite numbers otherwise)
 
@@ -76,6 +77,7 @@ class Problems:
 
 
 _BAD = object()  # a value that was reported
+INVALID = _BAD  # what read_value returns for a value it reported
 _NULL = type(None)
 
 
@@ -233,13 +235,18 @@ def _message(raw: Any, annotation: Any, field: str, error: str) -> tuple[str, st
     """``(field, message)`` for a value msgspec refused, worded from its declaration."""
     where = re.search(r" - at `\$((?:\[\d+\])+)`$", error)
     base = _base(annotation)
-    if where and isinstance(raw, list) and typing.get_origin(base) in (list, tuple):
+    sequence = _sequence(base) if isinstance(raw, list) else None
+    if where and sequence is not None:
         index = int(re.findall(r"\[(\d+)\]", where.group(1))[0])
-        args = [a for a in typing.get_args(base) if a is not Ellipsis]
-        element = args[min(index, len(args) - 1)] if typing.get_origin(base) is tuple else args[0]
+        args = [a for a in typing.get_args(sequence) if a is not Ellipsis]
+        element = args[min(index, len(args) - 1)] if typing.get_origin(sequence) is tuple else args[0]
         return _message(raw[index], element, f"{field}[{index}]", error[:where.start()])
     extra = _extra(annotation)
     got = describe(raw)
+    if sequence is not None and raw == [] and "expected" in extra:
+        return field, f"list is empty, expected {extra['expected']}"
+    if _admits(base, float) and isinstance(raw, int) and not isinstance(raw, bool) and _too_large(raw):
+        return field, f"must be a finite number, got {got}"
     if "message" in extra:  # a message worded in full, ``{value!r}`` the value given
         return field, extra["message"].format(value=raw)
     if "expected" in extra:
@@ -260,6 +267,22 @@ def _message(raw: Any, annotation: Any, field: str, error: str) -> tuple[str, st
     if base is str:
         return field, f"expected a string, got {got}"
     return field, error[0].lower() + error[1:]
+
+
+def _sequence(base: Any) -> Any:
+    """The list or tuple type ``base`` is, or the first its union names (None if none)."""
+    for member in [base, *_members(base)]:
+        if typing.get_origin(member) in (list, tuple):
+            return member
+    return None
+
+
+def _too_large(number: int) -> bool:
+    try:
+        float(number)
+    except OverflowError:
+        return True
+    return False
 
 
 def _bound(annotation: Any, value: float) -> str | None:
