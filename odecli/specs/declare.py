@@ -29,6 +29,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Hashable
 from functools import lru_cache
 from typing import Any, Callable, ClassVar, Literal, Union
 
@@ -175,7 +176,7 @@ def _read_union(raw: Any, annotation: Any, field: str, report: Callable[[str, st
             if tag is None:
                 report(where, "required key is missing")
                 return _BAD
-            if tag not in tags:
+            if not isinstance(tag, Hashable) or tag not in tags:
                 choices = [str(t) for t in tags]
                 close = difflib.get_close_matches(tag, choices, n=1) if isinstance(tag, str) else []
                 hint = f" (did you mean '{close[0]}'?)" if close else ""

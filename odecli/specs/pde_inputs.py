@@ -120,7 +120,9 @@ class Unknown(Section, frozen=True):
 
 
 # ``from`` is a Python keyword: the field is declared by name, before ``to`` as specs write it
-Line = msgspec.defstruct("Line", [("from", Point), ("to", Point), ("count", Count)], bases=(Section,),
+MAX_LINE_POINTS = 1_000_000  # a guard against typos (count: 1e12) that would exhaust memory while expanding
+LineCount = Annotated[int, Meta(ge=1, le=MAX_LINE_POINTS)]
+Line = msgspec.defstruct("Line", [("from", Point), ("to", Point), ("count", LineCount)], bases=(Section,),
                          frozen=True, module=__name__)
 Line.__doc__ = "``count`` evenly spaced points from ``from`` to ``to`` (both included)"
 Positions = Annotated[list[Point], Meta(min_length=1), expected("a non-empty list of [y, x] pairs")]
