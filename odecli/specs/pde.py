@@ -16,6 +16,7 @@ writes ``<name>-fit.h5`` unless ``-o`` names the file (see odecli.specs.outputs)
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,11 @@ class _V:
             raise self.err(key, "required key is missing")
         return sections.plain(read(raw.get(key), declared, key, self.problems))
 
-    def key(self, raw: dict, key: str, required: bool = False) -> Any:
+    def key(self, raw: dict, key: str) -> Any:
         """``raw[key]`` read against its annotation in :class:`PdeDocument` (None where empty)."""
         annotation, needed = DOCUMENT_FIELDS[key]
         if raw.get(key) is None:
-            if needed or required:
+            if needed:
                 raise self.err(key, "required key is missing")
             return None
         return read_value(raw[key], annotation, key, self.problems)
@@ -59,6 +60,7 @@ class _V:
 
 DOCUMENT_FIELDS = fields(sections.PdeDocument)
 TOP_KEYS = tuple(DOCUMENT_FIELDS)
+EQUATIONS = typing.get_args(DOCUMENT_FIELDS["equation"][0])  # the equations a spec may name
 
 
 def load_spec(path: Path) -> dict:
@@ -70,6 +72,7 @@ def load_spec(path: Path) -> dict:
 
 
 def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
+    """``raw`` (a loaded spec) checked, section by section, and normalised; the first problem raises."""
     V = _V(file)
     if raw is None:
         raw = {}
