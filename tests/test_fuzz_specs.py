@@ -116,3 +116,27 @@ def test_solve_survives_mutated_specs(path, value, delete, equation):
         file.write_text(yaml.safe_dump(spec, allow_unicode=True))
         out = Path(folder) / "out.h5"
         check_clean(["solve", str(file), "-o", str(out), "--quiet"], out)
+
+
+PDE_BASE = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "acoustic-anomaly.yaml").read_text())
+PDE_PATHS = [
+    ("equation",), ("grid", "shape"), ("grid", "spacing"), ("time", "dt"), ("boundary",), ("boundary", "top"),
+    ("sources",), ("sources", "wavelet"), ("sources", "wavelet", "type"), ("sources", "positions"), ("sources", "line"),
+    ("sources", "line", "count"), ("sources", "shots"), ("receivers",), ("receivers", "line"), ("true_model",),
+    ("true_model", "type"), ("true_model", "sigma"), ("true_model", "of"), ("unknown",), ("unknown", "type"),
+    ("unknown", "initial"), ("unknown", "model"), ("unknown", "hidden"), ("unknown", "bounds"), ("extra_key",),
+]
+models = st.fixed_dictionaries({"type": st.sampled_from(["constant", "layered", "gaussian", "checkerboard", "marmousi",
+                                                         "file", "smoothed", "blob"])}, optional={"value": junk,
+                                                                                                  "of": junk})
+
+
+@FUZZ
+@given(path=st.sampled_from(PDE_PATHS), value=junk | models, delete=st.booleans())
+def test_validate_survives_mutated_pde_specs(path, value, delete):
+    """The declared models, unknown and geometry end in one clean error line, never a traceback."""
+    spec = mutate(PDE_BASE, path, value, delete)
+    with tempfile.TemporaryDirectory() as folder:
+        file = Path(folder) / "spec.yaml"
+        file.write_text(yaml.safe_dump(spec, allow_unicode=True))
+        check_clean(["validate", str(file)])

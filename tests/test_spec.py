@@ -445,6 +445,9 @@ def test_both_kinds_parse_their_optimizer_into_the_same_settings_with_their_own_
     ("inverse", ("data: {", "data: {noize: 0.1, "), "inverse.data.noize", "did you mean 'noise'?"),
     ("pde", ("optimizer: {", "optimizer: {learning_rat: 1, "), "optimizer.learning_rat", "did you mean 'learning_rate'?"),
     ("pde", ("true_model: {", "true_model: {backround: 1, "), "true_model.backround", "did you mean 'background'?"),
+    ("pde", ("unknown:\n", "unknown:\n  fixed_bordr: 1\n"), "unknown.fixed_bordr", "did you mean 'fixed_border'?"),
+    ("pde", ("sources:\n", "sources:\n  amplitud: 1\n"), "sources.amplitud", "did you mean 'amplitude'?"),
+    ("pde", ("receivers:\n", "receivers:\n  positons: [[0, 0]]\n"), "receivers.positons", "did you mean 'positions'?"),
 ])
 def test_unknown_keys_of_every_kind_get_a_did_you_mean(path, typo, field, hint, tmp_path):
     from odecli.specs.validate import validate_file
@@ -483,3 +486,42 @@ def test_the_schema_lists_exactly_the_declared_keys_of_each_section():
     for key, section in (("optimizer", pde_sections.Optimizer), ("compute", pde_sections.Compute),
                          ("parallel", pde_sections.Parallel), ("time", pde_sections.Time)):
         assert list(document["pde-inverse"]["properties"][key]["properties"]) == list(section.__struct_fields__)
+
+
+def test_the_pde_schema_describes_models_unknown_and_geometry_from_their_declarations():
+    import jsonschema
+    from msgspec.structs import fields
+
+    from odecli.specs import pde_inputs
+    from odecli.specs.pde import validate
+    from odecli.specs.pde_schema import pde_inverse_schema
+    from odecli.specs.pde_sections import AcousticBoundary, PdeDocument
+
+    document = pde_inverse_schema()
+    properties = document["properties"]
+    assert list(properties) == [f.name for f in fields(PdeDocument)]
+    for key, section in (("unknown", pde_inputs.Unknown), ("sources", pde_inputs.Sources),
+                         ("receivers", pde_inputs.Receivers)):
+        assert list(properties[key]["properties"]) == [f.name for f in fields(section)], key
+    assert set(properties["boundary"]["properties"]) == ({f.name for f in fields(AcousticBoundary)}
+                                                         | {f.name for f in fields(pde_inputs.HeatBoundary)})
+    kinds = [branch["properties"]["type"]["enum"][0] for branch in properties["true_model"]["oneOf"]
+             if branch.get("type") == "object"]
+    assert kinds == list(pde_inputs.MODEL_TYPES)
+
+    root = Path(__file__).resolve().parents[1]
+    base = load_yaml(root / "examples" / "acoustic-anomaly.yaml")[0]
+    models = [2000, {"type": "layered", "interfaces": [100], "values": [1900, 2100]},
+              {"type": "checkerboard", "background": 2000, "amplitude": 100, "size": 50},
+              {"type": "marmousi", "seed": 3, "vmin": 1500, "vmax": 2500},
+              {"type": "smoothed", "of": {"type": "constant", "value": 2000}, "sigma": 2},
+              {"type": "gaussian", "background": 2000, "amplitude": 100, "center": [1, 2], "sigma": 0},
+              {"type": "constant"}, {"type": "blob", "value": 1}, {"type": "file", "path": "v.npy", "extra": 1}]
+    for model in models:
+        spec = {**base, "true_model": model}
+        try:
+            validate(spec, "s.yaml")
+            valid = True
+        except SpecError:
+            valid = False
+        assert jsonschema.Draft202012Validator(document).is_valid(spec) == valid, model

@@ -11,9 +11,16 @@ Why msgspec and not pydantic v2: the CLI's budget for ``odecli solve`` is about 
 msgspec costs least of it. Measured on the 2-core development machine: ``import msgspec``
 39 ms cold, 5 ms warm (``python -X importtime``); ``import pydantic`` plus ``BaseModel`` 85 ms
 before any model is built. ``odecli solve examples/vdp-sweep.yaml`` took 0.338 s (median of
-five) with these declarations against 0.334 s before them. msgspec converts and checks each value (``msgspec.convert``) and writes the JSON
-Schema of a Struct (``msgspec.json.schema``); the messages are worded here, in the one-line
-``FILE: dotted.field: message`` form every spec error has.
+five) with these declarations against 0.334 s before them; declaring the PDE models, unknown
+and geometry too cost ``odecli validate examples/acoustic-anomaly.yaml`` 0.304 s against
+0.299 s (median of eleven, alternated). msgspec converts and checks each value
+(``msgspec.convert``) and writes the JSON Schema of a Struct (``msgspec.json.schema``); the
+messages are worded here, in the one-line ``FILE: dotted.field: message`` form every spec
+error has.
+
+A value may be one of several sections: a union of msgspec-tagged sections is read as the one
+its tag (``type``) names, a section beside other types (a model or a number) as the section
+when it is a mapping, a list of sections item by item; the schema gets one branch per member.
 
 What ``null`` (an empty key) means: a key whose value is a section, a list or a mapping reads
 an empty one as its default; a scalar key does the same in sections whose ``null_is_default``
@@ -29,6 +36,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Hashable
 from functools import lru_cache
 from typing import Any, Callable, ClassVar, Literal, Union
 
@@ -38,7 +46,8 @@ from msgspec import Meta, Struct, UnsetType
 from odecli.errors import SpecError
 from odecli.specs.loader import describe
 
-__all__ = ["INFINITE", "Meta", "Problems", "Section", "check_keys", "expected", "read", "schema"]
+__all__ = ["INFINITE", "INVALID", "Meta", "Problems", "Section", "check_keys", "expected", "fields", "read", "read_value",
+           "schema"]
 
 INFINITE = {"infinite": True}  # Meta(extra=INFINITE): the float may be .inf (finite numbers otherwise)
 
@@ -76,6 +85,7 @@ class Problems:
 
 
 _BAD = object()  # a value that was reported
+INVALID = _BAD  # what read_value returns for a value it reported
 _NULL = type(None)
 
 
@@ -140,7 +150,61 @@ def read_value(raw: Any, annotation: Any, field: str, report: Callable[[str, str
         value_type = typing.get_args(base)[1]
         out = {key: read_value(item, value_type, _join(field, key), report) for key, item in raw.items()}
         return _BAD if any(v is _BAD for v in out.values()) else out
+    if _sections_in(base):
+        return _read_union(raw, annotation, field, report)
     return _leaf(raw, annotation, field, report)
+
+
+def _sections_in(base: Any) -> list[Any]:
+    """The sections of a union (or a list of them) ``base`` names, if any."""
+    found = []
+    for member in _members(base):
+        if typing.get_origin(member) is list:
+            member = _base(typing.get_args(member)[0])
+        if _is_section(member):
+            found.append(member)
+    return found
+
+
+def _read_union(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:
+    """A value whose declaration names sections: a mapping is read as the section its tag
+    (``type``) names, or as the one section; a list as a list of them; anything else as the
+    union's other members."""
+    members = _members(_base(annotation))
+    sections = [m for m in members if _is_section(m)]
+    lists = [m for m in members if typing.get_origin(m) is list and _is_section(_base(typing.get_args(m)[0]))]
+    if isinstance(raw, dict) and sections:
+        section = sections[0]
+        tag_field = section.__struct_config__.tag_field if len(sections) > 1 else None
+        if tag_field is not None:
+            tags = {s.__struct_config__.tag: s for s in sections}
+            tag = raw.get(tag_field)
+            where = _join(field, tag_field)
+            if tag is None:
+                report(where, "required key is missing")
+                return _BAD
+            if not isinstance(tag, Hashable) or tag not in tags:
+                choices = [str(t) for t in tags]
+                close = difflib.get_close_matches(tag, choices, n=1) if isinstance(tag, str) else []
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                report(where, f"expected one of {', '.join(choices)}, got {describe(tag)}{hint}")
+                return _BAD
+            section = tags[tag]
+            raw = {key: value for key, value in raw.items() if key != tag_field}
+        result = read(raw, section, field, report)
+        return _BAD if result is None else result
+    if isinstance(raw, list) and lists:
+        element = _base(typing.get_args(lists[0])[0])
+        out = [read_value(item, element, f"{field}[{index}]", report) for index, item in enumerate(raw)]
+        return _BAD if any(v is _BAD for v in out) else out
+    rest = [m for m in members if m not in sections and m not in lists]
+    if not rest:
+        extra = _extra(annotation)
+        report(field, f"expected {extra.get('expected', 'a mapping')}, got {describe(raw)}")
+        return _BAD
+    leaf = rest[0] if len(rest) == 1 else Union[tuple(rest)]
+    metas = _metas(annotation)
+    return _leaf(raw, typing.Annotated[(leaf, *metas)] if metas else leaf, field, report)
 
 
 def _leaf(raw: Any, annotation: Any, field: str, report: Callable[[str, str], None]) -> Any:
@@ -179,13 +243,18 @@ def _message(raw: Any, annotation: Any, field: str, error: str) -> tuple[str, st
     """``(field, message)`` for a value msgspec refused, worded from its declaration."""
     where = re.search(r" - at `\$((?:\[\d+\])+)`$", error)
     base = _base(annotation)
-    if where and isinstance(raw, list) and typing.get_origin(base) in (list, tuple):
+    sequence = _sequence(base) if isinstance(raw, list) else None
+    if where and sequence is not None:
         index = int(re.findall(r"\[(\d+)\]", where.group(1))[0])
-        args = [a for a in typing.get_args(base) if a is not Ellipsis]
-        element = args[min(index, len(args) - 1)] if typing.get_origin(base) is tuple else args[0]
+        args = [a for a in typing.get_args(sequence) if a is not Ellipsis]
+        element = args[min(index, len(args) - 1)] if typing.get_origin(sequence) is tuple else args[0]
         return _message(raw[index], element, f"{field}[{index}]", error[:where.start()])
     extra = _extra(annotation)
     got = describe(raw)
+    if sequence is not None and raw == [] and "expected" in extra:
+        return field, f"list is empty, expected {extra['expected']}"
+    if _admits(base, float) and isinstance(raw, int) and not isinstance(raw, bool) and _too_large(raw):
+        return field, f"must be a finite number, got {got}"
     if "message" in extra:  # a message worded in full, ``{value!r}`` the value given
         return field, extra["message"].format(value=raw)
     if "expected" in extra:
@@ -206,6 +275,22 @@ def _message(raw: Any, annotation: Any, field: str, error: str) -> tuple[str, st
     if base is str:
         return field, f"expected a string, got {got}"
     return field, error[0].lower() + error[1:]
+
+
+def _sequence(base: Any) -> Any:
+    """The list or tuple type ``base`` is, or the first its union names (None if none)."""
+    for member in [base, *_members(base)]:
+        if typing.get_origin(member) in (list, tuple):
+            return member
+    return None
+
+
+def _too_large(number: int) -> bool:
+    try:
+        float(number)
+    except OverflowError:
+        return True
+    return False
 
 
 def _bound(annotation: Any, value: float) -> str | None:
@@ -239,6 +324,11 @@ def _fields(section: type[Section]) -> dict[str, tuple[Any, bool]]:
         return {f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                 for f in dataclasses.fields(section)}
     return {f.name: (f.type, f.required) for f in msgspec.structs.fields(section)}
+
+
+def fields(section: type[Section]) -> dict[str, tuple[Any, bool]]:
+    """The keys ``section`` declares: name -> (annotation, required), in declaration order."""
+    return dict(_fields(section))
 
 
 def _is_section(tp: Any) -> bool:
@@ -318,16 +408,20 @@ def schema(section: type[Section]) -> dict[str, Any]:
     return _describe(_inline(document, document.get("$defs", {})), section)
 
 
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
+def _inline(node: Any, defs: dict[str, Any], within: tuple[str, ...] = ()) -> Any:
+    """``node`` with every ``$ref`` replaced by its definition; a definition met again inside
+    itself (a recursive union) becomes ``{}``, which :func:`_union_schema` then rewrites."""
     if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
+        return [_inline(item, defs, within) for item in node]
     if not isinstance(node, dict):
         return node
-    node = {k: _inline(v, defs) for k, v in node.items() if k not in ("$defs", "title")}
     if "$ref" in node:
-        target = _inline(defs[node.pop("$ref").split("/")[-1]], defs)
-        node = {**target, **node}
-    return node
+        name = node["$ref"].split("/")[-1]
+        if name in within:
+            return {}
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {**_inline(defs[name], defs, (*within, name)), **_inline(rest, defs, within)}
+    return {k: _inline(v, defs, within) for k, v in node.items() if k not in ("$defs", "title")}
 
 
 def _describe(node: dict[str, Any], section: type[Section]) -> dict[str, Any]:
@@ -354,9 +448,35 @@ def _field_schema(node: dict[str, Any], annotation: Any, null: bool) -> dict[str
         value = typing.get_args(base)[1]
         node["additionalProperties"] = _field_schema(node["additionalProperties"], value,
                                                      not _is_leaf(value) or _NULL in _members(value))
+    elif _members(base) != [base] and _sections_in(base):
+        node = _union_schema(node, base)
     if typing.get_origin(base) is Literal:
         node["enum"] = list(typing.get_args(base))  # declaration order (msgspec sorts them)
     return nullable(node) if null else node
+
+
+_DESCRIBING: set[Any] = set()  # sections whose schema is being written: how deep a recursive union goes
+
+
+def _union_schema(node: dict[str, Any], base: Any) -> dict[str, Any]:
+    """One branch per member of a union that names sections, each section described as
+    :func:`schema` describes it. A section that contains itself (a smoothed model of a model)
+    is described one level deep: its own field lists the other members only."""
+    branches = []
+    for member in _members(base):
+        if _is_section(member):
+            if member in _DESCRIBING:
+                continue
+            _DESCRIBING.add(member)
+            try:
+                branches.append(schema(member))
+            finally:
+                _DESCRIBING.discard(member)
+        else:
+            document = msgspec.json.schema(member)
+            branches.append(_field_schema(_inline(document, document.get("$defs", {})), member, False))
+    kept = {k: v for k, v in node.items() if k in ("description", "default")}
+    return {"oneOf": branches, **kept}
 
 
 def nullable(node: dict[str, Any]) -> dict[str, Any]:

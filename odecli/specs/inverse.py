@@ -45,9 +45,8 @@ from odecli.optim.settings import OptimizerSettings
 from odecli.specs.declare import INFINITE, Problems, Section, expected, read
 from odecli.specs.loader import describe, load_yaml
 from odecli.specs.ode import OdeSpec, parse_ode_spec
+from odecli.specs.ode_values import PerSample
 
-PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]],
-                      expected("a number or a list of numbers (one per sample)")]
 Bounds = Annotated[tuple[float, float], expected("[lower, upper]", INFINITE,
                                                  description="[lower, upper] (.inf: unbounded); init must lie inside")]
 Weight = Annotated[float, Meta(ge=0, description="weight of this state (default 1)")]

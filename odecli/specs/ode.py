@@ -32,8 +32,8 @@ from odecli.specs.declare import INFINITE, Problems, Section, check_keys, expect
 from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.specs.loader import describe, load_yaml
 from odecli.specs.outputs import default_output
-from odecli.specs.ode_values import (MAX_BATCH, _batch, _check_spans, _eval, _expand, _number, _per_sample,
-                                     _required_per_sample)
+from odecli.specs.ode_values import (MAX_BATCH, PerSample, _batch, _check_spans, _eval, _expand, _number,
+                                     _per_sample, _required_per_sample)
 
 # The solver registry's built-in methods (name -> adaptive?), so that checking a spec needs no
 # torch; tests/test_spec.py keeps it equal to odecli.ode.stepper.available_methods().
@@ -80,11 +80,9 @@ SOLVER_KEYS = tuple(SolverSpec.__dataclass_fields__)
 
 # ---------------------------------------------------------------- the document, declared
 # The keys and value types of the other sections. They give the unknown-key checks (with a
-# did-you-mean) and the JSON Schema; the values are checked by the functions below, which
-# know what the declarations cannot: names that must be states, lists one per sample.
+# did-you-mean) and the JSON Schema, and each value is read against them; the functions below
+# check what spans keys: names that must be states, list lengths against the batch.
 
-PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]],
-                      expected("a number or a list of numbers (one per sample)")]
 Identifier = Annotated[str, Meta(pattern="^[A-Za-z_][A-Za-z0-9_]*$")]
 
 

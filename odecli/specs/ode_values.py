@@ -1,5 +1,6 @@
-"""The value checks of a ``kind: ode`` spec that the declarations cannot state: numbers given
-per sample (one, or one per sample), the batch size they imply, and the output times.
+"""The value checks of a ``kind: ode`` spec that span keys: numbers given per sample (declared
+here as :data:`PerSample`, read against that declaration), the batch size they imply and the
+list lengths it fixes, and the output times.
 
 Each reports through a :class:`odecli.specs.declare.Problems` and returns None for a bad
 value, so that ``odecli validate`` lists every problem and dependent checks are skipped.
@@ -8,9 +9,11 @@ value, so that ``odecli validate`` lists every problem and dependent checks are 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping, Union
 
-from odecli.specs.declare import Problems
+from msgspec import Meta
+
+from odecli.specs.declare import INVALID, Problems, expected, read_value
 from odecli.specs.loader import describe
 
 # Guards against typos such as `eval: 1000000000` that would exhaust memory while expanding.
@@ -44,17 +47,18 @@ def _integer(value: Any, field: str, report: Problems) -> int | None:
     return value
 
 
+# A value given per sample: one number for every sample, or one per sample (the batch checks the length).
+PerSample = Annotated[Union[float, Annotated[list[float], Meta(min_length=1)]], expected(
+    "a number or a list of numbers (one per sample)",
+    description="one number for every sample, or a list of one per sample (as long as the batch)")]
+
+
 def _per_sample(value: Any, field: str, report: Problems) -> list[float] | None:
-    """A number (shared by all samples) or a non-empty list of numbers (one per sample)."""
-    expected = "a number or a list of numbers (one per sample)"
-    if not isinstance(value, list):
-        number = _number(value, field, report, expected=expected)
-        return None if number is None else [number]
-    if not value:
-        report(field, f"list is empty, expected {expected}")
+    """``value`` read against :data:`PerSample`, as a list (of one where a number is shared)."""
+    result = read_value(value, PerSample, field, report)
+    if result is INVALID:
         return None
-    numbers = [_number(v, f"{field}[{i}]", report) for i, v in enumerate(value)]
-    return None if any(n is None for n in numbers) else numbers  # type: ignore[return-value]
+    return result if isinstance(result, list) else [result]
 
 
 def _required_per_sample(section: dict[str, Any] | None, key: str, field: str, report: Problems) -> list[float] | None:

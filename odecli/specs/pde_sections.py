@@ -4,16 +4,18 @@ odecli.specs.pde reads each of these with :func:`odecli.specs.declare.read` and
 odecli.specs.pde_schema describes them with :func:`odecli.specs.declare.schema`, so the
 validator and the JSON Schema cannot drift apart. An empty (null) key reads as left out, as
 it always has in pde-inverse specs. The geometry (sources, receivers), the models and the
-unknown, whose keys depend on their ``type``, are checked by odecli.specs.pde itself.
+unknown, whose keys depend on their ``type``, are declared in odecli.specs.pde_inputs;
+:class:`PdeDocument` gathers every top-level key.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 from msgspec import Meta
 
+from odecli.specs import pde_inputs as inputs
 from odecli.specs.declare import Section, expected
 
 Positive = Annotated[float, Meta(gt=0)]
@@ -110,3 +112,28 @@ class Compute(Section, frozen=True):
 def plain(section: Section) -> dict:
     """A read section as the plain dict (lists, not tuples) the run has always been given."""
     return msgspec.to_builtins(section)
+
+
+class PdeDocument(Section, frozen=True, kw_only=True):
+    """odecli PDE inverse spec (kind: pde-inverse)"""
+
+    kind: Literal["pde-inverse"]
+    name: Optional[str] = None
+    description: Optional[str] = None
+    equation: Literal["acoustic2d", "heat2d"]
+    grid: Grid
+    time: Time
+    # AcousticBoundary or HeatBoundary, by equation (odecli.specs.pde reads the one, the schema states which)
+    boundary: Optional[dict[str, Any]] = None
+    sources: inputs.Sources
+    receivers: inputs.Receivers
+    true_model: Optional[inputs.Model] = None
+    observed: Observed = msgspec.field(default_factory=Observed)
+    unknown: inputs.Unknown
+    regularization: Regularization = msgspec.field(default_factory=Regularization)
+    optimizer: Optimizer
+    loss: Loss = msgspec.field(default_factory=Loss)
+    parallel: Parallel = msgspec.field(default_factory=Parallel)
+    checkpoint: Checkpoint = msgspec.field(default_factory=Checkpoint)
+    compute: Compute = msgspec.field(default_factory=Compute)
+    initial_condition: Optional[float] = None  # heat2d only; default 0
