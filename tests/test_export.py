@@ -70,6 +70,26 @@ def test_xarray_opens_an_ode_run_with_named_dimensions(ode_run):
         assert ds.attrs["kind"] == "ode" and ds.attrs["method"] == "dopri5"
 
 
+def test_xarray_reads_the_stats_and_params_groups_by_sample_and_t_as_a_coordinate_of_y(ode_run):
+    """Issue 43: the groups came back as ``phony_dim_0`` with a warning; ``t`` stood apart from y."""
+    import warnings
+
+    import xarray as xr
+
+    with h5py.File(ode_run) as h5:
+        steps, mu = h5["stats/n_steps"][...], h5["params/mu"][...]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no phony-dimension warning
+        with xr.open_dataset(ode_run, engine="h5netcdf", group="stats") as stats:
+            assert stats["n_steps"].dims == ("sample",)
+            np.testing.assert_array_equal(stats["n_steps"].values, steps)
+    with xr.open_dataset(ode_run, engine="h5netcdf", group="params", phony_dims="sort") as params:
+        assert params["mu"].dims == ("sample",)  # per sample; the shared k keeps a length-1 axis
+        np.testing.assert_array_equal(params["mu"].values, mu)
+    with xr.open_dataset(ode_run, engine="h5netcdf") as ds:
+        assert "t" in ds["y"].coords and ds["y"].coords["t"].dims == ("sample", "time")
+
+
 def test_every_dataset_in_an_ode_run_has_a_description(ode_run):
     missing = []
     with h5py.File(ode_run) as h5:

@@ -135,6 +135,7 @@ class OdeRunStream:
         for name, values in self.spec.params.items():
             params.create_dataset(name, data=np.asarray(values, dtype=np.float64))
             params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
+        _attach_sample_scale(self.h5)
 
     def _create(self, part: Part) -> None:
         for name in ROOT_DATASETS:
@@ -241,9 +242,22 @@ def _add_dimensions(h5, states: list[str]) -> None:
             dataset.dims[axis].attach_scale(h5[dim])
         dataset.attrs["long_name"] = long_name
         dataset.attrs["description"] = description
+    # t is the time of each (sample, output) pair: a coordinate of y, so that xarray shows it with
+    # y and nobody takes the output index `time` for seconds.
+    h5["y"].attrs["coordinates"] = "t"
     codes = sorted(STATUS_NAMES)
     h5["status"].attrs["flag_values"] = np.array(codes, dtype=np.int8)
     h5["status"].attrs["flag_meanings"] = " ".join(STATUS_NAMES[c] for c in codes)
+
+
+def _attach_sample_scale(h5) -> None:
+    """The per-sample datasets of ``stats/`` and ``params/`` get the root's ``sample`` dimension, so
+    xarray reads those groups with it instead of ``phony_dim_0`` (shared parameters keep theirs)."""
+    batch = h5["sample"].shape[0]
+    for group in ("stats", "params"):
+        for dataset in h5[group].values():
+            if isinstance(dataset, h5py.Dataset) and dataset.ndim >= 1 and dataset.shape[0] == batch:
+                dataset.dims[0].attach_scale(h5["sample"])
 
 
 def as_numpy(values: Any) -> np.ndarray:
