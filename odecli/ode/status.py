@@ -21,13 +21,18 @@ class Status(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        """The name files, ``odecli stats`` and plots use (the member names are torchode's)."""
+        return _LABELS.get(self, self.name.lower())
 
     @property
     def description(self) -> str:
         """What happened, in the README's words (for summaries a person reads)."""
         return _DESCRIPTIONS[self]
 
+
+# torchode's INFINITE_NORM covers any non-finite value (error norm, solution, Newton iterate),
+# which is what the documents call it.
+_LABELS = {Status.INFINITE_NORM: "non_finite"}
 
 _DESCRIPTIONS = {
     Status.SUCCESS: "success",
