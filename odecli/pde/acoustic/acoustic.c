@@ -1,5 +1,8 @@
 /* Fused leapfrog steps of the 2-D acoustic wave equation, 4th order in space, and their adjoint.
  *
+ * One file of ~670 lines on purpose: the forward, the storing forward and the adjoint share one set of
+ * vector macros and must round identically, and the compiler sees them together (one translation unit).
+ *
  * Fields are C-contiguous (B, ny+4, nx+4): B shots, each with a ghost ring of width 2 around its
  * ny x nx block (the ring holds neighbours' values or zeros at the edge of the grid).
  * c2dt2 = c^2 dt^2 and the sponge G are (ny, nx), shared by all shots; G may be NULL (none).
