@@ -178,6 +178,8 @@ def native_unsupported(spec: OdeSpec, device: str) -> str:
         return "solver.engine is torch"
     if spec.equations is None:
         return "the right-hand side is Python code"
+    if spec.events:
+        return "events run on the PyTorch loop"
     return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
 
 
@@ -206,6 +208,7 @@ def _solve_torch(spec: OdeSpec, device: str, options: SolverOptions,
 
     from odecli.ode.solver import solve
     from odecli.specs import build_rhs, param_tensors
+    from odecli.specs.events import build_events
     from odecli.specs.rhs import python_errors
 
     s = spec.solver
@@ -216,7 +219,8 @@ def _solve_torch(spec: OdeSpec, device: str, options: SolverOptions,
     t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=where)
     with python_errors(spec):
         solution = solve(build_rhs(spec, where), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
-                         options=options, compile=s.compile, progress=progress)
+                         options=options, compile=s.compile, progress=progress,
+                         events=build_events(spec.events, spec.states, spec.params, spec.file))
     # compile: true may switch to the compiled step part way through this solve, or not in it at all.
     solution.extra["engine"] = "torch-compiled" if solution.extra.get("attempts_compiled") else "torch"
     return solution

@@ -1,0 +1,244 @@
+"""Events of the batched PyTorch loop: per-sample sign changes of ``g(t, y, p)``, located on the dense output.
+
+An event is a function ``g(t, y, p) -> (A,)`` of the working rows with a ``direction``
+(+1 rising: g goes from < 0 to >= 0; -1 falling: from > 0 to <= 0; 0 both) and ``terminal``
+(0: recorded only; N >= 1: the sample ends at its N-th occurrence). After every accepted step
+each row compares g at the step's end with g at its start; a row with a sign change locates the
+root on the step's own interpolant (:func:`locate`: Illinois regula falsi on theta in [0, 1],
+to a time resolution of 4 ulp of t, as scipy's ``brentq`` with ``xtol = 4 eps``), so the event
+time's error is that of the dense output, which the solver's rtol/atol bound. A start exactly
+on g = 0 is not an event (the sign must change), so a solve restarted at an event does not
+find it again. Several events in one step are taken in time order; a terminal one ends the
+row there (later ones in the step are dropped). Rows without a sign change are untouched:
+every sample takes the steps it takes without events.
+
+:class:`EventLog` holds the per-row memory the loop compacts with its rows (g at the last
+accepted point, occurrences so far) and the recorded (sample, time, state) triples, and turns
+them into NaN-padded per-event arrays at the end (:class:`~odecli.ode.solution.EventRecord`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+from odecli.ode.solution import EventRecord
+
+EventFunction = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
+"""``g(t, y, p) -> (A,)`` with t (A,), y (A, n) and p the rows' parameters, as the right-hand side."""
+
+DIRECTIONS = {"rising": 1, "falling": -1, "both": 0}
+MAX_ITERATIONS = 200  # Illinois converges superlinearly; this only bounds a pathological g
+RESOLUTION_ULPS = 4.0  # the root's bracket in t, in units of t's spacing (scipy's brentq xtol = 4 eps)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event: ``g``, which way its sign must change, when it ends the sample, and its name.
+
+    ``direction``: ``"rising"``/+1, ``"falling"``/-1 or ``"both"``/0. ``terminal``: ``False``/0
+    records only, ``True``/1 ends the sample at the first occurrence, N at the N-th.
+    """
+
+    g: EventFunction
+    direction: int | str = 0
+    terminal: int | bool = 0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        direction = DIRECTIONS.get(self.direction, self.direction) if isinstance(self.direction, str) else self.direction
+        if direction not in (-1, 0, 1):
+            raise ValueError(f"event direction must be rising, falling, both (or +1, -1, 0), got {self.direction!r}")
+        terminal = int(self.terminal)
+        if terminal < 0 or terminal != self.terminal:
+            raise ValueError(f"event terminal must be true, false or an integer >= 1, got {self.terminal!r}")
+        object.__setattr__(self, "direction", int(direction))
+        object.__setattr__(self, "terminal", terminal)
+
+
+def as_events(events: Sequence[Event | EventFunction] | None) -> list[Event]:
+    """Events from :class:`Event` objects or bare callables; a callable's ``direction`` and
+    ``terminal`` attributes are read as scipy's ``solve_ivp`` reads them. Unnamed ones are
+    called ``event0``, ``event1``, ... by position; names must be distinct."""
+    out: list[Event] = []
+    for i, event in enumerate(events or ()):
+        if not isinstance(event, Event):
+            if not callable(event):
+                raise TypeError(f"events[{i}] must be an Event or a callable g(t, y, p), got {type(event).__name__}")
+            event = Event(event, getattr(event, "direction", 0), getattr(event, "terminal", 0))
+        if not event.name:
+            event = Event(event.g, event.direction, event.terminal, f"event{i}")
+        out.append(event)
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"event names must be distinct, got {names}")
+    return out
+
+
+def crossings(g_old: Tensor, g_new: Tensor, direction: Tensor) -> Tensor:
+    """(A, E) bool: a sign change of g from the step's start to its end, in the event's direction."""
+    up = (g_old < 0) & (g_new >= 0)
+    down = (g_old > 0) & (g_new <= 0)
+    return (up & (direction >= 0)) | (down & (direction <= 0))
+
+
+def locate(G: Callable[[Tensor], Tensor], g0: Tensor, g1: Tensor, tol: Tensor, todo: Tensor) -> Tensor:
+    """theta in [0, 1] with G(theta) = 0 for the ``todo`` rows, given G(0) = g0 and G(1) = g1 of opposite signs.
+
+    Illinois regula falsi (the end that stays gets its value halved), batched over the rows;
+    a row stops when its bracket is narrower than ``tol`` (in theta) or G hits 0 exactly. The
+    bracket always holds the root, so the answer is within ``tol`` of a root of G. Rows not
+    in ``todo`` get NaN. G takes (A,) thetas and returns (A,) values.
+    """
+    a, b = torch.zeros_like(g0), torch.ones_like(g0)
+    ga, gb = g0.clone(), g1.clone()
+    active = todo.clone()
+    for _ in range(MAX_ITERATIONS):
+        if not bool(active.any()):
+            break
+        denominator = gb - ga
+        c = b - gb * (b - a) / torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+        # Round-off can put the secant point on or outside the bracket: bisect then.
+        low, high = torch.minimum(a, b), torch.maximum(a, b)
+        c = torch.where((c > low) & (c < high) & (denominator != 0), c, 0.5 * (a + b))
+        gc = G(c)
+        same = torch.sign(gc) == torch.sign(gb)
+        # Illinois: when b stays on the same side, halve the value at the end a that stays.
+        new_a = torch.where(same, a, b)
+        new_ga = torch.where(same, 0.5 * ga, gb)
+        a, ga = torch.where(active, new_a, a), torch.where(active, new_ga, ga)
+        b, gb = torch.where(active, c, b), torch.where(active, gc, gb)
+        active = active & (gc != 0) & ((b - a).abs() > tol)
+    # b is the latest iterate, within the final bracket; the end whose |G| is smaller is the better root.
+    root = torch.where(gb.abs() <= ga.abs(), b, a)
+    return torch.where(todo, root, torch.full_like(root, math.nan))
+
+
+class Found(NamedTuple):
+    """The events of one step: rows that located a root (and so built the dense output), rows a
+    terminal event ended, and where (for the ended rows; None when no row ended)."""
+
+    located: Tensor  # (A,) bool
+    ended: Tensor  # (A,) bool
+    t_event: Tensor | None  # (A,)
+    y_event: Tensor | None  # (A, n)
+
+
+@dataclass
+class EventLog:
+    """The events of one solve: per-row memory (compacted with the rows) and what was recorded.
+
+    ``g_prev`` (A, E) is g at each row's last accepted point and ``count`` (A, E) its
+    occurrences so far; ``found`` keeps (sample, event, time, state) of every occurrence.
+    """
+
+    events: list[Event]
+    g_prev: Tensor
+    count: Tensor
+    direction: Tensor  # (E,) +1, -1, 0
+    terminal: Tensor  # (E,) int64, 0: not terminal
+    found: list[tuple[Tensor, Tensor, Tensor, Tensor]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, events: list[Event], t0: Tensor, y0: Tensor, p: Mapping[str, Tensor]) -> EventLog:
+        """The log at the start of a solve: g at (t0, y0), no occurrences yet."""
+        device = y0.device
+        return cls(
+            events=events, g_prev=evaluate(events, t0, y0, p),
+            count=torch.zeros(y0.shape[0], len(events), dtype=torch.int64, device=device),
+            direction=torch.tensor([e.direction for e in events], dtype=y0.dtype, device=device),
+            terminal=torch.tensor([e.terminal for e in events], dtype=torch.int64, device=device),
+        )
+
+    def take(self, rows: Tensor) -> None:
+        """Keep the memory of ``rows`` only (the loop's compaction)."""
+        self.g_prev, self.count = self.g_prev[rows], self.count[rows]
+
+    def step(
+        self, idx: Tensor, t: Tensor, h: Tensor, t_new: Tensor, y_new: Tensor, accept: Tensor,
+        p: Mapping[str, Tensor], dense: Callable[[], Callable[[Tensor], Tensor]],
+    ) -> Found | None:
+        """Look for events in the accepted steps (t, t_new] of the working rows ``idx``.
+
+        Records every occurrence up to and including a terminal one; returns None when no row
+        had a sign change, else a :class:`Found`. ``dense()`` builds the step's interpolant
+        y(theta), called only when some row has a sign change.
+        """
+        with torch.no_grad():
+            g_old, g_new = self.g_prev, evaluate(self.events, t_new, y_new.detach(), p)
+            hit = crossings(g_old, g_new, self.direction) & accept[:, None]
+            self.g_prev = torch.where(accept[:, None], g_new, self.g_prev)
+            if not bool(hit.any()):
+                return None
+            interp = dense()
+            spacing = torch.maximum(t.abs(), t_new.abs()) * torch.finfo(t.dtype).eps + torch.finfo(t.dtype).tiny
+            safe_h = torch.where(h == 0, torch.ones_like(h), h)
+            tol = RESOLUTION_ULPS * spacing / safe_h.abs()
+            theta = torch.full_like(g_new, math.inf)
+            for k, event in enumerate(self.events):
+                todo = hit[:, k]
+                if not bool(todo.any()):
+                    continue
+
+                def G(th: Tensor, event: Event = event) -> Tensor:
+                    return event.g(t + th * h, interp(th).detach(), p)
+
+                theta[:, k] = torch.where(todo, locate(G, g_old[:, k], g_new[:, k], tol, todo),
+                                          theta[:, k])
+            # A terminal occurrence ends the row at the earliest one; later events in the step are dropped.
+            ends = hit & (self.terminal > 0) & (self.count + 1 >= self.terminal)
+            t_stop = torch.where(ends, theta, torch.full_like(theta, math.inf)).min(dim=1).values
+            keep = hit & (theta <= t_stop[:, None])
+            self.count = self.count + keep
+            ended = ends.any(dim=1)
+            theta_stop = torch.where(ended, t_stop, torch.zeros_like(t_stop))
+            for k in range(len(self.events)):
+                rows = keep[:, k]
+                if bool(rows.any()):
+                    th = theta[:, k].where(rows, torch.zeros_like(theta[:, k]))
+                    t_at = torch.where(th >= 1, t_new, t + th * h)
+                    y_at = torch.where((th >= 1)[:, None], y_new.detach(), interp(th).detach())
+                    self.found.append((idx[rows], torch.full_like(idx[rows], k), t_at[rows], y_at[rows]))
+        if not bool(ended.any()):
+            return Found(hit.any(dim=1), ended, None, None)
+        t_event = torch.where(theta_stop >= 1, t_new, t + theta_stop * h).detach()
+        y_event = torch.where((theta_stop >= 1)[:, None], y_new, interp(theta_stop))
+        return Found(hit.any(dim=1), ended, t_event, y_event)
+
+    def records(self, batch: int, n_states: int) -> dict[str, EventRecord]:
+        """Every event's occurrences, per sample in time order, NaN-padded to the most any sample had."""
+        out: dict[str, EventRecord] = {}
+        dtype, device = self.g_prev.dtype, self.g_prev.device
+        for k, event in enumerate(self.events):
+            parts = [(s, t, y) for s, which, t, y in self.found if which.numel() and int(which[0]) == k]
+            if parts:
+                samples = torch.cat([s for s, _, _ in parts])
+                times = torch.cat([t for _, t, _ in parts])
+                states = torch.cat([y for _, _, y in parts])
+            else:
+                samples = torch.zeros(0, dtype=torch.int64, device=device)
+                times = torch.zeros(0, dtype=dtype, device=device)
+                states = torch.zeros(0, n_states, dtype=dtype, device=device)
+            counts = torch.bincount(samples, minlength=batch)
+            width = int(counts.max()) if batch else 0
+            # Occurrences were appended step by step, so within a sample they are in time order.
+            order = torch.sort(samples, stable=True).indices
+            samples, times, states = samples[order], times[order], states[order]
+            starts = torch.cumsum(counts, 0) - counts
+            slot = torch.arange(samples.shape[0], device=device) - starts[samples]
+            t_out = torch.full((batch, width), math.nan, dtype=dtype, device=device)
+            y_out = torch.full((batch, width, n_states), math.nan, dtype=dtype, device=device)
+            t_out[samples, slot] = times
+            y_out[samples, slot] = states
+            out[event.name] = EventRecord(t=t_out, y=y_out, count=counts)
+        return out
+
+
+def evaluate(events: Sequence[Event], t: Tensor, y: Tensor, p: Mapping[str, Tensor]) -> Tensor:
+    """(A, E): every event function at (t, y), each broadcast to the rows."""
+    values = [torch.as_tensor(e.g(t, y, p)).to(y).expand(y.shape[0]) for e in events]
+    return torch.stack(values, dim=1)
