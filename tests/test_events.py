@@ -1,0 +1,206 @@
+"""Events (issue 44) against independent references: analytic event times, scipy ``solve_ivp``
+events at a 1e-12 reference, and scipy at the same rtol as the bar our error must clear.
+
+The bar: at each rtol, our event times' largest error against the reference must be at most
+``SLACK`` times scipy's own (RK45, the same Dormand-Prince pair, same rtol/atol), with a floor
+at round-off, so a test fails when root finding or dense output is worse than scipy's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.integrate import solve_ivp
+from scipy.optimize import brentq
+
+import odecli
+from odecli.ode.events import Event, crossings, locate
+
+SLACK = 3.0  # our error <= SLACK * scipy's at the same rtol
+FLOOR = 1e-12  # round-off of t ~ 10
+
+
+def _scipy_events(fun, span, y0, event, rtol, atol, method="RK45"):
+    result = solve_ivp(fun, span, y0, events=event, rtol=rtol, atol=atol, method=method)
+    return result.t_events[0]
+
+
+def test_locate_finds_a_root_of_a_polynomial_to_round_off():
+    roots = torch.tensor([0.1, 0.5, 0.77, 1 / 3], dtype=torch.float64)
+
+    def G(th):
+        return (th - roots) * (1 + th ** 2)
+
+    g0, g1 = G(torch.zeros(4, dtype=torch.float64)), G(torch.ones(4, dtype=torch.float64))
+    theta = locate(G, g0, g1, torch.full((4,), 1e-15, dtype=torch.float64), torch.ones(4, dtype=torch.bool))
+    assert torch.allclose(theta, roots, rtol=0, atol=4e-15)
+
+
+def test_crossings_follow_direction_and_need_a_sign_change():
+    g_old = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    g_new = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [1.0, -1.0, 0.0]])
+    direction = torch.tensor([1.0, -1.0, 0.0])
+    hit = crossings(g_old, g_new, direction)
+    assert hit.tolist() == [[True, False, True], [False, True, True], [False, False, False]]
+
+
+def _ball(t, y, p):
+    return torch.stack([y[:, 1], -9.81 * torch.ones_like(y[:, 0])], dim=1)
+
+
+def test_bouncing_ball_with_restitution_by_repeated_solves_matches_the_analytic_bounces():
+    """Terminal ground event, then restart at h = 0 with v -> -0.8 v, per sample: three bounces."""
+    g, e = 9.81, 0.8
+    h0 = torch.tensor([10.0, 5.0, 1.0, 20.0, 0.3], dtype=torch.float64)
+    v0 = torch.tensor([0.0, 2.0, -1.0, 0.0, 4.0], dtype=torch.float64)
+    ground = Event(lambda t, y, p: y[:, 0], "falling", True, "ground")
+    t, y = torch.zeros_like(h0), torch.stack([h0, v0], dim=1)
+    found = []
+    for _ in range(3):
+        sol = odecli.solve(_ball, y, t, t + 100.0, events=[ground], rtol=1e-8, atol=1e-10)
+        assert (sol.status == 5).all() and sol.success.all()
+        found.append(sol.events["ground"].t[:, 0])
+        assert torch.equal(sol.t_final, sol.events["ground"].t[:, 0])
+        t, y = sol.t_final, torch.stack([torch.zeros_like(h0), -e * sol.y_final[:, 1]], dim=1)
+    # analytic: first landing, then each flight lasts 2 * (speed after the bounce) / g
+    first = (v0 + torch.sqrt(v0 ** 2 + 2 * g * h0)) / g
+    speed = torch.sqrt(v0 ** 2 + 2 * g * h0)
+    expected = [first, first + 2 * e * speed / g, first + 2 * e * speed / g + 2 * e * e * speed / g]
+    for got, want in zip(found, expected):
+        assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_terminal_event_fills_later_output_times_with_nan_and_keeps_earlier_ones():
+    y0 = torch.tensor([[10.0, 0.0]], dtype=torch.float64)
+    grid = torch.linspace(0, 3, 7, dtype=torch.float64)
+    sol = odecli.solve(_ball, y0, 0.0, 3.0, grid, events=[Event(lambda t, y, p: y[:, 0], -1, True)],
+                       rtol=1e-10, atol=1e-10)
+    t_hit = math.sqrt(2 * 10 / 9.81)
+    before = grid <= t_hit
+    assert torch.isnan(sol.y[0, ~before]).all()
+    assert torch.allclose(sol.y[0, before, 0], 10 - 0.5 * 9.81 * grid[before] ** 2, atol=1e-9)
+    assert abs(float(sol.t_final[0]) - t_hit) < 1e-12
+
+
+def test_terminal_count_ends_at_the_nth_occurrence_and_records_every_one():
+    """x = sin(t): falling zeros at pi, 3 pi, 5 pi; terminal 2 ends at 3 pi."""
+    def f(t, y, p):
+        return torch.stack([y[:, 1], -y[:, 0]], dim=1)
+
+    y0 = torch.tensor([[0.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
+    falling = Event(lambda t, y, p: y[:, 0], "falling", 2, "zero")
+    rising = Event(lambda t, y, p: y[:, 0], "rising", False, "up")
+    sol = odecli.solve(f, y0, 0.0, 20.0, events=[falling, rising], rtol=1e-10, atol=1e-12)
+    assert sol.events["zero"].count.tolist() == [2, 2]
+    assert torch.allclose(sol.events["zero"].t, torch.tensor([[math.pi, 3 * math.pi]] * 2, dtype=torch.float64),
+                          atol=1e-8)
+    # the rising zero at 2 pi comes before the end; the one at 4 pi does not
+    assert sol.events["up"].count.tolist() == [1, 1]
+    assert torch.allclose(sol.t_final, torch.full((2,), 3 * math.pi, dtype=torch.float64), atol=1e-8)
+    assert torch.allclose(sol.events["zero"].y[:, :, 0], torch.zeros(2, 2, dtype=torch.float64), atol=1e-8)
+
+
+def _pendulum(t, y, p):
+    return torch.stack([y[:, 1], -torch.sin(y[:, 0])], dim=1)
+
+
+def test_pendulum_zero_crossings_over_many_samples_against_scipy_and_without_changing_steps():
+    batch = 1000
+    rng = np.random.default_rng(0)
+    theta0 = rng.uniform(0.1, 2.5, batch)
+    y0 = torch.tensor(np.stack([theta0, np.zeros(batch)], 1))
+    rtol = atol = 1e-8
+    both = Event(lambda t, y, p: y[:, 0], "both", False, "zero")
+    sol = odecli.solve(_pendulum, y0, 0.0, 20.0, events=[both], rtol=rtol, atol=atol)
+    plain = odecli.solve(_pendulum, y0, 0.0, 20.0, rtol=rtol, atol=atol)
+    # events change no sample's steps
+    assert torch.equal(sol.stats["n_steps"], plain.stats["n_steps"])
+    assert torch.equal(sol.y_final, plain.y_final)
+    record = sol.events["zero"]
+
+    def event(t, y):
+        return y[0]
+
+    ours, theirs = [], []
+    for i in range(0, batch, 50):  # a 1e-12 reference for every 50th sample
+        fun = lambda t, y: [y[1], -math.sin(y[0])]  # noqa: E731
+        ref = _scipy_events(fun, (0, 20), y0[i].numpy(), event, 1e-12, 1e-12, "DOP853")
+        same = _scipy_events(fun, (0, 20), y0[i].numpy(), event, rtol, atol)
+        n = int(record.count[i])
+        assert n == len(ref) == len(same)
+        assert torch.isnan(record.t[i, n:]).all()
+        ours.append(np.abs(record.t[i, :n].numpy() - ref).max())
+        theirs.append(np.abs(same - ref).max())
+    assert max(ours) <= SLACK * max(max(theirs), FLOOR), (max(ours), max(theirs))
+
+
+def _kepler(t, y, p):
+    r3 = (y[:, 0] ** 2 + y[:, 1] ** 2) ** 1.5
+    return torch.stack([y[:, 2], y[:, 3], -y[:, 0] / r3, -y[:, 1] / r3], dim=1)
+
+
+def _periapsis(t, y, p):
+    return y[:, 0] * y[:, 2] + y[:, 1] * y[:, 3]  # r . v: - to + at periapsis
+
+
+@pytest.mark.parametrize("rtol", [1e-6, 1e-9])
+def test_kepler_periapsis_times_are_multiples_of_the_period(rtol):
+    """Start at apoapsis (r = a (1 + e), speed sqrt((1 - e) / (a (1 + e)))): periapsis at (k + 1/2) T."""
+    ecc = np.array([0.1, 0.3, 0.5, 0.7])
+    a = 1.0
+    r_apo = a * (1 + ecc)
+    speed = np.sqrt((1 - ecc) / (a * (1 + ecc)))
+    y0 = torch.tensor(np.stack([r_apo, 0 * ecc, 0 * ecc, speed], 1))
+    period = 2 * math.pi * a ** 1.5
+    span = 3.2 * period
+    sol = odecli.solve(_kepler, y0, 0.0, span, events=[Event(_periapsis, "rising", False, "peri")], rtol=rtol, atol=rtol)
+    record = sol.events["peri"]
+    assert record.count.tolist() == [3] * 4
+    exact = (np.arange(3) + 0.5) * period
+    ours = np.abs(record.t.numpy() - exact).max()
+
+    def event(t, y):
+        return y[0] * y[2] + y[1] * y[3]
+
+    event.direction = 1
+
+    def fun(t, y):
+        r3 = (y[0] ** 2 + y[1] ** 2) ** 1.5
+        return [y[2], y[3], -y[0] / r3, -y[1] / r3]
+
+    theirs = max(np.abs(_scipy_events(fun, (0, span), y0[i].numpy(), event, rtol, rtol) - exact).max() for i in range(4))
+    assert ours <= SLACK * max(theirs, FLOOR), (ours, theirs)
+
+
+def test_stiff_threshold_under_method_auto_matches_the_analytic_crossing():
+    """y' = -k (y - cos t), k = 1e4 (stiff); y = 0.5 falling, then rising: roots of the exact solution."""
+    k = torch.tensor([1e3, 1e4], dtype=torch.float64)
+
+    def f(t, y, p):
+        return -p["k"][:, None] * (y - torch.cos(t)[:, None])
+
+    def exact(t, kk, y0=2.0):
+        steady = (kk * kk * np.cos(t) + kk * np.sin(t)) / (kk * kk + 1)
+        c = y0 - kk * kk / (kk * kk + 1)
+        return steady + c * np.exp(-kk * t)
+
+    y0 = torch.full((2, 1), 2.0, dtype=torch.float64)
+    threshold = Event(lambda t, y, p: y[:, 0] - 0.5, "both", False, "half")
+    rtol = 1e-6
+    sol = odecli.solve(f, y0, 0.0, 6.0, params={"k": k}, events=[threshold], method="auto", rtol=rtol, atol=1e-9)
+    assert (sol.status == 0).all()
+    for i, kk in enumerate(k.tolist()):
+        roots = [brentq(lambda s: exact(s, kk) - 0.5, lo, hi, xtol=1e-15) for lo, hi in ((0.5, 2.0), (4.0, 5.5))]
+        record = sol.events["half"]
+        assert int(record.count[i]) == 2
+        ours = np.abs(record.t[i].numpy() - roots).max()
+
+        def event(t, y):
+            return y[0] - 0.5
+
+        theirs = np.abs(_scipy_events(lambda t, y: [-kk * (y[0] - math.cos(t))], (0, 6), [2.0], event, rtol, 1e-9,
+                                      "Radau") - roots).max()
+    assert ours <= SLACK * max(theirs, FLOOR), (ours, theirs)
