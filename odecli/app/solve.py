@@ -19,11 +19,12 @@ import numpy as np
 
 from odecli.errors import InputError, SpecError
 from odecli.ode.controllers import make_controller
-from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
+from odecli.ode.native import NativeEvent, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
 from odecli.ode.options import SolverOptions
 from odecli.ode.solution import ArraySolution
 from odecli.ode.status import Progress
 from odecli.specs import OdeSpec, build_c_equations
+from odecli.specs.events import c_events
 from odecli.specs.ode import method_table
 
 if TYPE_CHECKING:
@@ -178,8 +179,6 @@ def native_unsupported(spec: OdeSpec, device: str) -> str:
         return "solver.engine is torch"
     if spec.equations is None:
         return "the right-hand side is Python code"
-    if spec.events:
-        return "events run on the PyTorch loop"
     return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
 
 
@@ -189,10 +188,11 @@ def _solve_native(spec: OdeSpec, device: str, options: SolverOptions,
     why = native_unsupported(spec, device)
     if why:
         return None, why
-    equations = build_c_equations(spec)
+    equations, params = build_c_equations(spec)
+    events = tuple(NativeEvent(*event) for event in c_events(spec.events, spec.states, params, spec.file))
     try:
         solution = solve_native_arrays(
-            NativeRhs(*equations), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
+            NativeRhs(equations, params, events), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
             np.array(spec.t_end), np.array(spec.t_eval, dtype=np.float64),
             params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()},
             options=options, progress=progress,

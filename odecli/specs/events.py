@@ -12,7 +12,8 @@
 Each event is declared once (:class:`EventDecl`, read by :func:`odecli.specs.declare.read` and
 described by the JSON Schema) and its expression compiled now, so that an unknown name or a
 refused construct is a one-line error before any run. :func:`build_events` turns the validated
-events into the numerics' :class:`odecli.ode.events.Event` objects (importing torch only then).
+events into the numerics' :class:`odecli.ode.events.Event` objects (importing torch only then),
+:func:`c_events` into C text for the generated solver.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from msgspec import Meta
 
 from odecli.errors import SpecError
 from odecli.specs.declare import Problems, Section, expected, read
-from odecli.specs.expr import compile_expression
+from odecli.specs.expr import compile_expression, expression_to_c
 from odecli.specs.loader import describe
 
 if TYPE_CHECKING:
@@ -110,3 +111,13 @@ def build_events(events: tuple[EventSpec, ...], states: tuple[str, ...], params:
 
         out.append(Event(g, event.direction, event.terminal, event.name))
     return out
+
+
+def c_events(events: tuple[EventSpec, ...], states: tuple[str, ...], params: tuple[str, ...],
+             file: str) -> tuple[tuple[str, int, int, str], ...]:
+    """Each event as (C expression over ``t``, ``y[i]``, ``p[j]``, direction, terminal, name), the
+    fields of :class:`odecli.ode.native.rhs.NativeEvent`; ``params`` in the C solver's column order."""
+    symbols = {"t": "t", **{s: f"y[{i}]" for i, s in enumerate(states)},
+               **{name: f"p[{j}]" for j, name in enumerate(params)}}
+    return tuple((expression_to_c(event.expression, symbols, file, f"events[{i}].expression"), event.direction,
+                  event.terminal, event.name) for i, event in enumerate(events))
