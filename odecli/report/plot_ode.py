@@ -30,6 +30,14 @@ def _state_names(h5, n_states: int) -> list[str]:
     return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
 
 
+EVENT_MARKERS = ("X", "v", "^", "D", "s", "P", "*")  # one per event, in the sample's colour
+
+
+def _failed(code) -> bool:
+    """A sample that did not end normally: not at t_end (status 0) and not at a terminal event (5)."""
+    return int(code) not in (0, 5)
+
+
 def _status_label(code: int) -> str:
     from odecli.ode.status import STATUS_NAMES
 
@@ -127,7 +135,7 @@ def _draw_trajectories(axes, t, y, status, picked, states, names, labels, sparse
     handles = []
     for panel, (ax, s) in enumerate(zip(axes, states)):
         for colour, i in zip(colours, picked):
-            failed = status is not None and int(status[i]) != 0
+            failed = status is not None and _failed(status[i])
             label = labels[i] + (f" [failed: {_status_label(status[i])}]" if failed else "")
             line = _draw_line(ax, t[i], y[i, :, s], colour, failed, sparse, label)
             if panel == 0:
@@ -136,6 +144,33 @@ def _draw_trajectories(axes, t, y, status, picked, states, names, labels, sparse
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("t")
     return handles
+
+
+def _draw_events(h5, axes, picked, states, plt) -> list[tuple]:
+    """Each event's occurrences (``events/NAME/t`` and ``y``, odecli.io.ode_run) as markers on the
+    picked samples' trajectories, one marker shape per event; returns (handle, label) per event drawn."""
+    if "events" not in h5:
+        return []
+    colours = _colours(plt, len(picked))
+    marks = []
+    for k, (name, group) in enumerate(sorted(h5["events"].items())):
+        if not all(key in group for key in ("t", "y")):
+            continue
+        t_ev, y_ev = np.asarray(group["t"][...], dtype=float), np.asarray(group["y"][...], dtype=float)
+        if t_ev.ndim != 2 or y_ev.shape[:2] != t_ev.shape or t_ev.shape[0] <= max(picked, default=0):
+            raise InputError(f"{h5.filename}: events/{name}: t has shape {t_ev.shape} and y {y_ev.shape}, "
+                             f"expected (sample, occurrence) and (sample, occurrence, state)")
+        handle = None
+        for ax, s in zip(axes, states):
+            for colour, i in zip(colours, picked):
+                hit = np.isfinite(t_ev[i])
+                if hit.any():
+                    handle = ax.plot(t_ev[i, hit], y_ev[i, hit, s], EVENT_MARKERS[k % len(EVENT_MARKERS)],
+                                     markerfacecolor=colour, markeredgecolor="black", markeredgewidth=0.6,
+                                     markersize=6, linestyle="none", zorder=5)[0]
+        if handle is not None:
+            marks.append((handle, f"event {name}"))
+    return marks
 
 
 def _title(h5, n_samples: int) -> str:
@@ -149,8 +184,9 @@ def plot_ode(h5, request: PlotRequest, plt):
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
     labels = _sample_labels(h5, y.shape[0])
-    if status is not None and (status[picked] != 0).any():
-        request.notes.append(f"{int((status[picked] != 0).sum())} of the shown samples failed (drawn dashed)")
+    failed = [i for i in picked if status is not None and _failed(status[i])]
+    if failed:
+        request.notes.append(f"{len(failed)} of the shown samples failed (drawn dashed)")
     if request.phase is not None:
         return _plot_phase(h5, request, plt, t, y, status, names, picked, labels)
     states = parse_states(request.states, names)
@@ -158,10 +194,11 @@ def plot_ode(h5, request: PlotRequest, plt):
     fig, axes = plt.subplots(len(states), 1, figsize=figure_size("ode", len(states)), dpi=DPI,
                              sharex=True, squeeze=False, layout="constrained")
     handles = _draw_trajectories(axes[:, 0], t, y, status, picked, states, names, labels, sparse, plt)
+    marks = _draw_events(h5, axes[:, 0], picked, states, plt)
     _log_scales(axes[:, 0], request, t, y, picked, states)
     if sparse:
         request.notes.append(_sparse_note(t))
-    figure_legend(fig, handles, [h.get_label() for h in handles], request.notes)
+    figure_legend(fig, handles, [h.get_label() for h in handles], request.notes, always=marks)
     # the title over the axes, not the figure: a figure title would run under the legend beside them
     axes[0, 0].set_title(_title(h5, y.shape[0]), fontsize="medium")
     add_notes(fig, request.notes)
@@ -181,7 +218,7 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     colours = _colours(plt, len(picked))
     handles = []
     for colour, i in zip(colours, picked):
-        failed = status is not None and int(status[i]) != 0
+        failed = status is not None and _failed(status[i])
         label = labels[i] + (f" [failed: {_status_label(status[i])}]" if failed else "")
         handles.append(_draw_line(ax, y[i, :, a], y[i, :, b], colour, failed, sparse, label))
     # the initial states last and on top, so no trajectory hides them
