@@ -29,9 +29,9 @@ def _pendulum_torch(t, y, p):
 
 @pytest.mark.parametrize("method", ["dopri5", "tsit5", "dop853", "bosh3"])
 def test_c_solver_events_equal_the_pytorch_loop(method, monkeypatch):
-    """Same steps, statuses, evaluation counts and outputs; event times to round-off. A cap of 2
-    occurrences forces the C side's second solve (zero crossings come 5 or 6 times)."""
-    monkeypatch.setattr(native_events, "FIRST_CAP", 2)
+    """Same steps, statuses, evaluation counts and outputs; event times to round-off. A cap of 4
+    occurrences forces the C side to solve the samples with more again (zero crossings come 2 to 8 times)."""
+    monkeypatch.setattr(native_events, "FIRST_CAP", 4)
     rng = np.random.default_rng(1)
     batch = 64
     y0 = np.stack([rng.uniform(0.1, 2.5, batch), rng.uniform(-0.5, 0.5, batch)], 1)
@@ -56,7 +56,8 @@ def test_c_solver_events_equal_the_pytorch_loop(method, monkeypatch):
         assert np.array_equal(np.isnan(a.t), np.isnan(b.t.numpy()))
         assert np.nanmax(np.abs(a.t - b.t.numpy())) < 1e-11, name
         assert np.nanmax(np.abs(a.y - b.y.numpy())) < 1e-10, name
-    assert c.events["zero"].count.max() > 2  # the rerun happened
+    zeros = c.events["zero"].count
+    assert zeros.max() > 4 >= zeros.min()  # some samples were solved again, some not
     np.testing.assert_allclose(c.t_final, s.t_final.numpy(), rtol=0, atol=1e-11)
 
 
