@@ -204,3 +204,34 @@ def test_stiff_threshold_under_method_auto_matches_the_analytic_crossing():
         theirs = np.abs(_scipy_events(lambda t, y: [-kk * (y[0] - math.cos(t))], (0, 6), [2.0], event, rtol, 1e-9,
                                       "Radau") - roots).max()
     assert ours <= SLACK * max(theirs, FLOOR), (ours, theirs)
+
+
+def _line(t, y, p):
+    return torch.ones_like(y)
+
+
+def test_events_in_one_step_are_ordered_and_the_earliest_terminal_one_ends_the_sample():
+    """x' = 1 from 0: one step covers both thresholds; the earlier terminal one wins, the later is dropped."""
+    y0 = torch.zeros(2, 1, dtype=torch.float64)
+    events = [Event(lambda t, y, p: y[:, 0] - 0.3, 1, True, "late"), Event(lambda t, y, p: y[:, 0] - 0.2, 1, True, "early"),
+              Event(lambda t, y, p: y[:, 0] - 0.1, 1, False, "before")]
+    grid = torch.tensor([0.0, 0.1, 0.2, 0.25, 1.0], dtype=torch.float64)
+    sol = odecli.solve(_line, y0, 0.0, 1.0, grid, events=events, dt0=1.0)
+    assert sol.stats["n_steps"].tolist() == [1, 1]  # one step holds every threshold
+    assert sol.events["late"].count.tolist() == [0, 0] and sol.events["early"].count.tolist() == [1, 1]
+    assert torch.allclose(sol.events["before"].t[:, 0], torch.full((2,), 0.1, dtype=torch.float64), atol=1e-15)
+    assert torch.allclose(sol.t_final, torch.full((2,), 0.2, dtype=torch.float64), atol=1e-15)
+    # output times up to the event (0.2 included) are filled, later ones are NaN
+    assert torch.allclose(sol.y[:, :3, 0], grid[:3].expand(2, 3), atol=1e-15)
+    assert torch.isnan(sol.y[:, 3:]).all() and (sol.status == 5).all()
+
+
+def test_a_start_on_g_zero_is_no_event_and_direction_follows_the_integration():
+    y0 = torch.zeros(1, 1, dtype=torch.float64)
+    at_start = Event(lambda t, y, p: y[:, 0], 0, True, "start")  # g = 0 at t0, then > 0 going forward
+    rising_in_t = Event(lambda t, y, p: t - 0.5, "rising", False, "half")
+    sol = odecli.solve(_line, y0, 0.0, 1.0, events=[at_start, rising_in_t])
+    assert sol.events["start"].count.tolist() == [0] and (sol.status == 0).all()
+    assert sol.events["half"].count.tolist() == [1]
+    back = odecli.solve(_line, y0, 1.0, 0.0, events=[rising_in_t])  # t - 0.5 falls when t runs backwards
+    assert back.events["half"].count.tolist() == [0]

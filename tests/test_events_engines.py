@@ -145,3 +145,16 @@ def test_one_and_two_ranks_write_the_same_event_file(tmp_path, monkeypatch):
         "rank", "chunk", "busy_s", "idle_s", "samples", "chunk_start", "chunk_stop", "chunk_rank"))})
     with h5py.File(one, "r") as h5:
         assert h5["events/half/t"].shape[1] >= 1
+
+
+def test_c_solver_orders_events_in_one_step_and_stops_at_the_earliest_terminal_one():
+    rhs = NativeRhs(("1.0",), (), (NativeEvent("y[0] - 0.3", 1, 1, "late"), NativeEvent("y[0] - 0.2", 1, 1, "early"),
+                                   NativeEvent("y[0] - 0.1", 1, 0, "before")))
+    grid = np.array([0.0, 0.1, 0.2, 0.25, 1.0])
+    sol = solve_native_arrays(rhs, np.zeros((2, 1)), 0.0, 1.0, grid, dt0=1.0)
+    assert sol.stats["n_steps"].tolist() == [1, 1]
+    assert sol.events["late"].count.tolist() == [0, 0] and sol.events["early"].count.tolist() == [1, 1]
+    np.testing.assert_allclose(sol.events["before"].t[:, 0], 0.1, atol=1e-15)
+    np.testing.assert_allclose(sol.t_final, 0.2, atol=1e-15)
+    np.testing.assert_allclose(sol.y[:, :3, 0], np.tile(grid[:3], (2, 1)), atol=1e-15)
+    assert np.isnan(sol.y[:, 3:]).all() and (sol.status == 5).all()
