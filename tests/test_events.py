@@ -235,3 +235,49 @@ def test_a_start_on_g_zero_is_no_event_and_direction_follows_the_integration():
     assert sol.events["half"].count.tolist() == [1]
     back = odecli.solve(_line, y0, 1.0, 0.0, events=[rising_in_t])  # t - 0.5 falls when t runs backwards
     assert back.events["half"].count.tolist() == [0]
+
+
+def test_event_time_gradients_follow_the_implicit_function_theorem():
+    """Landing time t* = (v0 + sqrt(v0^2 + 2 g h0)) / g: its derivatives in g, h0 and v0, by autograd."""
+    g = torch.tensor([9.81, 3.7, 1.6], dtype=torch.float64, requires_grad=True)
+    h0 = torch.tensor([10.0, 5.0, 2.0], dtype=torch.float64, requires_grad=True)
+    v0 = torch.tensor([0.0, 2.0, -1.0], dtype=torch.float64, requires_grad=True)
+
+    def f(t, y, p):
+        return torch.stack([y[:, 1], -p["g"] * torch.ones_like(y[:, 0])], dim=1)
+
+    y0 = torch.stack([h0, v0], dim=1)
+    grid = torch.tensor([0.0, 0.5, 10.0], dtype=torch.float64)
+    sol = odecli.solve(f, y0, 0.0, 10.0, grid, params={"g": g},
+                       events=[Event(lambda t, y, p: y[:, 0], -1, True, "ground")], rtol=1e-10, atol=1e-10)
+    # output times share the step's interpolant with the events: their derivatives stay those at fixed t
+    (dh,) = torch.autograd.grad(sol.y[:, 1, 0].sum(), (g,), retain_graph=True)
+    assert torch.allclose(dh, torch.full((3,), -0.125, dtype=torch.float64), rtol=1e-9)
+    t_hit = sol.events["ground"].t[:, 0]
+    grads = torch.autograd.grad(t_hit.sum(), (g, h0, v0), retain_graph=True)
+    with torch.no_grad():
+        root = torch.sqrt(v0 ** 2 + 2 * g * h0)
+        want = (-(v0 + root) / g ** 2 + h0 / (g * root), 1 / root, (1 + v0 / root) / g)
+    for got, expected in zip(grads, want):
+        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-12), (got, expected)
+    # the state at the event moves with it: the landing speed is -sqrt(v0^2 + 2 g h0)
+    (dv,) = torch.autograd.grad(sol.y_final[:, 1].sum(), (h0,))
+    assert torch.allclose(dv, -g.detach() / root, rtol=1e-9)
+
+
+def test_zero_crossing_time_gradient_matches_finite_differences():
+    k = torch.tensor([0.7, 1.3], dtype=torch.float64, requires_grad=True)
+    y0 = torch.tensor([[1.0, 0.0], [2.0, 0.3]], dtype=torch.float64)
+
+    def f(t, y, p):
+        return torch.stack([y[:, 1], -p["k"] * torch.sin(y[:, 0])], dim=1)
+
+    zero = [Event(lambda t, y, p: y[:, 0], 0, 2, "zero")]
+    sol = odecli.solve(f, y0, 0.0, 30.0, params={"k": k}, events=zero, rtol=1e-11, atol=1e-11)
+    (grad,) = torch.autograd.grad(sol.events["zero"].t[:, 1].sum(), (k,))
+    step = 1e-5
+    with torch.no_grad():
+        up = odecli.solve(f, y0, 0.0, 30.0, params={"k": k + step}, events=zero, rtol=1e-12, atol=1e-12)
+        down = odecli.solve(f, y0, 0.0, 30.0, params={"k": k - step}, events=zero, rtol=1e-12, atol=1e-12)
+    fd = (up.events["zero"].t[:, 1] - down.events["zero"].t[:, 1]) / (2 * step)
+    assert torch.allclose(grad, fd, rtol=1e-5), (grad, fd)

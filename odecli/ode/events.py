@@ -12,6 +12,9 @@ find it again. Several events in one step are taken in time order; a terminal on
 row there (later ones in the step are dropped). Rows without a sign change are untouched:
 every sample takes the steps it takes without events.
 
+Where autograd records (the direct gradient), event times and states carry derivatives by the
+implicit function theorem (:meth:`EventLog._occurrence`).
+
 :class:`EventLog` holds the per-row memory the loop compacts with its rows (g at the last
 accepted point, occurrences so far) and the recorded (sample, time, state) triples, and turns
 them into NaN-padded per-event arrays at the end (:class:`~odecli.ode.solution.EventRecord`).
@@ -161,20 +164,24 @@ class EventLog:
     def step(
         self, idx: Tensor, t: Tensor, h: Tensor, t_new: Tensor, y_new: Tensor, accept: Tensor,
         p: Mapping[str, Tensor], dense: Callable[[], Callable[[Tensor], Tensor]],
+        rhs: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> Found | None:
         """Look for events in the accepted steps (t, t_new] of the working rows ``idx``.
 
         Records every occurrence up to and including a terminal one; returns None when no row
         had a sign change, else a :class:`Found`. ``dense()`` builds the step's interpolant
-        y(theta), called only when some row has a sign change.
+        y(theta), called only when some row has a sign change. ``rhs(t, y)`` (the rows' f) gives
+        event times their derivatives where autograd records (:meth:`_occurrence`).
         """
         with torch.no_grad():
             g_old, g_new = self.g_prev, evaluate(self.events, t_new, y_new.detach(), p)
             hit = crossings(g_old, g_new, self.direction) & accept[:, None]
             self.g_prev = torch.where(accept[:, None], g_new, self.g_prev)
-            if not bool(hit.any()):
-                return None
-            interp = dense()
+        if not bool(hit.any()):
+            return None
+        # Built with autograd as the caller has it: the output times share this interpolant (cached).
+        interp = dense()
+        with torch.no_grad():
             spacing = torch.maximum(t.abs(), t_new.abs()) * torch.finfo(t.dtype).eps + torch.finfo(t.dtype).tiny
             safe_h = torch.where(h == 0, torch.ones_like(h), h)
             tol = RESOLUTION_ULPS * spacing / safe_h.abs()
@@ -195,19 +202,52 @@ class EventLog:
             keep = hit & (theta <= t_stop[:, None])
             self.count = self.count + keep
             ended = ends.any(dim=1)
-            theta_stop = torch.where(ended, t_stop, torch.zeros_like(t_stop))
-            for k in range(len(self.events)):
-                rows = keep[:, k]
-                if bool(rows.any()):
-                    th = theta[:, k].where(rows, torch.zeros_like(theta[:, k]))
-                    t_at = torch.where(th >= 1, t_new, t + th * h)
-                    y_at = torch.where((th >= 1)[:, None], y_new.detach(), interp(th).detach())
-                    self.found.append((idx[rows], torch.full_like(idx[rows], k), t_at[rows], y_at[rows]))
-        if not bool(ended.any()):
-            return Found(hit.any(dim=1), ended, None, None)
-        t_event = torch.where(theta_stop >= 1, t_new, t + theta_stop * h).detach()
-        y_event = torch.where((theta_stop >= 1)[:, None], y_new, interp(theta_stop))
+            stop_event = torch.where(ends, theta, torch.full_like(theta, math.inf)).argmin(dim=1)
+        t_event = y_event = None
+        for k, event in enumerate(self.events):
+            rows = keep[:, k]
+            if not bool(rows.any()):
+                continue
+            th = theta[:, k].where(rows, torch.zeros_like(theta[:, k]))
+            t_at, y_at = self._occurrence(event, th, t, h, t_new, y_new, interp, p, rhs)
+            self.found.append((idx[rows], torch.full_like(idx[rows], k), t_at[rows], y_at[rows]))
+            stops_here = ended & (stop_event == k)
+            if bool(stops_here.any()):
+                t_event = t_at if t_event is None else torch.where(stops_here, t_at, t_event)
+                y_event = y_at if y_event is None else torch.where(stops_here[:, None], y_at, y_event)
         return Found(hit.any(dim=1), ended, t_event, y_event)
+
+    @staticmethod
+    def _occurrence(
+        event: Event, th: Tensor, t: Tensor, h: Tensor, t_new: Tensor, y_new: Tensor,
+        interp: Callable[[Tensor], Tensor], p: Mapping[str, Tensor], rhs: Callable[[Tensor, Tensor], Tensor] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """The event's time and state at ``th`` of the step, differentiable where autograd records.
+
+        The root theta is found without a graph; the implicit function theorem on g(t*, y(t*)) = 0
+        gives dt* = -(dg at fixed t) / (dg/dt along the solution), with dg/dt = g_t + g_y . f, and
+        the state's total change dy* = (dy at fixed t) + f dt*. Written as t* + (g - g.detach()) *
+        (-1 / gdot), the values stay the located ones and autograd carries the derivatives.
+        """
+        at_end = th >= 1
+        t_at = torch.where(at_end, t_new, t + th * h).detach()
+        y_at = torch.where(at_end[:, None], y_new, interp(th))
+        records = torch.is_grad_enabled() and (y_at.requires_grad or any(
+            isinstance(v, Tensor) and v.requires_grad for v in p.values()))
+        if not records or rhs is None:
+            return t_at, y_at.detach()
+        with torch.no_grad():
+            f_at = rhs(t_at, y_at.detach())
+        with torch.enable_grad():
+            tt, yy = t_at.detach().requires_grad_(), y_at.detach().requires_grad_()
+            gg = event.g(tt, yy, {k: v.detach() if isinstance(v, Tensor) else v for k, v in p.items()})
+            g_t, g_y = torch.autograd.grad(gg.sum(), (tt, yy), allow_unused=True)
+        g_dot = (torch.zeros_like(t_at) if g_t is None else g_t) + (
+            torch.zeros_like(t_at) if g_y is None else (g_y * f_at).sum(dim=1))
+        g = event.g(t_at, y_at, p)
+        # g_dot = 0 (a tangential root) has no derivative; 1 there keeps the values finite
+        dt = -(g - g.detach()) / torch.where(g_dot == 0, torch.ones_like(g_dot), g_dot)
+        return t_at + dt, y_at + f_at * dt[:, None]
 
     def records(self, batch: int, n_states: int) -> dict[str, EventRecord]:
         """Every event's occurrences, per sample in time order, NaN-padded to the most any sample had."""

@@ -319,7 +319,7 @@ def solve(
         if log is not None:
             result.dense = functools.cache(result.dense)  # built once for the events and the output times
             found = log.step(w.idx, s.t, o.trial.h, o.t_new, o.trial.y_new, o.accept, {**shared, **w.p},
-                             lambda: result.dense()[0])
+                             lambda: result.dense()[0], bound(w.p))
             if found is not None and found.t_event is not None:
                 o = end_at_events(o, found)
                 n_active = int(o.state.active.sum())
