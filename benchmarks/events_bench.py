@@ -39,14 +39,17 @@ def problem(batch: int, seed: int = 0):
     return y0, k, np.linspace(0, 20, 41)
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up: builds the C library, imports, first-call costs
-    times, result = [], None
+def round_robin(fns: dict, repeats: int) -> dict:
+    """name -> (median seconds, last result), the runs alternated so that the machine's drift (other
+    jobs on a shared VM) hits every variant alike; one untimed warm-up each (builds, imports)."""
+    results = {name: fn() for name, fn in fns.items()}
+    times: dict = {name: [] for name in fns}
     for _ in range(repeats):
-        began = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times), result
+        for name, fn in fns.items():
+            began = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - began)
+    return {name: (statistics.median(times[name]), results[name]) for name in fns}
 
 
 def main() -> int:
@@ -74,18 +77,16 @@ def main() -> int:
         rows.append({"engine": engine, "events": events, "wall_s": seconds, "ratio": seconds / base if base else None,
                      "note": extra})
 
-    plain = NativeRhs(equations, ("k",))
-    base, plain_sol = timed(lambda: solve_native_arrays(plain, y0, 0.0, 20.0, grid, params={"k": k},
-                                                        threads=args.threads, **options), args.repeats)
-    add("native", "none", base, base)
-    for name, events in sets.items():
+    def native(events):
         rhs = NativeRhs(equations, ("k",), events)
-        seconds, sol = timed(lambda: solve_native_arrays(rhs, y0, 0.0, 20.0, grid, params={"k": k},
-                                                         threads=args.threads, **options), args.repeats)
-        count = next(iter(sol.events.values())).count
-        add("native", name, seconds, base, f"{count.mean():.1f} events/sample")
-        if name == "zero crossings":
-            assert np.array_equal(sol.stats["n_steps"], plain_sol.stats["n_steps"])  # same steps
+        return lambda: solve_native_arrays(rhs, y0, 0.0, 20.0, grid, params={"k": k}, threads=args.threads, **options)
+
+    timed = round_robin({"none": native(()), **{name: native(events) for name, events in sets.items()}}, args.repeats)
+    base = timed["none"][0]
+    for name, (seconds, sol) in timed.items():
+        note = "" if name == "none" else f"{next(iter(sol.events.values())).count.mean():.1f} events/sample"
+        add("native", name, seconds, base, note)
+    assert np.array_equal(timed["zero crossings"][1].stats["n_steps"], timed["none"][1].stats["n_steps"])  # same steps
 
     if not args.no_torch:
         import torch
@@ -100,14 +101,15 @@ def main() -> int:
             return torch.stack([y[:, 1], -p["k"] * torch.sin(y[:, 0]) - 0.05 * y[:, 1]], dim=1)
 
         ty0, tk, tgrid = torch.tensor(y0), torch.tensor(k), torch.tensor(grid)
-        torch_sets = {"zero crossings": [Event(lambda t, y, p: y[:, 0], 0, 0, "zero")],
+        torch_sets = {"none": None, "zero crossings": [Event(lambda t, y, p: y[:, 0], 0, 0, "zero")],
                       "terminal": [Event(lambda t, y, p: y[:, 1], -1, 3, "turn")]}
-        tbase, _ = timed(lambda: odecli.solve(f, ty0, 0.0, 20.0, tgrid, params={"k": tk}, **options), args.repeats)
-        add("torch", "none", tbase, tbase)
-        for name, events in torch_sets.items():
-            seconds, _ = timed(lambda: odecli.solve(f, ty0, 0.0, 20.0, tgrid, params={"k": tk}, events=events,
-                                                    **options), args.repeats)
-            add("torch", name, seconds, tbase)
+
+        def loop(events):
+            return lambda: odecli.solve(f, ty0, 0.0, 20.0, tgrid, params={"k": tk}, events=events, **options)
+
+        timed = round_robin({name: loop(events) for name, events in torch_sets.items()}, args.repeats)
+        for name, (seconds, _) in timed.items():
+            add("torch", name, seconds, timed["none"][0])
 
     from scipy.integrate import solve_ivp
 
@@ -126,19 +128,18 @@ def main() -> int:
         return y[1]
 
     turn.direction, turn.terminal = -1, 3
-    sbase, _ = timed(lambda: scipy_loop(None), max(1, args.repeats // 2))
     scale = args.batch / n
-    add("scipy RK45 loop", "none", sbase * scale, sbase * scale, f"{n} samples timed, scaled to B")
-    for name, events in (("zero crossings", [zero]), ("terminal", [turn])):
-        seconds, _ = timed(lambda: scipy_loop(events), max(1, args.repeats // 2))
-        add("scipy RK45 loop", name, seconds * scale, sbase * scale, f"{n} samples timed, scaled to B")
+    timed = round_robin({"none": lambda: scipy_loop(None), "zero crossings": lambda: scipy_loop([zero]),
+                         "terminal": lambda: scipy_loop([turn])}, max(1, args.repeats // 2))
+    for name, (seconds, _) in timed.items():
+        add("scipy RK45 loop", name, seconds * scale, timed["none"][0] * scale, f"{n} samples timed, scaled to B")
     try:
         import diffrax  # noqa: F401
     except ImportError:
         print("# SKIP diffrax: not installed", file=sys.stderr)
 
     print(f"B = {args.batch}, dopri5, rtol = atol = 1e-8, t in [0, 20], 41 output times, "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}, variants alternated")
     print(f"{'engine':<18}{'events':<16}{'wall s':>10}{'vs none':>9}  note")
     for r in rows:
         print(f"{r['engine']:<18}{r['events']:<16}{r['wall_s']:>10.4f}{r['ratio']:>9.2f}  {r['note']}")

@@ -29,6 +29,8 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from odecli.ode.attempt import Limits, LoopState, Span, chunk_attempt, next_attempt_crosses
+from odecli.ode.methods import ExplicitRK
 from odecli.ode.solution import EventRecord
 
 EventFunction = Callable[[Tensor, Tensor, Mapping[str, Tensor]], Tensor]
@@ -282,3 +284,31 @@ def evaluate(events: Sequence[Event], t: Tensor, y: Tensor, p: Mapping[str, Tens
     """(A, E): every event function at (t, y), each broadcast to the rows."""
     values = [torch.as_tensor(e.g(t, y, p)).to(y).expand(y.shape[0]) for e in events]
     return torch.stack(values, dim=1)
+
+
+def explicit_chunk_events(
+    steps: int, method: ExplicitRK, limits: Limits, f: Callable, shared: dict[str, Tensor], p: dict[str, Tensor],
+    s: LoopState, ptr: Tensor, span: Span, events: tuple[Event, ...], direction: Tensor, g_prev: Tensor,
+) -> tuple[LoopState, Tensor, Tensor]:
+    """:func:`~odecli.ode.attempt.explicit_chunk` with events: ``steps`` attempts, one host read.
+
+    A row whose accepted attempt changes the sign of an event's g is put back where it was
+    (state, counters and controller history: the attempt is undone) and waits, like a row that
+    would pass an output time, for the host-driven attempt, which takes the same step again and
+    locates the root; so every row still takes exactly the steps it takes alone, and chunks keep
+    running between events. Returns the state, ``sync`` = (rows still active, rows waiting for
+    the host) and g at each row's last accepted point.
+    """
+    merged = {**shared, **p}
+    pending = torch.zeros_like(s.active)
+    for _ in range(steps):
+        new = chunk_attempt(method, limits, f, merged, s, ptr, span)
+        stepped = new.n_accepted > s.n_accepted
+        g_new = evaluate(events, new.t, new.y.detach(), merged)
+        hit = crossings(g_prev, g_new, direction).any(dim=1) & stepped
+        s = LoopState(*(torch.where(hit.reshape(hit.shape + (1,) * (old.dim() - 1)), old, value)
+                        for old, value in zip(s, new)))
+        g_prev = torch.where((stepped & ~hit)[:, None], g_new, g_prev)
+        pending = pending | hit
+    waiting = next_attempt_crosses(s, ptr, span) | (pending & s.active)
+    return s, torch.stack([s.active.sum(), waiting.sum()]), g_prev

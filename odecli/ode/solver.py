@@ -34,7 +34,7 @@ from odecli.ode.attempt import (
 )
 from odecli.ode.compiled import COMPILE_MODES, FusedStep, fused_step
 from odecli.ode.controllers import ControllerState
-from odecli.ode.events import Event, EventFunction, EventLog, as_events
+from odecli.ode.events import Event, EventFunction, EventLog, as_events, explicit_chunk_events
 from odecli.ode.initial_step import select_initial_step
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.options import SolverOptions
@@ -194,8 +194,8 @@ def solve(
     every :class:`Attempt` after its accept/reject decision; it makes every attempt read the
     host, as ``chunk=1`` does. ``events`` are :class:`~odecli.ode.events.Event` objects or
     callables ``g(t, y, p) -> (B,)`` (with scipy's ``direction``/``terminal`` attributes), located
-    per sample on each accepted step's dense output (:mod:`odecli.ode.events`); they too make
-    every attempt read the host. A terminal event ends its sample there with status 5 ``event``
+    per sample on each accepted step's dense output (:mod:`odecli.ode.events`); a step that
+    changes an event's sign is taken by the host-driven attempt, as one with output times. A terminal event ends its sample there with status 5 ``event``
     (later output times NaN). Returns a :class:`Solution` with per-sample status and statistics,
     and ``events`` (name -> :class:`~odecli.ode.solution.EventRecord`).
     """
@@ -278,9 +278,9 @@ def solve(
     fused = _Fused(compile, f, explicit_attempt) if explicit else None
     # A chunk's masked attempts would cost graph memory when autograd records the solve
     # (direct differentiation), so then every attempt reads the host, as chunk=1 does.
-    # Events too: each accepted step's end is checked for sign changes on the host.
-    chunked = explicit and chunk > 1 and not f_init.requires_grad and on_attempt is None and log is None
-    fused_chunk = _Fused(compile, f, explicit_chunk) if chunked else None
+    chunked = explicit and chunk > 1 and not f_init.requires_grad and on_attempt is None
+    # With events, a chunk leaves a row whose step changes an event's sign for the host (explicit_chunk_events).
+    fused_chunk = _Fused(compile, f, explicit_chunk if log is None else explicit_chunk_events) if chunked else None
     attempts_compiled = 0
     limits = Limits(ctrl, rtol_t, atol_t, _scalar_input(ctrl.dt_min, dtype, device),
                     _scalar_input(ctrl.dt_max, dtype, device), max_steps)
@@ -400,7 +400,11 @@ def solve(
         if fused_chunk is not None and n_crossing == 0:
             compiled = fused_chunk.compiled
             length = chunk if compiled else run_length
-            w.state, sync = fused_chunk(length, method.method, limits, f, shared, w.p, w.state, w.ptr, w.span)
+            if log is None:
+                w.state, sync = fused_chunk(length, method.method, limits, f, shared, w.p, w.state, w.ptr, w.span)
+            else:
+                w.state, sync, log.g_prev = fused_chunk(length, method.method, limits, f, shared, w.p, w.state,
+                                                        w.ptr, w.span, tuple(log.events), log.direction, log.g_prev)
             n_active, n_crossing = sync.tolist()
             iterations += length
             attempts_compiled += length * (compiled and fused_chunk.compiled)  # not if the compile failed
