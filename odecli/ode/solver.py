@@ -34,7 +34,7 @@ from odecli.ode.attempt import (
 )
 from odecli.ode.compiled import COMPILE_MODES, FusedStep, fused_step
 from odecli.ode.controllers import ControllerState
-from odecli.ode.events import Event, EventFunction, EventLog, as_events, explicit_chunk_events
+from odecli.ode.events import Event, EventFunction, EventLog, Found, as_events, explicit_chunk_events
 from odecli.ode.initial_step import select_initial_step
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.options import SolverOptions
@@ -195,8 +195,8 @@ def solve(
     host, as ``chunk=1`` does. ``events`` are :class:`~odecli.ode.events.Event` objects or
     callables ``g(t, y, p) -> (B,)`` (with scipy's ``direction``/``terminal`` attributes), located
     per sample on each accepted step's dense output (:mod:`odecli.ode.events`); a step that
-    changes an event's sign is taken by the host-driven attempt, as one with output times. A terminal event ends its sample there with status 5 ``event``
-    (later output times NaN). Returns a :class:`Solution` with per-sample status and statistics,
+    changes an event's sign is taken by the host-driven attempt, as one with output times. A
+    terminal event ends its sample there with status 5 ``event`` (later output times NaN). Returns a :class:`Solution` with per-sample status and statistics,
     and ``events`` (name -> :class:`~odecli.ode.solution.EventRecord`).
     """
     started = time.perf_counter()
@@ -345,7 +345,7 @@ def solve(
         w.state = new_state
         return n_active, n_crossing
 
-    def end_at_events(o: Outcome, found: Any) -> Outcome:
+    def end_at_events(o: Outcome, found: Found) -> Outcome:
         """Rows a terminal event ended stop at its time and state, with only the output times up to it."""
         ended, t_event, y_event = found.ended, found.t_event, found.y_event
         s = o.state
