@@ -122,6 +122,9 @@ def test_run_file_holds_padded_events_readable_by_xarray(tmp_path, engine):
 
     data = json.loads(summary.output)
     assert data["events"]["ground"]["total"] == 4 and data["events"]["apex"]["samples_with"] == 1
+    picture = tmp_path / "ball.png"
+    drawn = CliRunner().invoke(app, ["plot", str(out), "-o", str(picture)])
+    assert drawn.exit_code == 0 and picture.stat().st_size > 0, drawn.output
 
 
 def test_one_and_two_ranks_write_the_same_event_file(tmp_path, monkeypatch):

@@ -146,6 +146,24 @@ def _draw_trajectories(axes, t, y, status, picked, states, names, labels, sparse
     return handles
 
 
+def _through_terminal_events(h5, t: np.ndarray, y: np.ndarray, status) -> tuple[np.ndarray, np.ndarray]:
+    """Samples a terminal event ended (status 5) drawn on to it: their final point (``t_final``,
+    ``y_final``) follows their last stored one, so a curve does not stop short of its event."""
+    if status is None or not (status == 5).any() or "t_final" not in h5 or "y_final" not in h5:
+        return t, y
+    t_final, y_final = np.asarray(h5["t_final"][...], dtype=float), np.asarray(h5["y_final"][...], dtype=float)
+    if t_final.shape != status.shape or y_final.shape != (status.size, y.shape[2]):
+        return t, y
+    t = np.concatenate([t, np.full((t.shape[0], 1), np.nan)], axis=1)
+    y = np.concatenate([y, np.full((y.shape[0], 1, y.shape[2]), np.nan)], axis=1)
+    for i in np.flatnonzero(status == 5):
+        stored = np.flatnonzero(np.isfinite(y[i]).all(axis=1))
+        at = stored[-1] + 1 if stored.size else 0
+        t[i, at], y[i, at] = t_final[i], y_final[i]
+        t[i, at + 1:], y[i, at + 1:] = np.nan, np.nan
+    return t, y
+
+
 def _draw_events(h5, axes, picked, states, plt) -> list[tuple]:
     """Each event's occurrences (``events/NAME/t`` and ``y``, odecli.io.ode_run) as markers on the
     picked samples' trajectories, one marker shape per event; returns (handle, label) per event drawn."""
@@ -191,6 +209,7 @@ def plot_ode(h5, request: PlotRequest, plt):
         return _plot_phase(h5, request, plt, t, y, status, names, picked, labels)
     states = parse_states(request.states, names)
     t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, states))
+    t, y = _through_terminal_events(h5, t, y, status)
     fig, axes = plt.subplots(len(states), 1, figsize=figure_size("ode", len(states)), dpi=DPI,
                              sharex=True, squeeze=False, layout="constrained")
     handles = _draw_trajectories(axes[:, 0], t, y, status, picked, states, names, labels, sparse, plt)
@@ -214,6 +233,7 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     a, b = pair
     # a phase portrait crosses fast jumps in a few output times: four times the points
     t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, pair), points=16000)
+    t, y = _through_terminal_events(h5, t, y, status)
     fig, ax = plt.subplots(figsize=figure_size("phase"), dpi=DPI, layout="constrained")
     colours = _colours(plt, len(picked))
     handles = []
