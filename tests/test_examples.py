@@ -44,10 +44,13 @@ def test_example_solves(spec: Path, tmp_path: Path, monkeypatch):
     assert out.is_file()
     n_states = len(yaml.safe_load(spec.read_text())["system"]["states"])
     with h5py.File(out, "r") as f:
-        y, status = f["y"][...], f["status"][...]
+        t, y, status, t_final = f["t"][...], f["y"][...], f["status"][...], f["t_final"][...]
     assert y.ndim == 3 and y.shape[2] == n_states
-    assert np.all(status == 0)
-    assert np.all(np.isfinite(y))
+    assert np.all((status == 0) | (status == 5))  # 5: ended at a terminal event (examples/bouncing-ball.yaml)
+    assert np.all(np.isfinite(y[status == 0]))
+    for i in np.flatnonzero(status == 5):  # values up to the event, none after it (either direction)
+        before = (t[i] - t_final[i]) * np.sign(t[i, -1] - t[i, 0]) <= 0
+        assert np.isfinite(y[i, before]).all() and np.isnan(y[i, ~before]).all()
 
 
 @pytest.mark.parametrize("engine", ["torch", "native"])

@@ -19,11 +19,12 @@ import numpy as np
 
 from odecli.errors import InputError, SpecError
 from odecli.ode.controllers import make_controller
-from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
+from odecli.ode.native import NativeEvent, NativeRhs, NativeUnavailable, solve_native_arrays, unsupported_reason
 from odecli.ode.options import SolverOptions
 from odecli.ode.solution import ArraySolution
 from odecli.ode.status import Progress
 from odecli.specs import OdeSpec, build_c_equations
+from odecli.specs.events import c_events
 from odecli.specs.ode import method_table
 
 if TYPE_CHECKING:
@@ -187,10 +188,11 @@ def _solve_native(spec: OdeSpec, device: str, options: SolverOptions,
     why = native_unsupported(spec, device)
     if why:
         return None, why
-    equations = build_c_equations(spec)
+    equations, params = build_c_equations(spec)
+    events = tuple(NativeEvent(*event) for event in c_events(spec.events, spec.states, params, spec.file))
     try:
         solution = solve_native_arrays(
-            NativeRhs(*equations), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
+            NativeRhs(equations, params, events), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
             np.array(spec.t_end), np.array(spec.t_eval, dtype=np.float64),
             params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()},
             options=options, progress=progress,
@@ -206,6 +208,7 @@ def _solve_torch(spec: OdeSpec, device: str, options: SolverOptions,
 
     from odecli.ode.solver import solve
     from odecli.specs import build_rhs, param_tensors
+    from odecli.specs.events import build_events
     from odecli.specs.rhs import python_errors
 
     s = spec.solver
@@ -216,7 +219,8 @@ def _solve_torch(spec: OdeSpec, device: str, options: SolverOptions,
     t_eval = torch.tensor(spec.t_eval, dtype=dtype, device=where)
     with python_errors(spec):
         solution = solve(build_rhs(spec, where), y0, t0, t1, t_eval, params=param_tensors(spec, dtype, where),
-                         options=options, compile=s.compile, progress=progress)
+                         options=options, compile=s.compile, progress=progress,
+                         events=build_events(spec.events, spec.states, spec.params, spec.file))
     # compile: true may switch to the compiled step part way through this solve, or not in it at all.
     solution.extra["engine"] = "torch-compiled" if solution.extra.get("attempts_compiled") else "torch"
     return solution

@@ -9,7 +9,11 @@ dimension scales at :meth:`OdeRunStream.finish`; a whole solution is one chunk. 
 adds the root attribute ``ranks`` and the group ``ranks/`` (:func:`write_ranks`).
 
 Datasets ``t`` (batch, n_eval), ``y`` (batch, n_eval, n_states), ``status`` (batch,), group
-``stats`` of (batch,) counters, group ``params``; root attributes ``kind``, ``states``,
+``stats`` of (batch,) counters, group ``params``; for a spec with ``events:``, one group
+``events/NAME`` per event with ``t`` (sample, occurrence) and ``y`` (sample, occurrence, state)
+NaN-padded to the most occurrences any sample had, and ``count`` (sample,) (an ``occurrence``
+dimension of its own, so ``xarray.open_dataset(path, engine="h5netcdf", group="events/NAME")``
+reads it); root attributes ``kind``, ``states``,
 ``method``, ``rtol``, ``atol``, ``device``, ``engine`` (``native``: the generated C solver,
 ``torch``, ``torch-compiled``), ``spec``, ``odecli_version``, ``wall_time_s``.
 
@@ -68,6 +72,8 @@ def solution_part(solution: Solution | ArraySolution) -> Part:
     part["status"] = part["status"].astype(np.int8)
     part["stats"] = {name: as_numpy(values) for name, values in solution.stats.items()}
     part["engine"] = solution.extra.get("engine", "")
+    part["events"] = {name: {"t": as_numpy(r.t), "y": as_numpy(r.y), "count": as_numpy(r.count).astype(np.int64)}
+                      for name, r in getattr(solution, "events", {}).items()}
     return part
 
 
@@ -120,8 +126,21 @@ class OdeRunStream:
             self.h5[name][rows] = part[name]
         for name, values in part["stats"].items():
             self.h5["stats"][name][rows] = values
+        for name, record in part.get("events", {}).items():
+            self._write_events(name, rows, record)
         self.engines.add(part.get("engine", ""))
         self.written += count
+
+    def _write_events(self, name: str, rows: slice, record: Part) -> None:
+        """One chunk's occurrences of event ``name``; the padded width grows to the most any sample had."""
+        group = self.h5[f"events/{name}"]
+        width = record["t"].shape[1]
+        if width > group["t"].shape[1]:
+            group["t"].resize(width, axis=1)
+            group["y"].resize(width, axis=1)
+        group["t"][rows, :width] = record["t"]
+        group["y"][rows, :width] = record["y"]
+        group["count"][rows] = record["count"]
 
     def finish(self, *, device: str, wall_time_s: float) -> None:
         """Root attributes, ``params`` and dimension scales; every sample must have been written."""
@@ -136,6 +155,7 @@ class OdeRunStream:
             params.create_dataset(name, data=np.asarray(values, dtype=np.float64))
             params[name].attrs["description"] = f"value of parameter {name} (one per sample, or shared)"
         _attach_sample_scale(self.h5)
+        _describe_events(self.h5, self.spec)
 
     def _create(self, part: Part) -> None:
         for name in ROOT_DATASETS:
@@ -146,6 +166,16 @@ class OdeRunStream:
             values = np.asarray(values)
             stats.create_dataset(name, shape=(self.batch,) + values.shape[1:], dtype=values.dtype)
             stats[name].attrs["description"] = f"per-sample solver counter {name}"
+        n_states = len(self.spec.states)
+        rows = max(1, min(self.batch, 4096))
+        for event in self.spec.events:
+            # NaN-padded (sample, occurrence): resizable, since chunks arrive with their own widths.
+            group = self.h5.create_group(f"events/{event.name}")
+            group.create_dataset("t", shape=(self.batch, 0), maxshape=(self.batch, None), dtype=np.float64,
+                                 chunks=(rows, 8), fillvalue=np.nan)
+            group.create_dataset("y", shape=(self.batch, 0, n_states), maxshape=(self.batch, None, n_states),
+                                 dtype=np.float64, chunks=(rows, 8, max(1, n_states)), fillvalue=np.nan)
+            group.create_dataset("count", shape=(self.batch,), dtype=np.int64)
         self._created = True
 
 
@@ -248,6 +278,31 @@ def _add_dimensions(h5, states: list[str]) -> None:
     codes = sorted(STATUS_NAMES)
     h5["status"].attrs["flag_values"] = np.array(codes, dtype=np.int8)
     h5["status"].attrs["flag_meanings"] = " ".join(STATUS_NAMES[c] for c in codes)
+
+
+def _describe_events(h5, spec: OdeSpec) -> None:
+    """Each ``events/NAME`` group as a netCDF group: its own ``occurrence`` dimension, the root's
+    ``sample`` and ``state``, and the event's definition as attributes."""
+    for event in spec.events:
+        group = h5[f"events/{event.name}"]
+        width = group["t"].shape[1]
+        group.create_dataset("occurrence", data=np.arange(width, dtype=np.int64))
+        group["occurrence"].make_scale("occurrence")
+        group["occurrence"].attrs["description"] = "index of the occurrence, in time order"
+        # The state names again, so that xarray, opening only this group, can select by them.
+        group.create_dataset("state", data=np.array(spec.states, dtype=object), dtype=h5py.string_dtype("utf-8"))
+        group["state"].make_scale("state")
+        for dataset, dims in (("t", ("sample", "occurrence")), ("y", ("sample", "occurrence", "state")),
+                              ("count", ("sample",))):
+            for axis, dim in enumerate(dims):
+                group[dataset].dims[axis].attach_scale(group[dim] if dim in ("occurrence", "state") else h5[dim])
+        group["t"].attrs["description"] = f"times of event {event.name} per sample, NaN past the sample's count"
+        group["y"].attrs["description"] = f"states at event {event.name} per sample, NaN past the sample's count"
+        group["y"].attrs["coordinates"] = "t"
+        group["count"].attrs["description"] = f"occurrences of event {event.name} per sample"
+        group.attrs["expression"] = event.expression
+        group.attrs["direction"] = {1: "rising", -1: "falling", 0: "both"}[event.direction]
+        group.attrs["terminal"] = event.terminal
 
 
 def _attach_sample_scale(h5) -> None:

@@ -9,7 +9,7 @@ depend on it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from odecli.ode.status import Status
 
@@ -19,6 +19,20 @@ if TYPE_CHECKING:
 
 PER_SAMPLE_FIELDS = ("t", "y", "status", "t_final", "y_final")
 """The fields holding one row per sample (``stats`` holds a dict of them)."""
+
+
+@dataclass
+class EventRecord:
+    """One event's occurrences, per sample in time order, NaN-padded to the most any sample had.
+
+    ``t`` (B, K) and ``y`` (B, K, n_states) hold the times and states of the occurrences,
+    ``count`` (B,) how many each sample had (the rest of its row is NaN); K = max(count).
+    Tensors in a :class:`Solution`, numpy arrays in an :class:`ArraySolution`.
+    """
+
+    t: Any
+    y: Any
+    count: Any
 
 
 @dataclass
@@ -34,10 +48,12 @@ class Solution:
     wall_time_s: float = 0.0
     method: str = ""
     extra: dict = field(default_factory=dict)
+    events: dict[str, EventRecord] = field(default_factory=dict)  # event name -> its occurrences
 
     @property
     def success(self) -> Tensor:
-        return self.status == Status.SUCCESS
+        """Samples that ended normally: at t_end (status 0) or at a terminal event (status 5)."""
+        return (self.status == Status.SUCCESS) | (self.status == Status.EVENT)
 
 
 @dataclass
@@ -57,10 +73,12 @@ class ArraySolution:
     wall_time_s: float = 0.0
     method: str = ""
     extra: dict = field(default_factory=dict)
+    events: dict[str, EventRecord] = field(default_factory=dict)  # event name -> its occurrences
 
     @property
     def success(self) -> np.ndarray:
-        return self.status == Status.SUCCESS
+        """Samples that ended normally: at t_end (status 0) or at a terminal event (status 5)."""
+        return (self.status == Status.SUCCESS) | (self.status == Status.EVENT)
 
     def to_tensors(self) -> Solution:
         """The same result as a :class:`Solution` (CPU tensors sharing the memory)."""
@@ -70,6 +88,8 @@ class ArraySolution:
             **{name: torch.from_numpy(getattr(self, name)) for name in PER_SAMPLE_FIELDS},
             stats={name: torch.from_numpy(values) for name, values in self.stats.items()},
             wall_time_s=self.wall_time_s, method=self.method, extra=dict(self.extra),
+            events={name: EventRecord(*(torch.from_numpy(v) for v in (r.t, r.y, r.count)))
+                    for name, r in self.events.items()},
         )
 
     @classmethod
@@ -82,4 +102,5 @@ class ArraySolution:
             **{name: numpy(getattr(solution, name)) for name in PER_SAMPLE_FIELDS},
             stats={name: numpy(values) for name, values in solution.stats.items()},
             wall_time_s=solution.wall_time_s, method=solution.method, extra=dict(solution.extra),
+            events={name: EventRecord(numpy(r.t), numpy(r.y), numpy(r.count)) for name, r in solution.events.items()},
         )

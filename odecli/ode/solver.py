@@ -23,7 +23,7 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -34,11 +34,12 @@ from odecli.ode.attempt import (
 )
 from odecli.ode.compiled import COMPILE_MODES, FusedStep, fused_step
 from odecli.ode.controllers import ControllerState
+from odecli.ode.events import Event, EventFunction, EventLog, Found, as_events, explicit_chunk_events
 from odecli.ode.initial_step import select_initial_step
 from odecli.ode.methods import ExplicitRK
 from odecli.ode.options import SolverOptions
 from odecli.ode.solution import Solution
-from odecli.ode.status import STAT_NAMES, Progress
+from odecli.ode.status import STAT_NAMES, Progress, Status
 from odecli.ode.stepper import ExplicitStepper, StepResult
 
 __all__ = ["Attempt", "CHUNK_STEPS", "COMPACT_MIN_ROWS", "RHS", "STAT_NAMES", "Solution", "SolverOptions", "solve"]
@@ -47,6 +48,7 @@ CHUNK_STEPS = 4  # explicit attempts per host read (solve's ``chunk``); compile 
 COMPACT_BELOW = 0.5  # compact the working set when fewer than this fraction of it is active
 COMPACT_MIN_ROWS = 32  # below this, gathering costs more than the rows it saves (and recompiles)
 PROGRESS_INTERVAL_S = 0.2
+EVENT = int(Status.EVENT)
 
 
 @dataclass(frozen=True)
@@ -167,6 +169,7 @@ def solve(
     chunk: int = CHUNK_STEPS,
     progress: Callable[[Progress], None] | None = None,
     on_attempt: Callable[[Attempt], None] | None = None,
+    events: Sequence[Event | EventFunction] | None = None,
     **settings: Any,
 ) -> Solution:
     """Solve ``dy/dt = f(t, y, p)`` for a batch of independent samples.
@@ -189,7 +192,12 @@ def solve(
     ``progress`` is called about every 0.2 s with a :class:`Progress` (it costs one extra
     reduction then, nothing otherwise). ``on_attempt`` (explicit methods only) is called with
     every :class:`Attempt` after its accept/reject decision; it makes every attempt read the
-    host, as ``chunk=1`` does. Returns a :class:`Solution` with per-sample status and statistics.
+    host, as ``chunk=1`` does. ``events`` are :class:`~odecli.ode.events.Event` objects or
+    callables ``g(t, y, p) -> (B,)`` (with scipy's ``direction``/``terminal`` attributes), located
+    per sample on each accepted step's dense output (:mod:`odecli.ode.events`); a step that
+    changes an event's sign is taken by the host-driven attempt, as one with output times. A
+    terminal event ends its sample there with status 5 ``event`` (later output times NaN). Returns a :class:`Solution` with per-sample status and statistics,
+    and ``events`` (name -> :class:`~odecli.ode.solution.EventRecord`).
     """
     started = time.perf_counter()
     options = SolverOptions.of(options, settings)
@@ -252,6 +260,8 @@ def solve(
     full = _FullBatch(t=t0.clone(), y=y0, h=w.state.h.detach().clone(), status=zeros_i.clone(),
                       stats={name: zeros_i.clone() for name in STAT_NAMES + method.counter_names})
     records: list[tuple[Tensor, Tensor, Tensor]] = []
+    event_list = as_events(events)
+    log = EventLog.start(event_list, t0, y0, {**shared, **per_sample}) if event_list else None
 
     def record(rows_valid: Tensor, cols: Tensor, values: Tensor) -> None:
         cols = torch.where(rows_valid, cols, n_eval)  # invalid entries go to a discarded column
@@ -269,7 +279,8 @@ def solve(
     # A chunk's masked attempts would cost graph memory when autograd records the solve
     # (direct differentiation), so then every attempt reads the host, as chunk=1 does.
     chunked = explicit and chunk > 1 and not f_init.requires_grad and on_attempt is None
-    fused_chunk = _Fused(compile, f, explicit_chunk) if chunked else None
+    # With events, a chunk leaves a row whose step changes an event's sign for the host (explicit_chunk_events).
+    fused_chunk = _Fused(compile, f, explicit_chunk if log is None else explicit_chunk_events) if chunked else None
     attempts_compiled = 0
     limits = Limits(ctrl, rtol_t, atol_t, _scalar_input(ctrl.dt_min, dtype, device),
                     _scalar_input(ctrl.dt_max, dtype, device), max_steps)
@@ -304,9 +315,21 @@ def solve(
                         Trial(h, last, result.y1, result.f1, result.err, result.n_evals),
                         retry_nonfinite=True, flagged=flagged)
         max_count, n_active, n_crossing = o.sync.tolist()
+        found = None
+        if log is not None:
+            result.dense = functools.cache(result.dense)  # built once for the events and the output times
+            found = log.step(w.idx, s.t, o.trial.h, o.t_new, o.trial.y_new, o.accept, {**shared, **w.p},
+                             lambda: result.dense()[0], bound(w.p))
+            if found is not None and found.t_event is not None:
+                o = end_at_events(o, found)
+                n_active = int(o.state.active.sum())
         new_state = o.state
+        extra = torch.zeros_like(o.count)
         if max_count > 0:
-            new_state = new_state._replace(n_f_evals=new_state.n_f_evals + record_dense_output(o, result, max_count))
+            extra = record_dense_output(o, result, max_count)
+        if found is not None:  # rows that located a root paid for the dense output, if it costs evaluations
+            extra = torch.maximum(extra, result.dense()[1] * found.located)
+        new_state = new_state._replace(n_f_evals=new_state.n_f_evals + extra)
         for name, increment in result.counters.items():
             w.counters[name] = w.counters[name] + s.active * increment
         accept = o.accept
@@ -321,6 +344,21 @@ def solve(
         w.ptr = w.ptr + o.count
         w.state = new_state
         return n_active, n_crossing
+
+    def end_at_events(o: Outcome, found: Found) -> Outcome:
+        """Rows a terminal event ended stop at its time and state, with only the output times up to it."""
+        ended, t_event, y_event = found.ended, found.t_event, found.y_event
+        s = o.state
+        state = s._replace(t=torch.where(ended, t_event, s.t), y=torch.where(ended[:, None], y_event, s.y),
+                           active=s.active & ~ended, status=torch.where(ended, EVENT, s.status))
+        count, upto = o.count, o.upto
+        if w.span.n_interior is not None:
+            span = w.span
+            upto_event = torch.searchsorted(span.grid, (span.direction * t_event)[:, None], right=True).squeeze(1)
+            upto_event = torch.minimum(torch.minimum(upto_event, span.n_interior), upto)
+            upto = torch.where(ended, upto_event, upto)
+            count = torch.where(ended, upto - w.ptr, count)
+        return o._replace(state=state, count=count, upto=upto)
 
     def record_dense_output(o: Outcome, result: StepResult, max_count: int) -> Tensor:
         """Record y at the interior evaluation times inside this step; returns the extra RHS evaluations."""
@@ -362,7 +400,11 @@ def solve(
         if fused_chunk is not None and n_crossing == 0:
             compiled = fused_chunk.compiled
             length = chunk if compiled else run_length
-            w.state, sync = fused_chunk(length, method.method, limits, f, shared, w.p, w.state, w.ptr, w.span)
+            if log is None:
+                w.state, sync = fused_chunk(length, method.method, limits, f, shared, w.p, w.state, w.ptr, w.span)
+            else:
+                w.state, sync, log.g_prev = fused_chunk(length, method.method, limits, f, shared, w.p, w.state,
+                                                        w.ptr, w.span, tuple(log.events), log.direction, log.g_prev)
             n_active, n_crossing = sync.tolist()
             iterations += length
             attempts_compiled += length * (compiled and fused_chunk.compiled)  # not if the compile failed
@@ -376,7 +418,10 @@ def solve(
             progress(_progress(w, batch, n_active, iterations))
         if compact and w.idx.shape[0] > COMPACT_MIN_ROWS and 0 < n_active <= COMPACT_BELOW * w.idx.shape[0]:
             full.store(w)
-            w = w.take(w.state.active.nonzero().squeeze(1))
+            rows = w.state.active.nonzero().squeeze(1)
+            w = w.take(rows)
+            if log is not None:
+                log.take(rows)
     full.store(w)
     if progress is not None:
         progress(Progress(batch, batch, 1.0, iterations))
@@ -385,7 +430,8 @@ def solve(
     if records:
         rows, cols, values = (torch.cat(parts) for parts in zip(*records))
         y_out = y_out.index_put((rows, cols), values)
-    at_end = (grid == t1[:, None]) & (full.status == SUCCESS)[:, None]
+    reached = (full.status == SUCCESS) | ((full.status == EVENT) & (full.t == t1))
+    at_end = (grid == t1[:, None]) & reached[:, None]
     y_out = torch.where(at_end[:, :, None], full.y[:, None, :], y_out[:, :n_eval])
     stats = dict(full.stats)
     stats["dt0"] = h_abs
@@ -394,6 +440,7 @@ def solve(
         t=grid, y=y_out, status=full.status, stats=stats,
         t_final=full.t, y_final=full.y, wall_time_s=time.perf_counter() - started, method=method.name,
         extra={"attempts": iterations, "attempts_compiled": attempts_compiled} if compile and explicit else {},
+        events=log.records(batch, n_states) if log is not None else {},
     )
 
 

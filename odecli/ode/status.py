@@ -1,6 +1,7 @@
 """What a solve reports, free of torch: per-sample status codes, counter names, progress snapshots.
 
-The status numbering is torchode's, so files from either are comparable.
+The status numbering is torchode's (0-4), so files from either are comparable; 5 ``event`` is
+odecli's own (a terminal event ended the sample).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class Status(enum.IntEnum):
     REACHED_DT_MIN = 2
     REACHED_MAX_STEPS = 3
     INFINITE_NORM = 4
+    EVENT = 5  # odecli's own: a terminal event ended the sample (torchode has no events)
 
     @property
     def label(self) -> str:
@@ -40,6 +42,7 @@ _DESCRIPTIONS = {
     Status.REACHED_DT_MIN: "step size below dt_min",
     Status.REACHED_MAX_STEPS: "max_steps reached",
     Status.INFINITE_NORM: "non-finite values",
+    Status.EVENT: "stopped at a terminal event",
 }
 
 

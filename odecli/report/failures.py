@@ -23,7 +23,7 @@ class FailureTally:
 
     def add(self, start: int, status: np.ndarray, t_final: np.ndarray) -> None:
         """Samples ``start .. start + len(status) - 1`` with their statuses and stopping times."""
-        failed = np.flatnonzero(status != 0)
+        failed = np.flatnonzero((status != Status.SUCCESS) & (status != Status.EVENT))  # a terminal event is an end, not a failure
         self.counts.update(int(code) for code in status[failed])
         if failed.size and (self.first is None or start + failed[0] < self.first[0]):
             i = int(failed[0])

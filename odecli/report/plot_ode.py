@@ -30,6 +30,14 @@ def _state_names(h5, n_states: int) -> list[str]:
     return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
 
 
+EVENT_MARKERS = ("X", "v", "^", "D", "s", "P", "*")  # one per event, in the sample's colour
+
+
+def _failed(code) -> bool:
+    """A sample that did not end normally: not at t_end (status 0) and not at a terminal event (5)."""
+    return int(code) not in (0, 5)
+
+
 def _status_label(code: int) -> str:
     from odecli.ode.status import STATUS_NAMES
 
@@ -127,7 +135,7 @@ def _draw_trajectories(axes, t, y, status, picked, states, names, labels, sparse
     handles = []
     for panel, (ax, s) in enumerate(zip(axes, states)):
         for colour, i in zip(colours, picked):
-            failed = status is not None and int(status[i]) != 0
+            failed = status is not None and _failed(status[i])
             label = labels[i] + (f" [failed: {_status_label(status[i])}]" if failed else "")
             line = _draw_line(ax, t[i], y[i, :, s], colour, failed, sparse, label)
             if panel == 0:
@@ -136,6 +144,51 @@ def _draw_trajectories(axes, t, y, status, picked, states, names, labels, sparse
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("t")
     return handles
+
+
+def _through_terminal_events(h5, t: np.ndarray, y: np.ndarray, status) -> tuple[np.ndarray, np.ndarray]:
+    """Samples a terminal event ended (status 5) drawn on to it: their final point (``t_final``,
+    ``y_final``) follows their last stored one, so a curve does not stop short of its event."""
+    if status is None or not (status == 5).any() or "t_final" not in h5 or "y_final" not in h5:
+        return t, y
+    t_final, y_final = np.asarray(h5["t_final"][...], dtype=float), np.asarray(h5["y_final"][...], dtype=float)
+    if t_final.shape != status.shape or y_final.shape != (status.size, y.shape[2]):
+        return t, y
+    t = np.concatenate([t, np.full((t.shape[0], 1), np.nan)], axis=1)
+    y = np.concatenate([y, np.full((y.shape[0], 1, y.shape[2]), np.nan)], axis=1)
+    for i in np.flatnonzero(status == 5):
+        stored = np.flatnonzero(np.isfinite(y[i]).all(axis=1))
+        at = stored[-1] + 1 if stored.size else 0
+        t[i, at], y[i, at] = t_final[i], y_final[i]
+        t[i, at + 1:], y[i, at + 1:] = np.nan, np.nan
+    return t, y
+
+
+def _draw_events(h5, axes, picked, states, plt) -> list[tuple]:
+    """Each event's occurrences (``events/NAME/t`` and ``y``, odecli.io.ode_run) as markers on the
+    picked samples' trajectories, one marker shape per event; returns (handle, label) per event drawn."""
+    if "events" not in h5:
+        return []
+    colours = _colours(plt, len(picked))
+    marks = []
+    for k, (name, group) in enumerate(sorted(h5["events"].items())):
+        if not all(key in group for key in ("t", "y")):
+            continue
+        t_ev, y_ev = np.asarray(group["t"][...], dtype=float), np.asarray(group["y"][...], dtype=float)
+        if t_ev.ndim != 2 or y_ev.shape[:2] != t_ev.shape or t_ev.shape[0] <= max(picked, default=0):
+            raise InputError(f"{h5.filename}: events/{name}: t has shape {t_ev.shape} and y {y_ev.shape}, "
+                             f"expected (sample, occurrence) and (sample, occurrence, state)")
+        handle = None
+        for ax, s in zip(axes, states):
+            for colour, i in zip(colours, picked):
+                hit = np.isfinite(t_ev[i])
+                if hit.any():
+                    handle = ax.plot(t_ev[i, hit], y_ev[i, hit, s], EVENT_MARKERS[k % len(EVENT_MARKERS)],
+                                     markerfacecolor=colour, markeredgecolor="black", markeredgewidth=0.6,
+                                     markersize=6, linestyle="none", zorder=5)[0]
+        if handle is not None:
+            marks.append((handle, f"event {name}"))
+    return marks
 
 
 def _title(h5, n_samples: int) -> str:
@@ -149,19 +202,22 @@ def plot_ode(h5, request: PlotRequest, plt):
     names = _state_names(h5, y.shape[2])
     picked = parse_samples(request.samples, y.shape[0], request.notes)
     labels = _sample_labels(h5, y.shape[0])
-    if status is not None and (status[picked] != 0).any():
-        request.notes.append(f"{int((status[picked] != 0).sum())} of the shown samples failed (drawn dashed)")
+    failed = [i for i in picked if status is not None and _failed(status[i])]
+    if failed:
+        request.notes.append(f"{len(failed)} of the shown samples failed (drawn dashed)")
     if request.phase is not None:
         return _plot_phase(h5, request, plt, t, y, status, names, picked, labels)
     states = parse_states(request.states, names)
     t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, states))
+    t, y = _through_terminal_events(h5, t, y, status)
     fig, axes = plt.subplots(len(states), 1, figsize=figure_size("ode", len(states)), dpi=DPI,
                              sharex=True, squeeze=False, layout="constrained")
     handles = _draw_trajectories(axes[:, 0], t, y, status, picked, states, names, labels, sparse, plt)
+    marks = _draw_events(h5, axes[:, 0], picked, states, plt)
     _log_scales(axes[:, 0], request, t, y, picked, states)
     if sparse:
         request.notes.append(_sparse_note(t))
-    figure_legend(fig, handles, [h.get_label() for h in handles], request.notes)
+    figure_legend(fig, handles, [h.get_label() for h in handles], request.notes, always=marks)
     # the title over the axes, not the figure: a figure title would run under the legend beside them
     axes[0, 0].set_title(_title(h5, y.shape[0]), fontsize="medium")
     add_notes(fig, request.notes)
@@ -177,11 +233,12 @@ def _plot_phase(h5, request: PlotRequest, plt, t, y, status, names, picked, labe
     a, b = pair
     # a phase portrait crosses fast jumps in a few output times: four times the points
     t, y, sparse = _densify(h5, request, t, y, status, picked, is_sparse(t, y, picked, pair), points=16000)
+    t, y = _through_terminal_events(h5, t, y, status)
     fig, ax = plt.subplots(figsize=figure_size("phase"), dpi=DPI, layout="constrained")
     colours = _colours(plt, len(picked))
     handles = []
     for colour, i in zip(colours, picked):
-        failed = status is not None and int(status[i]) != 0
+        failed = status is not None and _failed(status[i])
         label = labels[i] + (f" [failed: {_status_label(status[i])}]" if failed else "")
         handles.append(_draw_line(ax, y[i, :, a], y[i, :, b], colour, failed, sparse, label))
     # the initial states last and on top, so no trajectory hides them

@@ -10,6 +10,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from odecli.errors import InputError
 from odecli.io.layout import open_run, require, run_kind
 from odecli.ode.status import STATUS_NAMES
 
@@ -101,6 +102,8 @@ def ode_summary(h5: h5py.File, per_sample: bool = False) -> dict[str, Any]:
             "samples": ranks["samples"][...].tolist(), "chunks": int(ranks["chunk_start"].size),
             "idle_fraction": float(idle.sum() / (busy + idle).sum()) if (busy + idle).sum() > 0 else 0.0,
         }
+    if "events" in h5:
+        summary["events"] = _events_summary(h5)
     if per_sample:
         summary["per_sample"] = [
             {"sample": i, "status": STATUS_NAMES.get(int(status[i]), str(status[i])),
@@ -134,6 +137,15 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
         d = summary[label]
         counters.add_row(label, f"{d['mean']:.1f}", f"{d['min']:.0f}", f"{d['max']:.0f}", f"{d['total']:.0f}")
     console.print(counters)
+    if summary.get("events"):
+        table = Table(title="events")
+        for column in ("event", "definition", "samples with", "total", "max per sample"):
+            table.add_column(column, justify="right")
+        for name, e in summary["events"].items():
+            terminal = "" if not e["terminal"] else f", terminal {e['terminal']}"
+            table.add_row(name, f"{e['expression']} ({e['direction']}{terminal})", str(e["samples_with"]),
+                          str(e["total"]), str(e["max"]))
+        console.print(table)
     if "ranks" in summary:
         r = summary["ranks"]
         table = Table(title=f"{r['ranks']} ranks, idle {r['idle_fraction']:.1%}")
@@ -157,6 +169,25 @@ def render_ode_summary(summary: dict[str, Any], console: Console) -> None:
         for row_cells in cells:
             rows.add_row(*row_cells)
         console.print(rows)
+
+
+def _events_summary(h5: h5py.File) -> dict[str, dict[str, Any]]:
+    """Per event of ``events/NAME`` (odecli.io.ode_run): occurrences in all, per sample at most,
+    samples with any, and its definition."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, group in h5["events"].items():
+        if not isinstance(group, h5py.Group) or "count" not in group:
+            continue
+        count = group["count"][...]
+        if count.shape != h5["status"].shape:
+            raise InputError(f"{h5.filename}: events/{name}/count has shape {count.shape}, "
+                             f"expected {h5['status'].shape} (one per sample)")
+        out[name] = {
+            "total": int(count.sum()), "max": int(count.max(initial=0)), "samples_with": int((count > 0).sum()),
+            "expression": str(group.attrs.get("expression", "")), "direction": str(group.attrs.get("direction", "")),
+            "terminal": int(group.attrs.get("terminal", 0)),
+        }
+    return out
 
 
 def _plain_table(columns: tuple[str, ...], cells: list[list[str]]) -> str:

@@ -29,6 +29,7 @@ from msgspec import Meta
 
 from odecli.errors import SpecError
 from odecli.specs.declare import INFINITE, Problems, Section, check_keys, expected, read
+from odecli.specs.events import EventDecl, EventSpec, read_events
 from odecli.specs.expr import CONSTANTS, FUNCTIONS, compile_expression
 from odecli.specs.loader import describe, load_yaml
 from odecli.specs.outputs import default_output
@@ -119,6 +120,7 @@ class OdeDocument(Section, frozen=True, kw_only=True):
     time: Time
     solver: SolverSpec = msgspec.field(default_factory=SolverSpec)
     output: Optional[str] = None
+    events: Optional[list[EventDecl]] = None
 
 
 TOP_KEYS = tuple(OdeDocument.__struct_fields__)
@@ -145,6 +147,7 @@ class OdeSpec:
     t_eval: list[list[float]]
     solver: SolverSpec
     output: str | None
+    events: tuple[EventSpec, ...] = ()  # odecli.specs.events
 
     @property
     def default_output(self) -> str:
@@ -228,6 +231,8 @@ def _validate(
         t_eval = _eval(time.get("eval"), t_start, t_end, batch, report)
     solver = _solver(data.get("solver"), methods, report)
     output = _output(data.get("output"), report)
+    event_names = None if states is None else set(states) | set(params) | {"t"}
+    events = read_events(data.get("events"), event_names, file, report)
 
     if report.messages:
         return None
@@ -249,6 +254,7 @@ def _validate(
         t_eval=t_eval,
         solver=solver,
         output=output,
+        events=events,
     )
 
 

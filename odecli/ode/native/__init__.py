@@ -7,9 +7,9 @@ The entry points are :mod:`.solve` (``solve_native``, ``solve_native_arrays``) a
 
 from odecli.ode.native.engine import unsupported_reason
 from odecli.ode.native.mlp import NativeMLP
-from odecli.ode.native.rhs import NativeRhs, NativeUnavailable
+from odecli.ode.native.rhs import NativeEvent, NativeRhs, NativeUnavailable
 from odecli.ode.native.solve import solve_native, solve_native_arrays
 from odecli.ode.solution import ArraySolution
 
-__all__ = ["ArraySolution", "NativeMLP", "NativeRhs", "NativeUnavailable", "solve_native", "solve_native_arrays",
+__all__ = ["ArraySolution", "NativeEvent", "NativeMLP", "NativeRhs", "NativeUnavailable", "solve_native", "solve_native_arrays",
            "unsupported_reason"]

@@ -39,7 +39,7 @@ CONFIG_FIELDS = ("rtol", "atol", "safety", "factor_min", "factor_max", "dt_min",
 """Order of the doubles in the ``cfg`` array the solver reads at run time."""
 INT_STATS = ("status", "n_steps", "n_accepted", "n_rejected", "n_f_evals")
 FLOAT_STATS = ("dt0", "dt_final", "t_final")
-_STATUSES = (Status.SUCCESS, Status.REACHED_DT_MIN, Status.REACHED_MAX_STEPS, Status.INFINITE_NORM)
+_STATUSES = (Status.SUCCESS, Status.REACHED_DT_MIN, Status.REACHED_MAX_STEPS, Status.INFINITE_NORM, Status.EVENT)
 SOLVER_FLAGS = ("-fno-trapping-math",)
 """Compiler flags of every generated solver: GCC may then compute both sides of a choice, so the
 controller's lane loops vectorise. No result changes (odecli never reads floating-point
@@ -88,6 +88,28 @@ static inline void rhs_lanes(const double *restrict tl, double Y[restrict N][W],
         (void)t; (void)y; (void)p;
 {lane_body}
     }}
+}}
+"""
+
+
+def events_c(expressions: Sequence[str], directions: Sequence[int], terminal: Sequence[int]) -> str:
+    """``NE``, ``EV_DIR``, ``EV_TERM`` and ``events_g`` (every event function of one sample) for
+    ``solver_events.c``; empty without events. Expressions are C text over ``t``, ``y[i]``, ``p[j]``
+    as the equations are."""
+    if not expressions:
+        return ""
+    body = "\n".join(f"    g[{e}] = {text};" for e, text in enumerate(expressions))
+    return f"""\
+#define NE {len(expressions)}
+static const int EV_DIR[NE] = {{{", ".join(str(int(d)) for d in directions)}}};
+static const int64_t EV_TERM[NE] = {{{", ".join(str(int(n)) for n in terminal)}}};
+
+/* Every event function of one sample at (t, y). */
+static inline void events_g(double t, const double *restrict y, const double *restrict p, const double *restrict w,
+                            double *restrict g)
+{{
+    (void)t; (void)y; (void)p; (void)w;
+{body}
 }}
 """
 

@@ -11,12 +11,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from odecli.ode.native.codegen import equations_c
+from odecli.ode.native.codegen import equations_c, events_c
 from odecli.ode.native.vjp import equations_pullback_c
 
 
 class NativeUnavailable(RuntimeError):
     """The generated solver cannot run here (no compiler, turned off, unsupported input)."""
+
+
+@dataclass(frozen=True)
+class NativeEvent:
+    """An event as C: ``expression`` over ``t``, ``y[i]``, ``p[j]`` (as the equations), its direction
+    (+1 rising, -1 falling, 0 both), terminal count (0: recorded only) and name."""
+
+    expression: str
+    direction: int = 0
+    terminal: int = 0
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,8 @@ class NativeRhs:
 
     equations: tuple[str, ...]
     params: tuple[str, ...] = ()
+    events: tuple[NativeEvent, ...] = ()
+    """Events located per sample on the dense output (:mod:`odecli.ode.native.events`)."""
 
     c_flags = ()
     """Compiler flags this right-hand side's C needs beyond :data:`odecli.native.FLAGS`."""
@@ -39,7 +52,8 @@ class NativeRhs:
 
     def c_source(self) -> str:
         """``rhs`` and ``rhs_lanes`` in C (:func:`~odecli.ode.native.codegen.equations_c`)."""
-        return equations_c(self.equations)
+        return equations_c(self.equations) + events_c(
+            [e.expression for e in self.events], [e.direction for e in self.events], [e.terminal for e in self.events])
 
     def shared_weights(self) -> np.ndarray:
         """Values every sample reads (none for expressions; one element keeps a valid pointer)."""

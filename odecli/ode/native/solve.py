@@ -50,6 +50,10 @@ def solve_native_arrays(
     started = time.perf_counter()
     options = SolverOptions.of(options, settings)
     job = prepare_job(rhs, y0, t_start, t_end, t_eval, params=params, options=options)
+    if getattr(rhs, "events", ()):
+        from odecli.ode.native.events import solve_job_with_events
+
+        return solve_job_with_events(rhs, options.method, job, threads, progress, started)
     return solve_job(rhs, options.method, job, threads, progress, started)
 
 

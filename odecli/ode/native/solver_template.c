@@ -28,6 +28,10 @@ static inline double clamp_max(double x, double hi) { return x > hi ? hi : x; }
 
 #include "solver_generated.h"
 
+#ifndef NE
+#define NE 0  /* events (odecli.ode.native.events): their functions and constants come with the right-hand side */
+#endif
+
 #include "libm_pow.c"  /* pow_lanes: the controller's powers over all lanes, bit for bit libm's pow */
 
 /* Hairer-Norsett-Wanner initial step (odecli.ode.initial_step), for one sample. */
@@ -62,6 +66,9 @@ typedef struct {
     int64_t n_eval, n_params, auto_dt0, max_steps;
     double *yout, *fstat, *yfinal;
     int64_t *istat;
+    int64_t ev_cap;            /* occurrences kept per sample and event (0: no events recorded) */
+    double *ev_t, *ev_y;       /* (B, NE, ev_cap) times and (B, NE, ev_cap, N) states */
+    int64_t *ev_count;         /* (B, NE) occurrences, also those beyond ev_cap */
     double rtol, atol, safety, factor_min, factor_max, dt_min, dt_max, beta1, beta2, beta3, inv_k;
 } Job;
 
@@ -75,6 +82,10 @@ typedef struct {
     int64_t last[W], accept[W], rejected_last[W], running[W], status[W];
     int64_t n_steps[W], n_accepted[W], n_rejected[W], n_f_evals[W];
     int64_t sample[W], ptr[W], n_interior[W];
+#if NE > 0
+    double g_prev[NE][W];      /* the events' g at the last accepted point */
+    int64_t ev_n[NE][W];       /* their occurrences so far */
+#endif
 } Lanes;
 
 /* Store lane l's statistics and final state into its sample's rows. */
@@ -83,7 +94,7 @@ static void finish(Lanes *restrict L, int l, const Job *restrict job)
     const int64_t i = L->sample[l];
     double y[N];
     for (int k = 0; k < N; k++) y[k] = L->y[k][l];
-    if (L->status[l] == SUCCESS)
+    if (L->status[l] == SUCCESS || (L->status[l] == EVENT && L->t[l] == L->t1[l]))
         for (int64_t j = 0; j < job->n_eval; j++)
             if (job->grid[i * job->n_eval + j] == L->t1[l]) memcpy(job->yout + (i * job->n_eval + j) * N, y, sizeof y);
     int64_t *istat = job->istat + i * 5;
@@ -121,6 +132,11 @@ static int start(Lanes *restrict L, int l, const Job *restrict job, int64_t i)
     }
     for (int64_t j = 0; j < job->n_eval; j++) n_interior += grid[j] * dir < dir * t1;
     L->ptr[l] = ptr; L->n_interior[l] = n_interior;
+#if NE > 0
+    double g[NE];
+    events_g(t0, y0, p, job->shared, g);
+    for (int e = 0; e < NE; e++) { L->g_prev[e][l] = g[e]; L->ev_n[e][l] = 0; }
+#endif
     if (t1 == t0) {
         finish(L, l, job);
         return 0;
@@ -210,13 +226,16 @@ static void control(Lanes *restrict L, const Job *restrict job)
     }
 }
 
-/* Lane l's evaluation times inside its accepted step [t, t_new] (before the step is taken). */
-static void dense_output(Lanes *restrict L, int l, const Job *restrict job)
+/* Lane l's evaluation times inside its accepted step [t, t_limit] (before the step is taken);
+ * t_limit is t_new, or an earlier terminal event's time. *prepared: the dense output's extra
+ * stages are computed (by the events or here). */
+static void dense_output(Lanes *restrict L, int l, const Job *restrict job, int *restrict prepared_flag,
+                         double t_limit)
 {
     const int64_t i = L->sample[l];
     const double *grid = job->grid + i * job->n_eval, t = L->t[l], hs = L->hs[l], dir = L->dir[l];
-    int prepared = 0;
-    while (L->ptr[l] < L->n_interior[l] && grid[L->ptr[l]] * dir <= dir * L->t_new[l]) {
+    int prepared = *prepared_flag;
+    while (L->ptr[l] < L->n_interior[l] && grid[L->ptr[l]] * dir <= dir * t_limit) {
         double t_at = grid[L->ptr[l]] * dir * dir, *out = job->yout + (i * job->n_eval + L->ptr[l]) * N;
         if (t_at == L->t_new[l]) {
             for (int k = 0; k < N; k++) out[k] = L->y1[k][l];
@@ -229,7 +248,12 @@ static void dense_output(Lanes *restrict L, int l, const Job *restrict job)
         }
         L->ptr[l]++;
     }
+    *prepared_flag = prepared;
 }
+
+#if NE > 0
+#include "solver_events.c"  /* event_step: sign changes of g located on the dense output */
+#endif
 
 /* Accepted lanes move to t_new: y1 becomes y and f(t_new, y1) (with what it keeps) the next
  * step's first stage. */
@@ -307,8 +331,22 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
         for (int l = 0; l < W; l++) {
             if (!busy[l] || !L->accept[l]) continue;
             const int64_t first_output = L->ptr[l];
-            if (L->ptr[l] < L->n_interior[l]) dense_output(L, l, job);
+            int prepared = 0;
+            double t_limit = L->t_new[l];
+#if NE > 0
+            double y_event[N];
+            const int ended = job->ev_count ? event_step(L, l, job, &prepared, &t_limit, y_event) : 0;
+#endif
+            if (L->ptr[l] < L->n_interior[l]) dense_output(L, l, job, &prepared, t_limit);
             record_step(rec, L, l, first_output);
+#if NE > 0
+            if (ended) {  /* the sample ends at the event: take_steps moves it there */
+                for (int k = 0; k < N; k++) L->y1[k][l] = y_event[k];
+                L->t_new[l] = t_limit;
+                L->status[l] = EVENT;
+                L->running[l] = 0;
+            }
+#endif
         }
         take_steps(L);
         for (int l = 0; l < W; l++) {
@@ -322,6 +360,22 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
     free(L);
     return 0;
 }
+
+#if NE > 0
+/* solve_samples with the events recorded: ev_cap occurrences per sample and event into ev_t
+ * (B, NE, ev_cap) and ev_y (B, NE, ev_cap, N), their number (beyond ev_cap too) into ev_count (B, NE). */
+int solve_samples_events(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                         const double *y0, const double *t0, const double *t1, const double *grid,
+                         const double *params, const double *dt0, int64_t auto_dt0, const double *cfg,
+                         int64_t max_steps, double *yout, int64_t *istat, double *fstat, double *yfinal,
+                         const double *shared, int64_t ev_cap, double *ev_t, double *ev_y, int64_t *ev_count)
+{
+    Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
+                       istat, fstat, yfinal, shared);
+    job.ev_cap = ev_cap; job.ev_t = ev_t; job.ev_y = ev_y; job.ev_count = ev_count;
+    return solve_range(&job, i0, i1 - i0, NULL, NULL);
+}
+#endif
 
 /* Samples [i0, i1) of the batch; every array is row-major with the batch first, and shared holds
  * the weights every sample's right-hand side reads. 0, or -1 when out of memory. */
