@@ -125,7 +125,8 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     unk = problem.unknown
     space = Space(comm, unk.distributed)
     layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
-    opt = make_optimizer(settings, unk.params, space)
+    opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
+                         iterations=n_iter)
 
     with torch.no_grad():
         initial_field = _gather_np(unk.field(), problem, comm)

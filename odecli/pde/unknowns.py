@@ -48,6 +48,17 @@ class Transform:
     def max_value(self):
         return self.hi if self.kind in ("clamp", "sigmoid") else None
 
+    def scale(self, magnitude: float) -> float:
+        """The natural range of the variable the optimiser moves (``p``), for scale-aware steps:
+        the bounds' width where ``p`` is in the field's units (clamp, none with bounds), 4 for a
+        logit (sigmoid: a step of 1 % of it moves a mid-range value by 1 % of the range), else
+        ``magnitude`` (the largest |initial value|, above the lower bound for softplus)."""
+        if self.kind == "sigmoid":
+            return 4.0
+        if self.kind in ("clamp", "none") and self.lo is not None and self.hi is not None:
+            return float(self.hi - self.lo)
+        return magnitude if magnitude > 0 and magnitude == magnitude else 1.0
+
 
 class Unknown:
     """Base: ``params`` (leaf tensors), ``distributed`` flags, ``names``, and ``field()``."""
@@ -70,6 +81,18 @@ class Unknown:
 
     def raw_field(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def scales(self, global_max) -> list[float]:
+        """Collective: each parameter's natural range (:meth:`Transform.scale`); ``global_max``
+        takes a local tensor to its maximum over the ranks."""
+        with torch.no_grad():
+            out = []
+            for p in self.params:
+                v = self.transform.forward(p)
+                if self.transform.kind == "softplus":
+                    v = v - self.transform.lo
+                out.append(self.transform.scale(float(global_max(v.abs()))))
+            return out
 
     def field(self) -> torch.Tensor:
         f = self.raw_field()
@@ -115,6 +138,10 @@ class MLPUnknown(Unknown):
         self.inputs = self.inputs.reshape(-1, 2)
         self.base_p = float(self.transform.inverse(torch.tensor(float(spec["base"]), dtype=torch.float64)))
         self.act = _ACT[spec["activation"]]
+
+    def scales(self, global_max) -> list[float]:
+        """The weights are O(1) by their initialisation: scale 1 (``scale`` maps them to the field)."""
+        return [1.0] * len(self.params)
 
     def raw_field(self):
         h = self.inputs
