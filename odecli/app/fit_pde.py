@@ -26,7 +26,8 @@ from odecli.errors import InputError, OdecliError
 from odecli.io.pde_run import write_result
 from odecli.optim import Space, make_optimizer
 from odecli.parallel.comm import get_comm
-from odecli.parallel.ops import gather_global
+from odecli.io.model_files import with_model_arrays
+from odecli.parallel.ops import broadcast, gather_global
 from odecli.pde.timing import CommTimer
 from odecli.specs.outputs import fit_output_of
 from odecli.specs.pde import load_spec
@@ -123,6 +124,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     timer = CommTimer()
     problem = Problem(spec, comm, timer)
     unk = problem.unknown
+    _pretrain(unk, problem, comm)
     space = Space(comm, unk.distributed)
     layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
     opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
@@ -219,6 +221,21 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     if comm.size > 1:
         comm.barrier()
     return 0
+
+
+def _pretrain(unk, problem: Problem, comm) -> None:
+    """An MLP unknown with an ``initial`` model is fitted to it first; rank 0's weights are then
+    everyone's (the ranks' arithmetic may round differently on different thread counts)."""
+    if not hasattr(unk, "pretrain"):
+        return
+    initial = unk.spec.get("initial")
+    if initial is not None:
+        initial = with_model_arrays(initial, problem.spec["base_dir"])
+    unk.pretrain(initial)
+    if comm.size > 1:
+        with torch.no_grad():
+            for p in unk.params:
+                p.copy_(broadcast(p.detach(), comm, root=0))
 
 
 def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dict:
