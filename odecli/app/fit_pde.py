@@ -36,7 +36,8 @@ HISTORY_KEYS = (*LOSS_COLUMNS, "misfit", "regularization", "model_error")
 CHECKPOINT_KIND = "pde-inverse-checkpoint"
 # The run file's ``stop_reason`` for each way the loop stops (the words PDE runs have always used).
 STOP_REASONS = {Stop.ITERATIONS: "iterations", Stop.LOSS_CHANGE: "tolerance", Stop.GRADIENT: "zero gradient",
-                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed"}
+                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed",
+                Stop.RISING: "rising loss", Stop.NON_FINITE: "non-finite gradient"}
 
 
 def default_output(spec_path: Path) -> Path:
@@ -170,6 +171,8 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         log=(lambda line: console.print(line, highlight=False)) if console else None,
         extra_log=objective.progress)
     history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
+    if outcome.message:  # a stop that is not convergence says what happened and what to try
+        stop_reason = f"{stop_reason}: {outcome.message}"
 
     timing = objective.timing()
     with torch.no_grad():
