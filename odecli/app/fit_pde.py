@@ -21,6 +21,7 @@ import torch
 
 from odecli.app import checkpoint as ckpt
 from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
+from odecli.app.fit_smoothing import grid_smoother, smoothing_cells
 from odecli.app.pde_problem import Problem, collective
 from odecli.errors import InputError, OdecliError
 from odecli.io.pde_run import write_result
@@ -128,8 +129,10 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     _pretrain(unk, problem, comm)
     space = Space(comm, unk.distributed)
     layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
+    smoother = grid_smoother(smoothing_cells(settings.smoothing, problem.grid.shape), problem.decomp,
+                             comm, unk.distributed)
     opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
-                         iterations=n_iter)
+                         iterations=n_iter, precondition=smoother)
 
     with torch.no_grad():
         initial_field = _gather_np(unk.field(), problem, comm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from odecli.optim.adam import Adam
 from odecli.optim.bounds import Box
@@ -14,7 +15,8 @@ from odecli.optim.step import Optimizer
 
 def make_optimizer(settings: OptimizerSettings, params: Vector, space: Space, bounds: Box | None = None,
                    max_first_step: float = math.inf, scales: list[float] | None = None,
-                   iterations: int | None = None) -> Optimizer:
+                   iterations: int | None = None,
+                   precondition: Callable[[Vector], Vector] | None = None) -> Optimizer:
     """The optimiser ``settings.type`` names, moving ``params`` in place (see :class:`LBFGS` for
     ``max_first_step``; ``scales``: each parameter's natural range, see :mod:`odecli.optim.adam`;
     ``iterations``: the run's length for a schedule, default ``settings.iterations``)."""
@@ -29,5 +31,5 @@ def make_optimizer(settings: OptimizerSettings, params: Vector, space: Space, bo
             search = armijo_backtracking  # the only one that projects onto a box
         return LBFGS(params, space, settings.learning_rate, settings.history_size,
                      settings.max_line_search, bounds=bounds, max_first_step=max_first_step,
-                     line_search=search, scales=scales)
+                     line_search=search, scales=scales, precondition=precondition)
     raise ValueError(f"unknown optimizer type {settings.type!r}")

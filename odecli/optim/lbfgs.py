@@ -128,6 +128,8 @@ class LBFGS:
     history is dropped): the largest component moves by ``lr``, capped at the full gradient step
     when ``max_first_step`` is 1. ``lr`` None: it moves by :data:`FIRST_STEP` times its scale.
     ``scales``: one positive number per parameter (None: all 1), see the module's docstring.
+    ``precondition``: a symmetric positive definite operator on (scaled) vectors, the initial
+    inverse Hessian's shape (``gamma * P``; e.g. a smoothing of a grid unknown's gradient).
     ``last_first_step`` is the relative change (of the scale) the last steepest-descent trial
     asked for, for a stop's message."""
 
@@ -137,12 +139,14 @@ class LBFGS:
                  max_line_search: int = 12, bounds: Box | None = None,
                  max_first_step: float = math.inf,
                  line_search: LineSearch = armijo_backtracking,
-                 scales: list[float] | None = None) -> None:
+                 scales: list[float] | None = None,
+                 precondition: Callable[[Vector], Vector] | None = None) -> None:
         self.params, self.space, self.lr = params, space, lr
         self.history, self.max_line_search = history, max_line_search
         self.bounds, self.max_first_step, self.line_search = bounds, max_first_step, line_search
         self.scales = [1.0] * len(params) if scales is None else [float(c) for c in scales]
         self.last_first_step = math.nan
+        self.precondition = precondition
         self.s: list[Vector] = []
         self.y: list[Vector] = []
 
@@ -156,9 +160,12 @@ class LBFGS:
             a = rho * sp.dot(s, q)
             alphas.append(a)
             q = [qi - a * yi for qi, yi in zip(q, y)]
+        if self.precondition is not None:
+            q = self.precondition(q)
         if self.s:
             s, y = self.s[-1], self.y[-1]
-            gamma = sp.dot(s, y) / sp.dot(y, y)
+            py = y if self.precondition is None else self.precondition(y)
+            gamma = sp.dot(s, y) / sp.dot(y, py)
             q = [qi * gamma for qi in q]
         for (s, y, rho), a in zip(zip(self.s, self.y, rhos), reversed(alphas)):
             b = rho * sp.dot(y, q)
@@ -179,7 +186,7 @@ class LBFGS:
         gtd = sp.dot(gs, ds)
         if not self.s or gtd >= 0:  # no history, or not a descent direction: steepest descent
             self.s, self.y = [], []
-            ds = [-x for x in gs]
+            ds = [-x for x in (gs if self.precondition is None else self.precondition(gs))]
             gtd = sp.dot(gs, ds)
             d = self._scaled(ds, 1)
             if self.lr is None:  # the largest component moves by FIRST_STEP of its scale

@@ -19,3 +19,4 @@ class OptimizerSettings:
     max_line_search: int = 12  # L-BFGS: trial steps per iteration
     line_search: str = "armijo"  # L-BFGS: "strong_wolfe" or "armijo" (halving; the only one with bounds)
     schedule: str = "none"  # Adam: "none", "cosine" or "step" (odecli.optim.adam.schedule_factor)
+    smoothing: str | float = "auto"  # L-BFGS on a grid unknown: smoothing length (cells) of H0; 0: none

@@ -81,6 +81,8 @@ class Optimizer(Section, frozen=True, kw_only=True):
     max_line_search: Count = 12
     line_search: Literal["strong_wolfe", "armijo"] = "strong_wolfe"
     schedule: Literal["none", "cosine", "step"] = "none"
+    # L-BFGS on a grid unknown: its first inverse-Hessian guess smooths over this many cells (0: none)
+    smoothing: Annotated[Union[Literal["auto"], NonNegative], expected("auto or a number of cells >= 0")] = "auto"
 
 
 class Loss(Section, frozen=True):
