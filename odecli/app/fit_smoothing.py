@@ -20,13 +20,14 @@ from odecli.optim import Vector
 from odecli.parallel.ops import halo_exchange
 
 BETA = 0.125  # the largest weight that keeps A positive definite
-AUTO_FRACTION = 1.0 / 16  # auto: sigma = this fraction of the grid's smaller side, in cells
+AUTO_FRACTION = 1.0 / 8  # auto: sigma = this fraction of the grid's smaller side, in cells ...
+AUTO_MOST = 16.0  # ... at most this many (4 * 16^2 passes of a cheap stencil per application)
 
 
 def smoothing_cells(setting: str | float, shape: tuple[int, int]) -> float:
     """The smoothing length in cells that ``optimizer.smoothing`` asks for on a grid of ``shape``."""
     if setting == "auto":
-        return min(shape) * AUTO_FRACTION
+        return min(min(shape) * AUTO_FRACTION, AUTO_MOST)
     return float(setting)
 
 

@@ -231,6 +231,12 @@ class ScalarsUnknown(Unknown):
             self.names.append(k)
         self.distributed = [False] * len(self.params)
 
+    def scales(self, global_max) -> list[float]:
+        """One scale for all the model's numbers, the largest's (they are values of one field: a
+        Gaussian's amplitude of 50 on a background of 1900 is moved in steps of the field's size)."""
+        each = super().scales(global_max)
+        return [max(each)] * len(each) if self.transform.kind != "sigmoid" else each
+
     def values(self) -> dict:
         return {k: self.transform.forward(p) for k, p in zip(self.names, self.params)}
 
