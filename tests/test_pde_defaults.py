@@ -1,0 +1,114 @@
+"""Inversions that converge with the optimiser's defaults (issue 40): small, fast versions of the
+bundled examples, each asserting that the model error falls to <= 0.35x its initial value with no
+learning rate given, on 1 rank and on 2 (where the result must match 1 rank's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_helpers import run_mpi
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+ACOUSTIC = """\
+kind: pde-inverse
+equation: acoustic2d
+grid: {shape: [32, 32], spacing: 10.0}
+time: {dt: 0.0015, steps: 130}
+boundary: {absorbing_width: 6}
+sources:
+  wavelet: {type: ricker, peak_frequency: 20}
+  positions: [[60, 60], [60, 250], [250, 60]]
+receivers:
+  line: [{from: [250, 70], to: [250, 250], count: 12}, {from: [70, 250], to: [250, 250], count: 12}]
+true_model: {type: gaussian, background: 2000, amplitude: 250, center: [155, 155], sigma: 45}
+UNKNOWN
+optimizer: OPTIMIZER
+"""
+
+HEAT = """\
+kind: pde-inverse
+equation: heat2d
+grid: {shape: [20, 20], spacing: 0.02}
+time: {dt: 0.04, steps: 120}
+boundary: {type: dirichlet, value: 0.0}
+sources:
+  wavelet: {type: constant, value: 1.0}
+  amplitude: 50.0
+  positions: [[0.1, 0.1], [0.2, 0.28], [0.28, 0.12]]
+receivers:
+  line: [{from: [0.06, 0.06], to: [0.06, 0.32], count: 5}, {from: [0.19, 0.06], to: [0.19, 0.32], count: 5},
+         {from: [0.32, 0.06], to: [0.32, 0.32], count: 5}]
+true_model: {type: gaussian, background: 0.0002, amplitude: 0.0004, center: [0.19, 0.19], sigma: 0.06}
+regularization: {tikhonov: 1.0e-3}
+UNKNOWN
+optimizer: OPTIMIZER
+"""
+
+CASES = {
+    "acoustic-grid": (ACOUSTIC, "unknown: {type: grid, initial: 2000, bounds: [1500, 2600], fixed_border: 6}",
+                      "{type: lbfgs, iterations: 12}"),
+    "acoustic-mlp": (ACOUSTIC, "unknown: {type: mlp, base: 2000, scale: 300, bounds: [1500, 2600]}",
+                     "{type: adam, iterations: 60}"),
+    "acoustic-scalars": (ACOUSTIC, "unknown: {type: scalars, model: {type: gaussian, background: 1900, amplitude: 50, "
+                                   "center: [155, 155], sigma: 45}}",
+                         "{type: lbfgs, iterations: 10}"),
+    "heat-grid": (HEAT, "unknown: {type: grid, initial: 0.0002, bounds: [0.00005, 0.002]}",
+                  "{type: lbfgs, iterations: 40}"),
+    # not here: an MLP on heat2d, which does not yet reach 0.35x on such a problem (issue 40's report)
+    "heat-scalars": (HEAT, "unknown: {type: scalars, model: {type: gaussian, background: 0.0003, amplitude: 0.0001, "
+                           "center: [0.19, 0.19], sigma: 0.06}, bounds: [0.00001, 0.002]}",
+                     "{type: lbfgs, iterations: 10}"),
+}
+
+
+def _spec(tmp_path: Path, case: str) -> Path:
+    template, unknown, optimizer = CASES[case]
+    spec = tmp_path / f"{case}.yaml"
+    spec.write_text(template.replace("UNKNOWN", unknown).replace("OPTIMIZER", optimizer))
+    return spec
+
+
+def _errors(path: Path) -> tuple[float, float]:
+    with h5py.File(path, "r") as f:
+        return float(f["history/model_error"][0]), float(f.attrs["model_error_final"])
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """Each case's run on one rank (in this process), computed once."""
+    from odecli.app.fit_pde import train_inverse
+
+    runs: dict[str, Path] = {}
+
+    def run(case: str) -> Path:
+        if case not in runs:
+            d = tmp_path_factory.mktemp(case)
+            out = d / "one.h5"
+            assert train_inverse(_spec(d, case), out, None, False, False, True) == 0
+            runs[case] = out
+        return runs[case]
+
+    return run
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_defaults_recover_the_model_on_one_rank(one_rank, case):
+    e0, e1 = _errors(one_rank(case))
+    assert e1 <= 0.35 * e0, (case, e0, e1, e1 / e0)
+
+
+@pytest.mark.parametrize("case", ["acoustic-grid", "acoustic-mlp", "heat-grid"])
+def test_the_defaults_recover_the_model_on_two_ranks_as_on_one(tmp_path, one_rank, case):
+    one, two = one_rank(case), tmp_path / "two.h5"
+    p = run_mpi(SCRIPTS / "pde_train.py", 2, [str(_spec(tmp_path, case)), str(two)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    e0, e1 = _errors(two)
+    assert e1 <= 0.35 * e0, (case, e0, e1, e1 / e0)
+    with h5py.File(one, "r") as a, h5py.File(two, "r") as b:
+        np.testing.assert_allclose(b["fields/final"][...], a["fields/final"][...], rtol=1e-7)
+        np.testing.assert_allclose(b["history/loss"][...], a["history/loss"][...], rtol=1e-7)
