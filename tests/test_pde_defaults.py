@@ -112,3 +112,32 @@ def test_the_defaults_recover_the_model_on_two_ranks_as_on_one(tmp_path, one_ran
     with h5py.File(one, "r") as a, h5py.File(two, "r") as b:
         np.testing.assert_allclose(b["fields/final"][...], a["fields/final"][...], rtol=1e-7)
         np.testing.assert_allclose(b["history/loss"][...], a["history/loss"][...], rtol=1e-7)
+
+
+@pytest.mark.parametrize("features", ["siren", "fourier", "plain"])
+def test_an_mlp_unknown_is_pretrained_to_its_initial_model_inside_its_bounds(features):
+    import torch
+
+    from odecli.pde import models
+    from odecli.pde.grid import Block, Grid
+    from odecli.pde.unknowns import make_unknown
+
+    grid = Grid(24, 30, 10.0, 10.0)
+    block = Block(0, 24, 0, 30)
+    initial = {"type": "gaussian", "background": 2000.0, "amplitude": 200.0, "center": [120.0, 150.0],
+               "sigma": [60.0, 60.0]}
+    spec = {"type": "mlp", "transform": "sigmoid", "bounds": [1500.0, 2600.0], "fixed_border": 0, "seed": 3,
+            "hidden": [20, 20], "activation": "tanh", "base": 2000.0, "scale": 300.0, "features": features,
+            "frequency": 1.0, "fourier_features": 16, "initial": initial}
+    unk = make_unknown(spec, grid, block, torch.float64, torch.device("cpu"), None)
+    with torch.no_grad():
+        start = unk.field()
+    if features != "plain":  # the last layer starts at zero: the field is base exactly
+        assert torch.allclose(start, torch.full_like(start, 2000.0))
+    left = unk.pretrain(initial)
+    target = models.evaluate(initial, grid, block, torch.float64, torch.device("cpu"))
+    with torch.no_grad():
+        field = unk.field()
+    err = float(torch.linalg.norm(field - target) / torch.linalg.norm(target - 2000.0))
+    assert err < 0.1, (features, err, left)
+    assert float(field.min()) > 1500.0 and float(field.max()) < 2600.0

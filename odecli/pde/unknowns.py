@@ -216,7 +216,7 @@ class MLPUnknown(Unknown):
                 p.grad = None
             loss = ((self.network(x) - target) ** 2).mean()
             loss.backward()
-            opt.step(float(loss), [p.grad for p in self.params], lambda: (0.0, None))
+            opt.step(float(loss.detach()), [p.grad for p in self.params], lambda: (0.0, None))
         return float(loss.detach()) ** 0.5 / denom**0.5
 
 
