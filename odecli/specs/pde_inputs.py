@@ -112,7 +112,7 @@ class Unknown(Section, frozen=True):
     # hidden's default: [20, 20]
     activation: Literal["tanh", "relu", "sin", "softplus"] = "tanh"
     # mlp: the inputs' encoding (odecli.pde.unknowns.MLPUnknown); frequency: cycles over the grid's half-width
-    features: Literal["fourier", "siren", "plain"] = "siren"
+    features: Literal["fourier", "siren", "plain"] = "fourier"
     frequency: Positive = 1.0
     fourier_features: Count = 32
     base: Optional[float] = None
