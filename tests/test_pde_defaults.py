@@ -141,3 +141,20 @@ def test_an_mlp_unknown_is_pretrained_to_its_initial_model_inside_its_bounds(fea
     err = float(torch.linalg.norm(field - target) / torch.linalg.norm(target - 2000.0))
     assert err < 0.1, (features, err, left)
     assert float(field.min()) > 1500.0 and float(field.max()) < 2600.0
+
+
+def test_a_failed_line_search_is_a_stop_reason_with_a_suggestion_that_stats_shows(tmp_path):
+    from odecli.app.fit_pde import train_inverse
+    from odecli.report.pde_stats import pde_summary
+
+    spec = _spec(tmp_path, "acoustic-grid")
+    # a first step a million m/s long, and a single trial to find a better one
+    spec.write_text(spec.read_text().replace("{type: lbfgs, iterations: 12}",
+                                             "{type: lbfgs, iterations: 12, learning_rate: 1.0e+6, max_line_search: 1}"))
+    out = tmp_path / "out.h5"
+    assert train_inverse(spec, out, None, False, False, True) == 0
+    with h5py.File(out, "r") as f:
+        reason = str(f.attrs["stop_reason"])
+        summary = pde_summary(f)
+    assert reason.startswith("line search failed at iteration 1:") and "try optimizer.learning_rate" in reason
+    assert "\n" not in reason and summary["stop_reason"] == reason

@@ -175,7 +175,8 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         extra_log=objective.progress)
     history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
     if outcome.message:  # a stop that is not convergence says what happened and what to try
-        stop_reason = f"{stop_reason}: {outcome.message}"
+        stop_reason = (outcome.message if outcome.message.startswith(stop_reason)
+                       else f"{stop_reason}: {outcome.message}")
 
     timing = objective.timing()
     with torch.no_grad():
