@@ -27,7 +27,9 @@ HEAT_MLP = {"type": "mlp", "base": 0.0002, "scale": 0.0004, "bounds": [0.00005, 
 
 
 def cases(only: str) -> list[tuple[str, dict]]:
-    load = lambda name: yaml.safe_load((EXAMPLES / name).read_text())  # noqa: E731
+    def load(name: str) -> dict:
+        return yaml.safe_load((EXAMPLES / name).read_text())
+
     out = []
     if only in ("all", "examples"):
         for name in ("acoustic-anomaly.yaml", "acoustic-mlp.yaml", "heat-conductivity.yaml"):

@@ -34,7 +34,7 @@ def smoothing_cells(setting: str | float, shape: tuple[int, int]) -> float:
 def grid_smoother(sigma_cells: float, decomp, comm, distributed: list[bool]) -> Callable[[Vector], Vector] | None:
     """``S`` on the distributed parts of a vector (the grid blocks), identity on the others;
     None when ``sigma_cells`` asks for no smoothing or nothing is distributed."""
-    passes = int(round(4.0 * sigma_cells * sigma_cells))
+    passes = round(4.0 * sigma_cells * sigma_cells)
     if passes < 1 or not any(distributed):
         return None
 

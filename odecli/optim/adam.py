@@ -25,7 +25,6 @@ from odecli.optim.bounds import Box
 from odecli.optim.space import Vector
 from odecli.optim.step import Evaluate, Step
 
-
 DEFAULT_RELATIVE_LR = 0.02  # without learning_rate: a step is at most ~2 % of the scale
 SCHEDULES = ("none", "cosine", "step")
 COSINE_FLOOR = 0.05  # cosine decay ends at 5 % of the step, not at 0

@@ -106,7 +106,7 @@ def strong_wolfe(params: Vector, space: Space, f: float, g: Vector, d: Vector, g
         slope = space.dot(g_new, d)
         return f_new, torch.tensor([slope / d_norm], dtype=torch.float64)
 
-    f_new, _, t_new, _ = _strong_wolfe(phi, None, float(t), unit, f,
+    _, _, t_new, _ = _strong_wolfe(phi, None, float(t), unit, f,
                                        torch.tensor([gtd / d_norm], dtype=torch.float64), gtd,
                                        c1=ARMIJO_C1, c2=WOLFE_C2, max_ls=max_trials)
     t_new = float(t_new)

@@ -1,21 +1,26 @@
 """Parameterisations of the unknown coefficient field on a rank's block.
 
 * ``grid``: one value per node; each rank owns (and its optimiser updates) its block.
-* ``mlp``: ``field = T(T^-1(base) + scale * NN(y, x))`` with coordinates scaled to [-1, 1]; weights
-  are replicated on every rank (same seed) and their gradients are all-reduced.
+* ``mlp``: ``field = T(T^-1(base) + s * NN(y, x))`` with coordinates scaled to [-1, 1] over the
+  grid, through random Fourier features or SIREN layers (:class:`MLPUnknown`), optionally
+  pretrained to an initial model; weights are replicated on every rank (same seed) and their
+  gradients are all-reduced.
 * ``scalars``: a few numbers of an analytic model (e.g. a layered model's speeds), replicated.
 
 Bounds: ``T`` is ``clamp`` (to [low, high]), ``sigmoid`` (low + (high-low)*sigmoid(p)),
 ``softplus`` (low + softplus(p)) or ``none``.  Grid and scalar parameters live in ``p`` space;
-``fixed_border`` cells at the edges keep their initial values.
+``fixed_border`` cells at the edges keep their initial values. :meth:`Unknown.scales` gives the
+optimisers each parameter's natural range (odecli.optim's scale-aware defaults).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from odecli.pde import models
 from odecli.optim.transforms import TRANSFORM_EDGE
+from odecli.pde import models
 from odecli.pde.grid import Block, Grid
 
 
@@ -57,7 +62,7 @@ class Transform:
             return 4.0
         if self.kind in ("clamp", "none") and self.lo is not None and self.hi is not None:
             return float(self.hi - self.lo)
-        return magnitude if magnitude > 0 and magnitude == magnitude else 1.0
+        return magnitude if math.isfinite(magnitude) and magnitude > 0 else 1.0
 
 
 class Unknown:
@@ -166,7 +171,7 @@ class MLPUnknown(Unknown):
         base_p = self.transform.inverse(base)
         slope = float(torch.autograd.grad(base_p, base)[0]) if base_p.requires_grad else 1.0
         self.base_p = float(base_p.detach())
-        self.out_scale = float(spec["scale"]) * (slope if slope > 0 and slope == slope else 1.0)
+        self.out_scale = float(spec["scale"]) * (slope if math.isfinite(slope) and slope > 0 else 1.0)
         self.act = torch.sin if self.features == "siren" else _ACT[spec["activation"]]
 
     def _inputs(self, block: Block) -> torch.Tensor:
@@ -250,4 +255,4 @@ def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) 
     return cls(spec, grid, block, dtype, device, base_dir)
 
 
-__all__ = ["make_unknown", "Unknown", "Transform"]
+__all__ = ["Transform", "Unknown", "make_unknown"]
