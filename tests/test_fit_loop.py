@@ -132,3 +132,97 @@ def test_a_fit_resumed_from_its_checkpoint_ends_bit_for_bit_as_an_uninterrupted_
     assert resumed.history["loss"] == full.history["loss"]
     assert resumed.history["grad_norm"] == full.history["grad_norm"]
     assert (resumed.stop, resumed.iterations) == (full.stop, full.iterations)
+
+
+class Scripted:
+    """An objective whose loss and gradient are given by a function of the evaluation count."""
+
+    def __init__(self, x: torch.Tensor, fn) -> None:
+        self.x, self.fn, self.n_evals = x, fn, 0
+
+    def evaluate(self, completed: int):
+        self.n_evals += 1
+        return self.fn(self.n_evals, self.x)
+
+    def columns(self) -> dict[str, float]:
+        return {}
+
+    def save(self, iteration, f, g, history) -> None:
+        pass
+
+
+def _scripted_fit(kind: str, lr, fn, iterations: int = 40):
+    x = torch.zeros(2, dtype=torch.float64)
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings(kind, lr, iterations, 0.0, line_search="strong_wolfe"), [x], space)
+    return run_fit(Scripted(x, fn), opt, space, FitSettings(iterations, 0.0), history_columns=())
+
+
+def test_a_loss_that_keeps_rising_ends_the_fit_with_a_suggestion():
+    from odecli.app.fit import RISING_PATIENCE
+
+    # the gradient points away from the minimum: every Adam step raises the loss
+    out = _scripted_fit("adam", 0.5, lambda n, x: (float(torch.sum(x * x)) + 1.0, [-2.0 * x - 1.0]))
+    assert out.stop is Stop.RISING and out.iterations == RISING_PATIENCE
+    assert "rose for 10 iterations" in out.message and "optimizer.learning_rate: 0.05" in out.message
+    assert "\n" not in out.message
+
+
+def test_a_non_finite_gradient_ends_the_fit_with_a_suggestion():
+    def fn(n, x):
+        g = 2.0 * (x - 1.0)
+        return float(torch.sum((x - 1.0) ** 2)), [g if n < 4 else g * math.nan]
+
+    out = _scripted_fit("adam", None, fn)
+    assert out.stop is Stop.NON_FINITE and out.iterations == 3
+    assert "not finite at iteration 3" in out.message
+
+
+def test_a_failed_line_search_says_where_and_what_to_try():
+    # a gradient of the wrong sign: no point along -g lowers the loss
+    out = _scripted_fit("lbfgs", None, lambda n, x: (float(torch.sum((x - 1.0) ** 2)), [2.0 * (1.0 - x) + 0.0]))
+    assert out.stop is Stop.LINE_SEARCH and out.iterations == 0
+    assert out.message.startswith("line search failed at iteration 1:") and "% of its scale" in out.message
+
+
+@pytest.mark.parametrize("scale", [1e-4, 1.0, 2000.0])
+def test_without_a_learning_rate_lbfgs_finds_its_own_step_at_any_scale(scale):
+    """A quadratic whose minimum and curvature scale with the unknown's range: strong-Wolfe L-BFGS
+    with the scale-aware first step converges alike, with no learning rate."""
+    x = torch.full((4,), 0.5 * scale, dtype=torch.float64)
+    target = TARGET * scale
+
+    def fn(n, x):
+        d = (x - target) / scale
+        return float(torch.sum(SCALE * d * d)), [2.0 * SCALE * d / scale]
+
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings("lbfgs", None, 30, 0.0, line_search="strong_wolfe"), [x], space,
+                         scales=[scale])
+    out = run_fit(Scripted(x, fn), opt, space, FitSettings(30, 1e-14), history_columns=())
+    assert out.stop in (Stop.LOSS_CHANGE, Stop.GRADIENT), out
+    assert torch.allclose(x / scale, TARGET, atol=1e-6), x
+
+
+@pytest.mark.parametrize("scale", [1e-4, 2000.0])
+def test_without_a_learning_rate_adam_steps_relative_to_the_scale(scale):
+    x = torch.zeros(4, dtype=torch.float64)
+    target = TARGET * scale
+
+    def fn(n, x):
+        d = (x - target) / scale
+        return float(torch.sum(SCALE * d * d)), [2.0 * SCALE * d / scale]
+
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings("adam", None, 300, 0.0, schedule="cosine"), [x], space,
+                         scales=[4.0 * scale])  # the range the values span
+    run_fit(Scripted(x, fn), opt, space, FitSettings(300, 0.0), history_columns=())
+    assert torch.allclose(x / scale, TARGET, atol=2e-2), x / scale
+
+
+def test_the_schedules_start_at_one_and_decay():
+    from odecli.optim.adam import COSINE_FLOOR, schedule_factor
+
+    assert [schedule_factor("none", t, 100) for t in (1, 100)] == [1.0, 1.0]
+    assert schedule_factor("cosine", 1, 100) == 1.0 and schedule_factor("cosine", 100, 100) == pytest.approx(COSINE_FLOOR)
+    assert [schedule_factor("step", t, 100) for t in (1, 30, 60, 100)] == [1.0, 0.5, 0.25, 0.125]

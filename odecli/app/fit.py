@@ -44,6 +44,13 @@ class Stop(enum.Enum):
     GRADIENT = "gradient"  # |g| <= gtol, or a loss of exactly 0
     LINE_SEARCH = "line search"  # no acceptable point along the search direction
     FAILED = "failed"  # the new point could not be evaluated (a sample did not solve)
+    RISING = "rising loss"  # the loss rose at RISING_PATIENCE recorded points in a row
+    NON_FINITE = "non-finite gradient"  # the gradient at a new point has a NaN or an infinity
+
+
+# A loss that rises this many iterations in a row, to above the initial loss, ends the fit (Adam's
+# momentum makes the loss swing up and back near a minimum: a rise alone is no divergence).
+RISING_PATIENCE = 10
 
 
 class Objective(Protocol):
@@ -80,6 +87,7 @@ class FitOutcome:
     f: float
     g: Vector
     history: dict[str, list] = field(default_factory=dict)
+    message: str = ""  # for the stops that are not convergence: what happened and what to try, one line
 
 
 
@@ -109,6 +117,43 @@ def _stop_test(f_prev: float | None, f: float, grad_norm: float, tolerance: floa
     if f_prev is not None and abs(f_prev - f) <= tolerance * max(abs(f_prev), 1e-300):
         return Stop.LOSS_CHANGE
     return None
+
+
+def _lr_text(opt: Optimizer) -> str:
+    lr = getattr(opt, "lr", None)
+    return "the scale-aware default" if lr is None else f"{lr:.3g}"
+
+
+def stop_message(stop: Stop, opt: Optimizer, iteration: int, history: dict[str, list]) -> str:
+    """One line for a stop that is not convergence: what happened at ``iteration`` and what to try."""
+    lr = getattr(opt, "lr", None)
+    if stop is Stop.LINE_SEARCH:
+        first = getattr(opt, "last_first_step", math.nan)
+        moved = (f"; its first trial moved the unknown by {100 * first:.3g} % of its scale"
+                 if isinstance(first, float) and math.isfinite(first) else "")
+        smaller = f"try optimizer.learning_rate: {lr / 10:.3g}" if lr is not None else \
+            "try a smaller optimizer.learning_rate"
+        return (f"line search failed at iteration {iteration}: no point along the search direction "
+                f"lowered the loss{moved}; {smaller} or optimizer.max_line_search: "
+                f"{2 * getattr(opt, 'max_line_search', 12)}")
+    if stop is Stop.RISING:
+        loss = history.get("loss", [])
+        span = f" (from {loss[-RISING_PATIENCE - 1]:.4g} to {loss[-1]:.4g})" if len(loss) > RISING_PATIENCE else ""
+        try_lr = f"optimizer.learning_rate: {lr / 10:.3g}" if lr is not None else "a smaller optimizer.learning_rate"
+        return (f"the loss rose for {RISING_PATIENCE} iterations in a row, above its initial value, up to iteration {iteration}{span}; "
+                f"the step ({_lr_text(opt)}) is too large: try {try_lr} or optimizer.schedule: cosine")
+    if stop is Stop.NON_FINITE:
+        return (f"the gradient is not finite at iteration {iteration}; try a smaller optimizer.learning_rate "
+                f"(now {_lr_text(opt)}), bounds on the unknown, or a smaller time step")
+    return ""
+
+
+def _rising(history: dict[str, list]) -> bool:
+    loss = history["loss"]
+    if len(loss) <= RISING_PATIENCE:
+        return False
+    tail = loss[-RISING_PATIENCE - 1:]
+    return all(b > a for a, b in zip(tail[:-1], tail[1:])) and tail[-1] > loss[0]
 
 
 def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSettings, *,
@@ -171,12 +216,18 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
                 break
         f_prev, f, g = f, f_new, g_new
         gn = record(f, g, done)
+        if not math.isfinite(gn):
+            stop = Stop.NON_FINITE
+            break
         stop = _stop_test(f_prev, f, gn, settings.tolerance, settings.gtol)
+        if stop is None and _rising(history):
+            stop = Stop.RISING
         if stop is None and settings.checkpoint_every and done % settings.checkpoint_every == 0 and done < n:
             objective.save(done, f, g, history)
             faults.maybe_exit_after_checkpoint(done)
     if stop is None:
         stop = Stop.ITERATIONS
+    message = stop_message(stop, opt, done + 1 if stop is Stop.LINE_SEARCH else done, history)
     if not settings.record_final and stop is Stop.ITERATIONS:  # one row per iteration, also when
         history = {k: v[:done] for k, v in history.items()}  # resumed from a later checkpoint
-    return FitOutcome(stop, done, f, g, history)
+    return FitOutcome(stop, done, f, g, history, message)

@@ -21,12 +21,14 @@ import torch
 
 from odecli.app import checkpoint as ckpt
 from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
+from odecli.app.fit_smoothing import grid_smoother, smoothing_cells
 from odecli.app.pde_problem import Problem, collective
 from odecli.errors import InputError, OdecliError
 from odecli.io.pde_run import write_result
 from odecli.optim import Space, make_optimizer
 from odecli.parallel.comm import get_comm
-from odecli.parallel.ops import gather_global
+from odecli.io.model_files import with_model_arrays
+from odecli.parallel.ops import broadcast, gather_global
 from odecli.pde.timing import CommTimer
 from odecli.specs.outputs import fit_output_of
 from odecli.specs.pde import load_spec
@@ -35,7 +37,8 @@ HISTORY_KEYS = (*LOSS_COLUMNS, "misfit", "regularization", "model_error")
 CHECKPOINT_KIND = "pde-inverse-checkpoint"
 # The run file's ``stop_reason`` for each way the loop stops (the words PDE runs have always used).
 STOP_REASONS = {Stop.ITERATIONS: "iterations", Stop.LOSS_CHANGE: "tolerance", Stop.GRADIENT: "zero gradient",
-                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed"}
+                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed",
+                Stop.RISING: "rising loss", Stop.NON_FINITE: "non-finite gradient"}
 
 
 def default_output(spec_path: Path) -> Path:
@@ -123,9 +126,13 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     timer = CommTimer()
     problem = Problem(spec, comm, timer)
     unk = problem.unknown
+    _pretrain(unk, problem, comm)
     space = Space(comm, unk.distributed)
     layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
-    opt = make_optimizer(settings, unk.params, space)
+    smoother = grid_smoother(smoothing_cells(settings.smoothing, problem.grid.shape), problem.decomp,
+                             comm, unk.distributed)
+    opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
+                         iterations=n_iter, precondition=smoother)
 
     with torch.no_grad():
         initial_field = _gather_np(unk.field(), problem, comm)
@@ -167,6 +174,9 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         log=(lambda line: console.print(line, highlight=False)) if console else None,
         extra_log=objective.progress)
     history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
+    if outcome.message:  # a stop that is not convergence says what happened and what to try
+        stop_reason = (outcome.message if outcome.message.startswith(stop_reason)
+                       else f"{stop_reason}: {outcome.message}")
 
     timing = objective.timing()
     with torch.no_grad():
@@ -218,6 +228,21 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     if comm.size > 1:
         comm.barrier()
     return 0
+
+
+def _pretrain(unk, problem: Problem, comm) -> None:
+    """An MLP unknown with an ``initial`` model is fitted to it first; rank 0's weights are then
+    everyone's (the ranks' arithmetic may round differently on different thread counts)."""
+    if not hasattr(unk, "pretrain"):
+        return
+    initial = unk.spec.get("initial")
+    if initial is not None:
+        initial = with_model_arrays(initial, problem.spec["base_dir"])
+    unk.pretrain(initial)
+    if comm.size > 1:
+        with torch.no_grad():
+            for p in unk.params:
+                p.copy_(broadcast(p.detach(), comm, root=0))
 
 
 def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dict:

@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 _HOME = {
-    "Adam": "adam", "LBFGS": "lbfgs", "armijo_backtracking": "lbfgs", "Box": "bounds",
+    "Adam": "adam", "LBFGS": "lbfgs", "armijo_backtracking": "lbfgs", "strong_wolfe": "lbfgs", "Box": "bounds",
     "OptimizerSettings": "settings", "Space": "space", "Vector": "space",
     "Evaluate": "step", "Optimizer": "step", "Step": "step", "make_optimizer": "factory",
 }
@@ -36,5 +36,6 @@ __all__ = [
     "Step",
     "Vector",
     "armijo_backtracking",
+    "strong_wolfe",
     "make_optimizer",
 ]

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from odecli.optim.adam import Adam
 from odecli.optim.bounds import Box
-from odecli.optim.lbfgs import LBFGS
+from odecli.optim.lbfgs import LBFGS, armijo_backtracking, strong_wolfe
 from odecli.optim.settings import OptimizerSettings
 from odecli.optim.space import Space, Vector
 from odecli.optim.step import Optimizer
 
 
 def make_optimizer(settings: OptimizerSettings, params: Vector, space: Space, bounds: Box | None = None,
-                   max_first_step: float = math.inf) -> Optimizer:
+                   max_first_step: float = math.inf, scales: list[float] | None = None,
+                   iterations: int | None = None,
+                   precondition: Callable[[Vector], Vector] | None = None) -> Optimizer:
     """The optimiser ``settings.type`` names, moving ``params`` in place (see :class:`LBFGS` for
-    ``max_first_step``)."""
-    if settings.type == "adam":
-        return Adam(params, settings.learning_rate, settings.betas, bounds=bounds)
+    ``max_first_step``; ``scales``: each parameter's natural range, see :mod:`odecli.optim.adam`;
+    ``iterations``: the run's length for a schedule, default ``settings.iterations``)."""
+    if settings.type == "adam":  # a learning_rate given is a step in the unknown's own units
+        return Adam(params, settings.learning_rate, settings.betas, bounds=bounds,
+                    scales=scales if settings.learning_rate is None else None,
+                    schedule=settings.schedule,
+                    total=settings.iterations if iterations is None else iterations)
     if settings.type == "lbfgs":
+        search = {"strong_wolfe": strong_wolfe, "armijo": armijo_backtracking}[settings.line_search]
+        if bounds is not None:
+            search = armijo_backtracking  # the only one that projects onto a box
         return LBFGS(params, space, settings.learning_rate, settings.history_size,
-                     settings.max_line_search, bounds=bounds, max_first_step=max_first_step)
+                     settings.max_line_search, bounds=bounds, max_first_step=max_first_step,
+                     line_search=search, scales=scales, precondition=precondition)
     raise ValueError(f"unknown optimizer type {settings.type!r}")

@@ -1,21 +1,26 @@
 """Parameterisations of the unknown coefficient field on a rank's block.
 
 * ``grid``: one value per node; each rank owns (and its optimiser updates) its block.
-* ``mlp``: ``field = T(T^-1(base) + scale * NN(y, x))`` with coordinates scaled to [-1, 1]; weights
-  are replicated on every rank (same seed) and their gradients are all-reduced.
+* ``mlp``: ``field = T(T^-1(base) + s * NN(y, x))`` with coordinates scaled to [-1, 1] over the
+  grid, through random Fourier features or SIREN layers (:class:`MLPUnknown`), optionally
+  pretrained to an initial model; weights are replicated on every rank (same seed) and their
+  gradients are all-reduced.
 * ``scalars``: a few numbers of an analytic model (e.g. a layered model's speeds), replicated.
 
 Bounds: ``T`` is ``clamp`` (to [low, high]), ``sigmoid`` (low + (high-low)*sigmoid(p)),
 ``softplus`` (low + softplus(p)) or ``none``.  Grid and scalar parameters live in ``p`` space;
-``fixed_border`` cells at the edges keep their initial values.
+``fixed_border`` cells at the edges keep their initial values. :meth:`Unknown.scales` gives the
+optimisers each parameter's natural range (odecli.optim's scale-aware defaults).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from odecli.pde import models
 from odecli.optim.transforms import TRANSFORM_EDGE
+from odecli.pde import models
 from odecli.pde.grid import Block, Grid
 
 
@@ -48,6 +53,17 @@ class Transform:
     def max_value(self):
         return self.hi if self.kind in ("clamp", "sigmoid") else None
 
+    def scale(self, magnitude: float) -> float:
+        """The natural range of the variable the optimiser moves (``p``), for scale-aware steps:
+        the bounds' width where ``p`` is in the field's units (clamp, none with bounds), 4 for a
+        logit (sigmoid: a step of 1 % of it moves a mid-range value by 1 % of the range), else
+        ``magnitude`` (the largest |initial value|, above the lower bound for softplus)."""
+        if self.kind == "sigmoid":
+            return 4.0
+        if self.kind in ("clamp", "none") and self.lo is not None and self.hi is not None:
+            return float(self.hi - self.lo)
+        return magnitude if math.isfinite(magnitude) and magnitude > 0 else 1.0
+
 
 class Unknown:
     """Base: ``params`` (leaf tensors), ``distributed`` flags, ``names``, and ``field()``."""
@@ -70,6 +86,18 @@ class Unknown:
 
     def raw_field(self) -> torch.Tensor:
         raise NotImplementedError
+
+    def scales(self, global_max) -> list[float]:
+        """Collective: each parameter's natural range (:meth:`Transform.scale`); ``global_max``
+        takes a local tensor to its maximum over the ranks."""
+        with torch.no_grad():
+            out = []
+            for p in self.params:
+                v = self.transform.forward(p)
+                if self.transform.kind == "softplus":
+                    v = v - self.transform.lo
+                out.append(self.transform.scale(float(global_max(v.abs()))))
+            return out
 
     def field(self) -> torch.Tensor:
         f = self.raw_field()
@@ -94,37 +122,107 @@ class GridUnknown(Unknown):
 
 _ACT = {"tanh": torch.tanh, "relu": torch.relu, "sin": torch.sin,
         "softplus": torch.nn.functional.softplus}
+FEATURES = ("fourier", "siren", "plain")
+PRETRAIN_ITERATIONS = 400  # Adam steps fitting the network to unknown.initial before the inversion
+PRETRAIN_LR = 0.01
 
 
 class MLPUnknown(Unknown):
+    """``field = T(T^-1(base) + s * NN(y, x))`` with coordinates scaled to [-1, 1] over the grid and
+    ``s`` the spec's ``scale`` carried into ``T``'s variable (so ``scale`` is in the field's units
+    for every transform). ``features``: ``fourier`` (the coordinates through fixed random Fourier
+    features ``sin/cos(pi B x)``, B ~ N(0, frequency^2), then ``activation`` layers), ``siren``
+    (sine layers with SIREN initialisation, first-layer frequency ``pi * frequency``) or ``plain``
+    (``activation`` layers on the coordinates). The last layer starts at zero, so the first field
+    is ``base`` exactly; with ``initial`` the network is first fitted to that model
+    (:meth:`pretrain`), so iteration 1 starts from the field a grid unknown would."""
+
     def __init__(self, spec, grid, block, dtype, device, base_dir) -> None:
         super().__init__(spec, grid, block, dtype, device, base_dir)
         gen = torch.Generator().manual_seed(int(spec["seed"]))
-        sizes = [2] + list(spec["hidden"]) + [1]
+        self.features = spec.get("features", "plain")
+        freq = float(spec.get("frequency", 1.0))
+        n_in = 2
+        self.fourier_b = None
+        if self.features == "fourier":
+            nf = int(spec.get("fourier_features", 32))
+            b = torch.randn((2, nf), generator=gen, dtype=torch.float64) * freq
+            self.fourier_b = (torch.pi * b).to(dtype=dtype, device=device)
+            n_in = 2 * nf
+        self.omega = torch.pi * freq if self.features == "siren" else 1.0
+        sizes = [n_in] + list(spec["hidden"]) + [1]
         self.params, self.names = [], []
+        last = len(sizes) - 2
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            std = (1.0 / a) ** 0.5 if i < len(sizes) - 2 else 0.1 * (1.0 / a) ** 0.5
-            w = (torch.randn((a, b), generator=gen, dtype=torch.float64) * std)
+            if i == last and self.features != "plain":
+                w = torch.zeros((a, b), dtype=torch.float64)
+            elif self.features == "siren":  # Sitzmann et al. 2020: U(-1/a, 1/a), then U(+-sqrt(6/a))/omega
+                bound = 1.0 / a if i == 0 else (6.0 / a) ** 0.5 / self.omega
+                w = (torch.rand((a, b), generator=gen, dtype=torch.float64) * 2 - 1) * bound
+            else:
+                std = (1.0 / a) ** 0.5 if i < last else 0.1 * (1.0 / a) ** 0.5
+                w = torch.randn((a, b), generator=gen, dtype=torch.float64) * std
             self.params.append(w.to(dtype=dtype, device=device).requires_grad_(True))
             self.params.append(torch.zeros(b, dtype=dtype, device=device).requires_grad_(True))
             self.names += [f"w{i}", f"b{i}"]
         self.distributed = [False] * len(self.params)
-        Y, X = block.coords(grid, dtype, device)
-        depth, width = grid.extent
-        self.inputs = torch.stack([2.0 * Y / depth - 1.0, 2.0 * X / width - 1.0], dim=-1)
-        self.inputs = self.inputs.reshape(-1, 2)
-        self.base_p = float(self.transform.inverse(torch.tensor(float(spec["base"]), dtype=torch.float64)))
-        self.act = _ACT[spec["activation"]]
+        self.inputs = self._inputs(block)
+        base = torch.tensor(float(spec["base"]), dtype=torch.float64, requires_grad=True)
+        base_p = self.transform.inverse(base)
+        slope = float(torch.autograd.grad(base_p, base)[0]) if base_p.requires_grad else 1.0
+        self.base_p = float(base_p.detach())
+        self.out_scale = float(spec["scale"]) * (slope if math.isfinite(slope) and slope > 0 else 1.0)
+        self.act = torch.sin if self.features == "siren" else _ACT[spec["activation"]]
 
-    def raw_field(self):
-        h = self.inputs
+    def _inputs(self, block: Block) -> torch.Tensor:
+        """The network's inputs at ``block``'s nodes: coordinates in [-1, 1] over the grid."""
+        Y, X = block.coords(self.grid, self.dtype, self.device)
+        depth, width = self.grid.extent
+        return torch.stack([2.0 * Y / depth - 1.0, 2.0 * X / width - 1.0], dim=-1).reshape(-1, 2)
+
+    def network(self, inputs: torch.Tensor) -> torch.Tensor:
+        h = inputs
+        if self.fourier_b is not None:
+            z = h @ self.fourier_b
+            h = torch.cat([torch.sin(z), torch.cos(z)], dim=-1)
         n = len(self.params) // 2
         for i in range(n):
             h = h @ self.params[2 * i] + self.params[2 * i + 1]
             if i < n - 1:
-                h = self.act(h)
-        q = self.base_p + self.spec["scale"] * h.reshape(self.block.shape)
+                h = self.act(self.omega * h if self.features == "siren" else h)
+        return h
+
+    def raw_field(self):
+        q = self.base_p + self.out_scale * self.network(self.inputs).reshape(self.block.shape)
         return self.transform.forward(q)
+
+    def scales(self, global_max) -> list[float]:
+        """The weights are O(1) by their initialisation: scale 1 (``scale`` maps them to the field)."""
+        return [1.0] * len(self.params)
+
+    def pretrain(self, initial: dict | None) -> float:
+        """Fit the network to the model ``initial`` on the whole grid (every rank the same, from
+        the same seed) by Adam in ``T``'s variable; returns the relative RMS misfit left. With no
+        ``initial`` the network already gives ``base`` everywhere and nothing is done."""
+        if initial is None:
+            return 0.0
+        from odecli.optim.adam import Adam
+
+        whole = Block(0, self.grid.ny, 0, self.grid.nx)
+        target_field = models.evaluate(initial, self.grid, whole, self.dtype, self.device,
+                                       base_dir=self.base_dir)
+        target = ((self.transform.inverse(target_field) - self.base_p) / self.out_scale).reshape(-1, 1)
+        x = self._inputs(whole)
+        opt = Adam(self.params, PRETRAIN_LR)
+        denom = float((target * target).mean()) or 1.0
+        loss = torch.zeros(())
+        for _ in range(PRETRAIN_ITERATIONS):
+            for p in self.params:
+                p.grad = None
+            loss = ((self.network(x) - target) ** 2).mean()
+            loss.backward()
+            opt.step(float(loss.detach()), [p.grad for p in self.params], lambda: (0.0, None))
+        return float(loss.detach()) ** 0.5 / denom**0.5
 
 
 class ScalarsUnknown(Unknown):
@@ -137,6 +235,12 @@ class ScalarsUnknown(Unknown):
             self.params.append(self.transform.inverse(v).detach().clone().requires_grad_(True))
             self.names.append(k)
         self.distributed = [False] * len(self.params)
+
+    def scales(self, global_max) -> list[float]:
+        """One scale for all the model's numbers, the largest's (they are values of one field: a
+        Gaussian's amplitude of 50 on a background of 1900 is moved in steps of the field's size)."""
+        each = super().scales(global_max)
+        return [max(each)] * len(each) if self.transform.kind != "sigmoid" else each
 
     def values(self) -> dict:
         return {k: self.transform.forward(p) for k, p in zip(self.names, self.params)}
@@ -151,4 +255,4 @@ def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) 
     return cls(spec, grid, block, dtype, device, base_dir)
 
 
-__all__ = ["make_unknown", "Unknown", "Transform"]
+__all__ = ["Transform", "Unknown", "make_unknown"]

@@ -240,7 +240,9 @@ def _unknown(V: _V, d: inputs.Unknown) -> dict:
     out["bounds"] = None if d.bounds is None else list(d.bounds)
     if out["bounds"] is not None and out["bounds"][0] >= out["bounds"][1]:
         raise V.err(f"{f}.bounds", "lower bound must be below the upper bound")
-    out["transform"] = d.transform or ("clamp" if d.bounds is not None else "none")
+    # an MLP's output is mapped into its bounds smoothly (clamp would stop the gradient at them)
+    out["transform"] = d.transform or (("sigmoid" if kind == "mlp" else "clamp") if d.bounds is not None
+                                       else "none")
     if out["transform"] in ("sigmoid", "clamp") and out["bounds"] is None:
         raise V.err(f"{f}.transform", f"{out['transform']} needs bounds: [low, high]")
     if out["transform"] == "softplus" and out["bounds"] is None:
@@ -258,6 +260,10 @@ def _unknown(V: _V, d: inputs.Unknown) -> dict:
         out["base"] = d.base
         out["scale"] = d.scale
         out["seed"] = d.seed
+        out["features"] = d.features
+        out["frequency"] = d.frequency
+        out["fourier_features"] = d.fourier_features
+        out["initial"] = _model(V, d.initial, f"{f}.initial") if d.initial is not None else None
     else:
         out["model"] = _model(V, d.model, f"{f}.model")
         tr = d.trainable

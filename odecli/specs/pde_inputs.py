@@ -111,6 +111,10 @@ class Unknown(Section, frozen=True):
     hidden: Optional[Annotated[Union[Count, list[Count]], expected("a whole number >= 1 or a list of them")]] = None
     # hidden's default: [20, 20]
     activation: Literal["tanh", "relu", "sin", "softplus"] = "tanh"
+    # mlp: the inputs' encoding (odecli.pde.unknowns.MLPUnknown); frequency: cycles over the grid's half-width
+    features: Literal["fourier", "siren", "plain"] = "fourier"
+    frequency: Positive = 1.0
+    fourier_features: Count = 32
     base: Optional[float] = None
     scale: Positive = 1.0
     seed: int = 0

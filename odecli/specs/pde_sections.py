@@ -71,13 +71,18 @@ class Optimizer(Section, frozen=True, kw_only=True):
     """the optimiser; the same keys as an ODE fit's (odecli.optim.settings.OptimizerSettings)"""
 
     type: Literal["adam", "lbfgs"] = "adam"
-    learning_rate: Positive = 1.0
+    # left out: scale-aware (Adam: 2 % of each unknown's range per step; L-BFGS: a first step of 5 %)
+    learning_rate: Optional[Positive] = None
     iterations: Count
     tolerance: NonNegative = 0.0
     gtol: NonNegative = 0.0
     betas: Annotated[tuple[NonNegative, NonNegative], expected("[beta1, beta2], two numbers >= 0")] = (0.9, 0.999)
     history_size: Count = 10
     max_line_search: Count = 12
+    line_search: Literal["strong_wolfe", "armijo"] = "strong_wolfe"
+    schedule: Literal["none", "cosine", "step"] = "none"
+    # L-BFGS on a grid unknown: its first inverse-Hessian guess smooths over this many cells (0: none)
+    smoothing: Annotated[Union[Literal["auto"], NonNegative], expected("auto or a number of cells >= 0")] = "auto"
 
 
 class Loss(Section, frozen=True):
