@@ -91,34 +91,78 @@ def _mpi_rank() -> int:
     return 0
 
 
-def _clean_errors(command: Callable) -> Callable:
-    """Run a command; report errors as one line with the right exit code."""
+def _failure(exc: BaseException) -> tuple[Optional[str], int]:
+    """The one line to print for a failure, and its exit code (raises what is not a failure)."""
+    if isinstance(exc, typer.Exit):
+        raise exc
+    if isinstance(exc, SystemExit):  # another rank reports it (odecli.app.solve_ranks)
+        code = exc.code if isinstance(exc.code, int) else EXIT_INTERNAL
+        if code == 0:
+            raise exc
+        return None, code
+    if isinstance(exc, OdecliError):
+        return f"error: {exc}", exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
+        signum = getattr(exc, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
+        return f"{what}; {kept or 'no output was written'}", 128 + signum
+    if isinstance(exc, RecursionError):  # a spec nested too deep for the loader or the checks
+        return "error: the input is nested too deeply to read", EXIT_INVALID_INPUT
+    if os.environ.get("ODECLI_DEBUG"):
+        raise exc
+    return (f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
+            EXIT_INTERNAL)
+
+
+def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
+    """Run a command; report errors as one line with the right exit code.
+
+    ``ranks``: the command runs over MPI ranks when launched by mpirun (solve, train-inverse).
+    There a failure goes through :func:`odecli.parallel.comm.end_together`: printed once with the
+    same exit code when every rank failed alike, else printed by the failing rank, which aborts
+    every rank with its exit code, so no rank is left waiting for it."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        under_mpi = ranks and _launched_ranks() > 1
+        if under_mpi:
+            _watch_ranks()
         try:
             return command(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except OdecliError as exc:
-            if not isinstance(exc, InputError) or _mpi_rank() == 0:
-                prefix = f"[rank {_mpi_rank()}] " if _mpi_rank() else ""
-                stderr.print(f"{prefix}error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
-            signum = getattr(exc, "signum", signal.SIGINT)
-            what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-            kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
-            stderr.print(f"{what}; {kept or 'no output was written'}", markup=False, soft_wrap=True)
-            raise typer.Exit(128 + signum) from None
-        except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
-            if os.environ.get("ODECLI_DEBUG"):
-                raise
-            stderr.print(f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
-                         markup=False, soft_wrap=True)
-            raise typer.Exit(EXIT_INTERNAL) from None
+        except BaseException as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+            line, code = _failure(exc)
+        if under_mpi:
+            from odecli.parallel.comm import end_together
+
+            line, code = end_together(line, code)
+        if line is not None:
+            stderr.print(line, markup=False, soft_wrap=True)
+        raise typer.Exit(code)
 
     return wrapper
+
+
+def _ranked(command: Callable) -> Callable:
+    """:func:`_clean_errors` for a command that runs over MPI ranks."""
+    return _clean_errors(command, ranks=True)
+
+
+def _launched_ranks() -> int:
+    from odecli.parallel.work_queue import launched_ranks
+
+    return launched_ranks()
+
+
+def _watch_ranks() -> None:
+    """Under mpirun: failures end every rank together, and a termination signal whose handler
+    cannot run (the main thread waits inside a blocking MPI call) aborts the job from a watchdog."""
+    from odecli.interrupts import watch_stuck
+    from odecli.parallel.comm import abort_now, end_failures_together
+
+    end_failures_together()
+    watch_stuck(lambda signum: abort_now(f"stopped by {signal.Signals(signum).name}; no output was written",
+                                         128 + signum))
 
 
 def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
@@ -162,7 +206,7 @@ def main(
 
 
 @app.command(cls=_Command)
-@_clean_errors
+@_ranked
 def solve(
     spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: ode."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: spec's output or <name>.h5)."),
@@ -263,7 +307,7 @@ def init(
 
 
 @app.command("train-inverse", cls=_Command)
-@_clean_errors
+@_ranked
 def train_inverse(
     spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: <name>-fit.h5; name defaults to the spec file's stem)."),
