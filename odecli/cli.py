@@ -39,12 +39,23 @@ class _UsageError(UsageError):
         sys.stderr.write(f"error: {self.format_message()} (see '{command} --help')\n")
 
 
+class _Signal(Exception):
+    """A signal that arrived outside a command's handler, carried past click (which would print
+    "Aborted!" and exit 1) to :func:`run`."""
+
+    def __init__(self, interrupted: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupted))
+        self.interrupted = interrupted
+
+
 class _Group(typer.core.TyperGroup):
     """The odecli command group: usage errors of every command become :class:`_UsageError`."""
 
     def make_context(self, *args, **kwargs):
         try:
             return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _Signal(exc) from None
         except UsageError as exc:
             if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
                 raise
@@ -53,6 +64,8 @@ class _Group(typer.core.TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Signal(exc) from None
         except UsageError as exc:
             if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
                 raise
@@ -125,10 +138,10 @@ def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        under_mpi = ranks and _launched_ranks() > 1
-        if under_mpi:
-            _watch_ranks()
+        under_mpi = ranks and _mpi_size() > 1  # no import before the try: a signal may come any time
         try:
+            if under_mpi:
+                _watch_ranks()
             return command(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - the last line of defence against tracebacks
             line, code = _failure(exc)
@@ -148,10 +161,15 @@ def _ranked(command: Callable) -> Callable:
     return _clean_errors(command, ranks=True)
 
 
-def _launched_ranks() -> int:
-    from odecli.parallel.work_queue import launched_ranks
+_RANKED = {"solve", "train-inverse"}  # the commands that run over MPI ranks under mpirun
 
-    return launched_ranks()
+
+def _mpi_size() -> int:
+    """The number of ranks the MPI launcher started, from its environment (no MPI import)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
 
 
 def _watch_ranks() -> None:
@@ -418,4 +436,14 @@ def run() -> None:
 
     install()
     sys.stdout = _ClosedReaderTolerantStdout(sys.stdout)
-    app(prog_name="odecli")
+    try:
+        app(prog_name="odecli")
+    except (KeyboardInterrupt, _Signal) as exc:  # a signal outside a command's own handler
+        line, code = _failure(exc.interrupted if isinstance(exc, _Signal) else exc)
+        if _mpi_size() > 1 and _RANKED.intersection(sys.argv[1:]):
+            from odecli.parallel.comm import end_together
+
+            line, code = end_together(line, code)
+        if line is not None:
+            stderr.print(line, markup=False, soft_wrap=True)
+        sys.exit(code)
