@@ -188,6 +188,8 @@ def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
     opened at the first event, so a spec that fails validation leaves no log behind."""
     if path is None:
         return lambda message: None
+    if _is_hdf5(path):
+        raise InputError(f"--log: {path} is an HDF5 file (a run or a checkpoint); give a text file for the log")
     handle = None
 
     def write(message: str) -> None:
@@ -203,6 +205,17 @@ def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
         handle.flush()
 
     return write
+
+
+def _is_hdf5(path: Path) -> bool:
+    """Whether ``path`` is (or, by its name, would be) an HDF5 file: appending text would damage it."""
+    if path.suffix.lower() in (".h5", ".hdf5", ".he5"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def _note_oversubscription(note: Optional[str], quiet: bool) -> None:
