@@ -120,12 +120,28 @@ def _failure(exc: BaseException) -> tuple[Optional[str], int]:
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
         return f"{what}; {kept or 'no output was written'}", 128 + signum
+    if _from_h5py(exc) and _READING:  # stats/plot/export: the run file's own bytes are damaged
+        return f"error: {_READING[0]}: damaged HDF5 data ({type(exc).__name__}: {' '.join(str(exc).split())})", \
+            EXIT_INVALID_INPUT
     if isinstance(exc, RecursionError):  # a spec nested too deep for the loader or the checks
         return "error: the input is nested too deeply to read", EXIT_INVALID_INPUT
     if os.environ.get("ODECLI_DEBUG"):
         raise exc
     return (f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
             EXIT_INTERNAL)
+
+
+_READING: list[Path] = []  # the run file a reading command (stats, plot, export) works on
+
+
+def _from_h5py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside h5py (reading a file whose bytes are damaged)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"h5py{os.sep}" in tb.tb_frame.f_code.co_filename:  # h5py's Python and Cython modules
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
@@ -277,6 +293,7 @@ def stats(
     """
     from odecli.report.stats import render, summarize
 
+    _READING.append(run)
     summary = summarize(run, per_sample=per_sample)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -387,6 +404,7 @@ def plot(
     from odecli.report.plot import PlotRequest, plot_run
 
     request = PlotRequest(samples=samples, states=states, phase=phase, shot=shot, logx=logx, logy=logy)
+    _READING.append(run)
     target = plot_run(run, output, request, force=force)
     for note in request.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
@@ -408,6 +426,7 @@ def export(
 
     if csv is None:
         raise InputError("--csv: give the folder to write CSV files into, e.g. --csv out/")
+    _READING.append(run)
     for path in export_csv(run, csv, force=force):
         stdout.print(f"wrote {path}", markup=False, soft_wrap=True)
 
