@@ -183,3 +183,11 @@ def test_damaged_runs_give_a_result_or_one_line(runs, tmp_path, kind, damage, fr
         one_line(result, fragment)
     elif result.exit_code != 0:
         one_line(result, fragment or "")
+
+
+def test_more_threads_than_cores_is_refused_by_validate(tmp_path):
+    spec = pde_spec(tmp_path)
+    spec.write_text(spec.read_text() + f"compute: {{threads: {(os.cpu_count() or 1) * 1000}}}\n")
+    one_line(runner.invoke(app, ["validate", str(spec)]), "compute.threads", "CPU cores")
+    spec.write_text(spec.read_text().replace("compute:", "#") + f"compute: {{threads: {os.cpu_count() or 1}}}\n")
+    assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
