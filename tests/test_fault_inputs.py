@@ -191,3 +191,15 @@ def test_more_threads_than_cores_is_refused_by_validate(tmp_path):
     one_line(runner.invoke(app, ["validate", str(spec)]), "compute.threads", "CPU cores")
     spec.write_text(spec.read_text().replace("compute:", "#") + f"compute: {{threads: {os.cpu_count() or 1}}}\n")
     assert runner.invoke(app, ["validate", str(spec)]).exit_code == 0
+
+
+@pytest.mark.parametrize("after,code", [(0, "sys.exit(0)"), (3, "sys.exit(0)"), (3, "raise SystemExit(4)")])
+def test_system_exit_in_a_python_rhs_is_a_user_error(tmp_path, after, code):
+    shutil.copy(REPO_ROOT / "examples" / "python-rhs.yaml", tmp_path / "s.yaml")
+    (tmp_path / "rhs_pendulum.py").write_text(
+        "import sys\nimport torch\ncalls = 0\n\ndef damped_pendulum(t, y, p):\n    global calls\n    calls += 1\n"
+        f"    if calls > {after}:\n        {code}\n"
+        "    return torch.stack([y[:, 1], -p['damping'] * y[:, 1] - p['g_over_l'] * torch.sin(y[:, 0])], dim=1)\n")
+    result = runner.invoke(app, ["solve", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "o.h5")])
+    one_line(result, "system.python", "damped_pendulum raised SystemExit")
+    assert not (tmp_path / "o.h5").exists()
