@@ -39,12 +39,23 @@ class _UsageError(UsageError):
         sys.stderr.write(f"error: {self.format_message()} (see '{command} --help')\n")
 
 
+class _Signal(Exception):
+    """A signal that arrived outside a command's handler, carried past click (which would print
+    "Aborted!" and exit 1) to :func:`run`."""
+
+    def __init__(self, interrupted: KeyboardInterrupt) -> None:
+        super().__init__(str(interrupted))
+        self.interrupted = interrupted
+
+
 class _Group(typer.core.TyperGroup):
     """The odecli command group: usage errors of every command become :class:`_UsageError`."""
 
     def make_context(self, *args, **kwargs):
         try:
             return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            raise _Signal(exc) from None
         except UsageError as exc:
             if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
                 raise
@@ -53,6 +64,8 @@ class _Group(typer.core.TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _Signal(exc) from None
         except UsageError as exc:
             if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
                 raise
@@ -91,34 +104,99 @@ def _mpi_rank() -> int:
     return 0
 
 
-def _clean_errors(command: Callable) -> Callable:
-    """Run a command; report errors as one line with the right exit code."""
+def _failure(exc: BaseException) -> tuple[Optional[str], int]:
+    """The one line to print for a failure, and its exit code (raises what is not a failure)."""
+    if isinstance(exc, typer.Exit):
+        raise exc
+    if isinstance(exc, SystemExit):  # another rank reports it (odecli.app.solve_ranks)
+        code = exc.code if isinstance(exc.code, int) else EXIT_INTERNAL
+        if code == 0:
+            raise exc
+        return None, code
+    if isinstance(exc, OdecliError):
+        return f"error: {exc}", exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
+        signum = getattr(exc, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
+        return f"{what}; {kept or 'no output was written'}", 128 + signum
+    if _from_h5py(exc) and _READING:  # stats/plot/export: the run file's own bytes are damaged
+        return f"error: {_READING[0]}: damaged HDF5 data ({type(exc).__name__}: {' '.join(str(exc).split())})", \
+            EXIT_INVALID_INPUT
+    if isinstance(exc, RecursionError):  # a spec nested too deep for the loader or the checks
+        return "error: the input is nested too deeply to read", EXIT_INVALID_INPUT
+    if os.environ.get("ODECLI_DEBUG"):
+        raise exc
+    return (f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
+            EXIT_INTERNAL)
+
+
+_READING: list[Path] = []  # the run file a reading command (stats, plot, export) works on
+
+
+def _from_h5py(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside h5py (reading a file whose bytes are damaged)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if f"h5py{os.sep}" in tb.tb_frame.f_code.co_filename:  # h5py's Python and Cython modules
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
+    """Run a command; report errors as one line with the right exit code.
+
+    ``ranks``: the command runs over MPI ranks when launched by mpirun (solve, train-inverse).
+    There a failure goes through :func:`odecli.parallel.comm.end_together`: printed once with the
+    same exit code when every rank failed alike, else printed by the failing rank, which aborts
+    every rank with its exit code, so no rank is left waiting for it."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        under_mpi = ranks and _mpi_size() > 1  # no import before the try: a signal may come any time
         try:
+            if under_mpi:
+                _watch_ranks()
             return command(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except OdecliError as exc:
-            if not isinstance(exc, InputError) or _mpi_rank() == 0:
-                prefix = f"[rank {_mpi_rank()}] " if _mpi_rank() else ""
-                stderr.print(f"{prefix}error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts
-            signum = getattr(exc, "signum", signal.SIGINT)
-            what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-            kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
-            stderr.print(f"{what}; {kept or 'no output was written'}", markup=False, soft_wrap=True)
-            raise typer.Exit(128 + signum) from None
-        except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
-            if os.environ.get("ODECLI_DEBUG"):
-                raise
-            stderr.print(f"internal error: {type(exc).__name__}: {exc} (set ODECLI_DEBUG=1 for a traceback)",
-                         markup=False, soft_wrap=True)
-            raise typer.Exit(EXIT_INTERNAL) from None
+        except BaseException as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+            line, code = _failure(exc)
+        if under_mpi:
+            from odecli.parallel.comm import end_together
+
+            line, code = end_together(line, code)
+        if line is not None:
+            stderr.print(line, markup=False, soft_wrap=True)
+        raise typer.Exit(code)
 
     return wrapper
+
+
+def _ranked(command: Callable) -> Callable:
+    """:func:`_clean_errors` for a command that runs over MPI ranks."""
+    return _clean_errors(command, ranks=True)
+
+
+_RANKED = {"solve", "train-inverse"}  # the commands that run over MPI ranks under mpirun
+
+
+def _mpi_size() -> int:
+    """The number of ranks the MPI launcher started, from its environment (no MPI import)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+def _watch_ranks() -> None:
+    """Under mpirun: failures end every rank together, and a termination signal whose handler
+    cannot run (the main thread waits inside a blocking MPI call) aborts the job from a watchdog."""
+    from odecli.interrupts import watch_stuck
+    from odecli.parallel.comm import abort_now, end_failures_together
+
+    end_failures_together()
+    watch_stuck(lambda signum: abort_now(f"stopped by {signal.Signals(signum).name}; no output was written",
+                                         128 + signum))
 
 
 def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
@@ -126,6 +204,8 @@ def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
     opened at the first event, so a spec that fails validation leaves no log behind."""
     if path is None:
         return lambda message: None
+    if _is_hdf5(path):
+        raise InputError(f"--log: {path} is an HDF5 file (a run or a checkpoint); give a text file for the log")
     handle = None
 
     def write(message: str) -> None:
@@ -141,6 +221,17 @@ def _file_logger(path: Optional[Path]) -> Callable[[str], None]:
         handle.flush()
 
     return write
+
+
+def _is_hdf5(path: Path) -> bool:
+    """Whether ``path`` is (or, by its name, would be) an HDF5 file: appending text would damage it."""
+    if path.suffix.lower() in (".h5", ".hdf5", ".he5"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
 
 
 def _note_oversubscription(note: Optional[str], quiet: bool) -> None:
@@ -162,7 +253,7 @@ def main(
 
 
 @app.command(cls=_Command)
-@_clean_errors
+@_ranked
 def solve(
     spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: ode."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: spec's output or <name>.h5)."),
@@ -202,6 +293,7 @@ def stats(
     """
     from odecli.report.stats import render, summarize
 
+    _READING.append(run)
     summary = summarize(run, per_sample=per_sample)
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
@@ -263,7 +355,7 @@ def init(
 
 
 @app.command("train-inverse", cls=_Command)
-@_clean_errors
+@_ranked
 def train_inverse(
     spec: Path = typer.Argument(..., metavar="SPEC", help="YAML spec with kind: pde-inverse (or kind: ode with an inverse: section)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Output HDF5 file (default: <name>-fit.h5; name defaults to the spec file's stem)."),
@@ -312,6 +404,7 @@ def plot(
     from odecli.report.plot import PlotRequest, plot_run
 
     request = PlotRequest(samples=samples, states=states, phase=phase, shot=shot, logx=logx, logy=logy)
+    _READING.append(run)
     target = plot_run(run, output, request, force=force)
     for note in request.notes:
         stdout.print(f"note: {note}", markup=False, soft_wrap=True)
@@ -333,6 +426,7 @@ def export(
 
     if csv is None:
         raise InputError("--csv: give the folder to write CSV files into, e.g. --csv out/")
+    _READING.append(run)
     for path in export_csv(run, csv, force=force):
         stdout.print(f"wrote {path}", markup=False, soft_wrap=True)
 
@@ -374,4 +468,14 @@ def run() -> None:
 
     install()
     sys.stdout = _ClosedReaderTolerantStdout(sys.stdout)
-    app(prog_name="odecli")
+    try:
+        app(prog_name="odecli")
+    except (KeyboardInterrupt, _Signal) as exc:  # a signal outside a command's own handler
+        line, code = _failure(exc.interrupted if isinstance(exc, _Signal) else exc)
+        if _mpi_size() > 1 and _RANKED.intersection(sys.argv[1:]):
+            from odecli.parallel.comm import end_together
+
+            line, code = end_together(line, code)
+        if line is not None:
+            stderr.print(line, markup=False, soft_wrap=True)
+        sys.exit(code)

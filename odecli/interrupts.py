@@ -9,16 +9,27 @@ exception swallowed there ("Exception ignored in ..."), and the run would go on 
 output after the user asked it to stop. So every signal is also recorded, and
 :func:`raise_if_interrupted` raises it again before an output file is moved into place.
 Library users who do not call :func:`install` keep Python's own handling.
+
+Python runs a signal's handler in the main thread between bytecodes, so not while that thread
+waits inside a C call that does not return (a blocking MPI collective whose peer has failed).
+:func:`watch_stuck` starts a watchdog thread that the C-level handler wakes (through
+``signal.set_wakeup_fd``); if Python's handler has not run :data:`STUCK_S` seconds later, the
+watchdog calls its action (under mpirun: abort every rank with ``128 + signum``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
+from collections.abc import Callable
 
 _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 _received: int | None = None
 _installed = False
+_watching = False
+STUCK_S = 3.0  # how long a signal may wait for Python's handler before the watchdog acts
 
 
 class Interrupted(KeyboardInterrupt):
@@ -57,3 +68,26 @@ def raise_if_interrupted() -> None:
     """Raise the signal received earlier, in case its exception was swallowed on the way."""
     if _received is not None:
         raise Interrupted(_received)
+
+
+def watch_stuck(action: Callable[[int], None], after_s: float = STUCK_S) -> None:
+    """Call ``action(signum)`` from a watchdog thread when a termination signal arrived and its
+    Python handler has not run within ``after_s`` seconds. Once per process; main thread only."""
+    global _watching
+    if _watching or threading.current_thread() is not threading.main_thread():
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    _watching = True
+
+    def watch() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            if signum not in _SIGNALS:
+                continue
+            time.sleep(after_s)
+            if _received is None:  # the main thread never got to the handler
+                action(signum)
+
+    threading.Thread(target=watch, name="odecli-signal-watchdog", daemon=True).start()

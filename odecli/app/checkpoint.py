@@ -28,7 +28,7 @@ import torch
 
 from odecli import __version__
 from odecli.errors import InputError
-from odecli.io.atomic import atomic_h5, check_writable
+from odecli.io.atomic import atomic_h5, check_name, check_writable
 from odecli.optim import Optimizer, Vector
 from odecli.parallel.comm import Comm
 from odecli.parallel.decomposition import Decomposition
@@ -48,6 +48,7 @@ def check_start(output: Path, resume: bool, force: bool) -> tuple[Path, bool]:
     An earlier run's checkpoint is continued only with ``--resume`` and discarded only with
     ``--force`` (a new run would overwrite it at its first checkpoint and delete it at the end).
     An existing output is replaced with ``--force``, or by a resumed run, which supersedes it."""
+    check_name(output)  # before cpath.exists(), which raises on a name too long (issue 42)
     cpath = checkpoint_path(output)
     if cpath.exists() and not (resume or force):
         raise InputError(f"{cpath}: a checkpoint of an earlier run exists; pass --resume to "

@@ -32,6 +32,7 @@ from odecli.app import faults
 from odecli.app.checkpoint import Saved
 from odecli.errors import OdecliError
 from odecli.optim import Optimizer, Space, Vector
+from odecli.parallel.comm import failures_end_together
 
 LOSS_COLUMNS = ("loss", "grad_norm", "wall_time_s")  # every kind's history starts with these
 
@@ -95,7 +96,7 @@ def end_every_rank(comm: Any, exc: BaseException, collective: bool) -> None:
     """On several ranks, a failure that this rank alone raised (``collective`` False) would leave
     the others waiting at their next collective for ever: print it with the rank and abort the
     job (with the error's exit code where it has one). A collective one returns, to be raised."""
-    if comm.size == 1 or collective:
+    if comm.size == 1 or collective or failures_end_together():  # the CLI agrees or aborts (issue 42)
         return
     code = getattr(exc, "exit_code", 1)
     if isinstance(exc, SystemExit):

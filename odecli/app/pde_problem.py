@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from odecli.errors import InputError, SpecError
-from odecli.io.model_files import with_model_arrays
+from odecli.io.model_files import read_array, read_wavelet, with_model_arrays
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models, stability
@@ -65,10 +65,7 @@ def build_wavelet(spec: dict, nt: int, dt: float, base_dir: Path, file: str) -> 
     else:
         path = Path(w["path"])
         path = path if path.is_absolute() else base_dir / path
-        try:
-            vals = np.asarray(np.load(path), dtype=np.float64).ravel()
-        except OSError as exc:
-            raise SpecError(file, "sources.wavelet.path", f"cannot read {path}: {exc}") from None
+        vals = read_wavelet(path, file=file)
     out = np.zeros(nt)
     out[: min(nt, vals.size)] = vals[:nt]
     return out
@@ -135,12 +132,12 @@ class Problem:
         unknown = dict(spec["unknown"])
         for key in ("initial", "model"):
             if key in unknown:
-                unknown[key] = with_model_arrays(unknown[key], base)
+                unknown[key] = with_model_arrays(unknown[key], base, file=file, field=f"unknown.{key}")
         self.unknown = make_unknown(unknown, grid, block, self.dtype, self.device, base)
         self.true_local = None
         if spec["true_model"] is not None:
             try:
-                self.true_local = models.evaluate(with_model_arrays(spec["true_model"], base), grid, block, self.dtype,
+                self.true_local = models.evaluate(with_model_arrays(spec["true_model"], base, file=file, field="true_model"), grid, block, self.dtype,
                                                   self.device, base_dir=base)
             except (OSError, ValueError, KeyError) as exc:
                 raise collective(SpecError(file, "true_model", str(exc))) from None
@@ -224,15 +221,9 @@ class Problem:
         g = self.geometry
         shape = (g.nshots, g.nrec, self.nt)
         if o["file"] is not None:
-            import h5py
-
             path = Path(o["file"])
             path = path if path.is_absolute() else spec["base_dir"] / path
-            try:
-                with h5py.File(path, "r") as f:
-                    arr = np.asarray(f[o["dataset"]][...], dtype=np.float64)
-            except (OSError, KeyError) as exc:
-                raise collective(SpecError(spec["file"], "observed.file", f"cannot read {path}: {exc}")) from None
+            arr = read_array(path, o["dataset"], file=spec["file"], field="observed.file")
             if arr.shape != shape:
                 raise collective(SpecError(spec["file"], "observed.dataset",
                                            f"shape {arr.shape} does not match (shots, receivers, "

@@ -130,7 +130,8 @@ def _describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OdecliError):
         return str(exc), exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted; no output was written", 130
+        signum = getattr(exc, "signum", 2)  # SIGTERM too: 128 + signum, as on one rank (issue 42)
+        return ("interrupted" if signum == 2 else f"stopped by {exc}") + "; no output was written", 128 + signum
     return f"{type(exc).__name__}: {exc}", EXIT_INTERNAL
 
 

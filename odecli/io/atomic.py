@@ -19,10 +19,33 @@ from odecli.errors import InputError
 from odecli.interrupts import raise_if_interrupted
 
 
+NAME_ROOM = 24  # bytes of a file name kept for what is written beside it: ".NAME.ckpt.h5.XXXXXXXX.tmp"
+
+
+def check_name(path: Path) -> None:
+    """Refuse an output name too long for its folder's file system, once the temporary and
+    checkpoint files written beside it (longer by up to :data:`NAME_ROOM` bytes) are counted."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        most = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    size = len(os.fsencode(path.name))
+    if size > most - NAME_ROOM:
+        raise InputError(f"{path.name[:40]}...: output file name is {size} bytes long; at most {most - NAME_ROOM} "
+                         f"here (the file system allows {most}, less room for the temporary and checkpoint "
+                         f"files beside it)")
+
+
 def check_writable(path: Path, force: bool = True) -> None:
     """Fail early (before any compute) if ``path`` cannot be written."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
+    check_name(path)
+    if path.is_symlink() and not path.exists():
+        raise InputError(f"{path}: output path is a symbolic link to {os.readlink(path)}, which does not exist; "
+                         "remove the link or choose another name")
     if path.is_dir():
         raise InputError(f"{path}: output path is a folder, expected a file name")
     if path.exists() and not force:

@@ -32,7 +32,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import as_batched, open_run, require, run_kind
+from odecli.io.layout import as_batched, state_names, open_run, require, run_kind
 
 HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
 
@@ -144,8 +144,7 @@ def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence]) -> Pa
 
 
 def _names(h5, n_states: int) -> list[str]:
-    names = [s.decode() if isinstance(s, bytes) else str(s) for s in np.atleast_1d(h5.attrs.get("states", []))]
-    return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
+    return state_names(h5, n_states)
 
 
 def _unique(columns: list[str], reserved: Iterable[str], prefix: str) -> list[str]:

@@ -90,8 +90,10 @@ def open_run(path: Path) -> h5py.File:
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a folder, expected an odecli run file (.h5)")
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"{path}: file not found")
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file (a pipe, a device or a socket is not a run file)")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: cannot read the file (permission denied)")
     try:
@@ -107,10 +109,26 @@ def open_run(path: Path) -> h5py.File:
         if kind not in RUN_KINDS:
             raise InputError(f"{path}: not an odecli run file: unknown kind {kind!r} "
                              f"(expected one of {', '.join(RUN_KINDS)})")
+        _refuse_links(handle, path)
     except BaseException:
         handle.close()
         raise
     return handle
+
+
+def _refuse_links(h5: h5py.File, path: Path) -> None:
+    """odecli writes no links: a soft link (dangling or not) or a link into another file in a run
+    file was put there afterwards, and reading through it fails or reads another file's data."""
+    found: list[str] = []
+
+    def visit(name: str, link: object) -> None:
+        if not found and isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+            found.append(f"{name}: is a {'link into another file' if isinstance(link, h5py.ExternalLink) else 'soft link'}")
+
+    h5.visititems_links(visit)
+    if found:
+        raise InputError(f"{path}: {found[0]}, not data; odecli writes none, so the file was changed after it "
+                         "was written")
 
 
 def _checkpoint_error(path: Path, kind: str) -> InputError:
@@ -268,6 +286,20 @@ def _conditions(layouts: tuple[tuple[Axis, ...], ...], sizes: Mapping[str, tuple
     parts = [f"{', '.join(fixed)} (from {source!r})" for source, fixed in by_source.items()]
     parts += [f"{dim} >= 1" for dim in dims if dim in nonempty and dim not in sizes]
     return f" with {', '.join(parts)}" if parts else ""
+
+
+def state_names(h5: h5py.File, n_states: int) -> list[str]:
+    """The ``states`` attribute as names (``y0, y1, ...`` where it does not hold ``n_states``);
+    names that are not UTF-8 text (a damaged file) are an input error, not a crash in a writer."""
+    names = []
+    for raw in np.atleast_1d(h5.attrs.get("states", [])):
+        try:
+            name = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+            name.encode("utf-8")
+        except UnicodeError:
+            raise InputError(f"{h5.filename}: @states: the state names are not UTF-8 text") from None
+        names.append(name)
+    return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
 
 
 def as_batched(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

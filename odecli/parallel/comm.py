@@ -7,6 +7,16 @@ buffers, so the differentiable ops in :mod:`odecli.parallel.ops` stay plain torc
 It is also the one point-to-point and abort path: collectives, buffer exchanges, the polled
 object messages of the ODE work queue (:mod:`odecli.parallel.work_queue`), and :meth:`Comm.abort`,
 which every failing rank of every command ends the job through.
+
+**No rank left waiting.** A rank that fails calls :func:`end_together` with its one-line message
+and exit code. The ranks that fail there agree on a private duplicate of COMM_WORLD (made as the
+first collective of every rank, so it can never be matched against other traffic): if every rank
+arrives within :data:`AGREE_S` seconds (a failure all ranks meet at the same point: a bad spec),
+the message is printed once, by rank 0, and every rank exits with the code; otherwise the failing
+rank prints its message with its rank and aborts the job (:meth:`Comm.abort`) with that code, so a
+failure that one rank alone met never leaves the others in a collective. A rank that is stuck
+inside a blocking MPI call when a termination signal arrives cannot run Python's handler; the
+watchdog of :mod:`odecli.interrupts` then calls :func:`abort_now` from another thread.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any
 import numpy as np
 
 _OPS = ("sum", "max", "min")
+AGREE_S = 2.0  # failing ranks wait this long for every rank to fail alike before aborting
 OUTPUT_FORWARD_S = 0.5  # pause before MPI_Abort so the launcher forwards the error line
 POLL_MIN_S, POLL_MAX_S = 5e-5, 2e-3  # waits poll with a sleep growing between these bounds
 
@@ -191,16 +202,78 @@ def _poll(done: Any, timeout: float | None = None) -> None:
         delay = min(POLL_MAX_S, delay * 2)
 
 
+_world: Comm | None = None
+_watch: Any = None  # the failures' private duplicate of COMM_WORLD (None when serial)
+_together = False  # set by the CLI: its failures reach end_together
+
+
+def end_failures_together() -> None:
+    """Declare that every failure reaches :func:`end_together` (the CLI's commands do): library
+    code then raises a failure of one rank instead of aborting the job itself."""
+    global _together
+    _together = True
+
+
+def failures_end_together() -> bool:
+    """Whether :func:`end_failures_together` was called in this process."""
+    return _together
+
+
 def get_comm() -> Comm:
     """COMM_WORLD if mpi4py is importable, else a serial communicator.
 
-    mpi4py is imported here, not at module import, because importing it initialises MPI.
+    mpi4py is imported here, not at module import, because importing it initialises MPI. The
+    first call on several ranks also duplicates COMM_WORLD for :func:`end_together`: every rank's
+    first collective, whenever each makes it (a rank that fails before it does so on its way out).
     """
+    global _world, _watch
+    if _world is not None:
+        return _world
     try:
         MPI = import_mpi()
     except ImportError:
-        return Comm()
-    return Comm(MPI.COMM_WORLD)
+        _world = Comm()
+        return _world
+    if MPI.COMM_WORLD.Get_size() > 1:
+        _watch = MPI.COMM_WORLD.Dup()
+    _world = Comm(MPI.COMM_WORLD)
+    return _world
+
+
+def end_together(line: str | None, code: int, grace_s: float = AGREE_S) -> tuple[str | None, int]:
+    """A failing rank's way out: ``(line to print here, exit code)`` when every rank failed alike
+    (rank 0 prints the first failing rank's line; the others print nothing), else print ``line``
+    with this rank's number and abort every rank with ``code`` (does not return). ``line`` None:
+    this rank has nothing to say (another rank reports the failure). Serial: ``(line, code)``."""
+    comm = get_comm()
+    if comm.size == 1 or _watch is None:
+        return line, code
+    request = _watch.Ibarrier()
+    try:
+        _poll(request.Test, grace_s)
+    except TimeoutError:
+        abort_now(line, code)
+    reports = _watch.allgather((line, code))
+    rank, (first, first_code) = next(((r, p) for r, p in enumerate(reports) if p[0] is not None), (0, (None, code)))
+    if comm.rank != 0 or first is None:
+        return None, first_code
+    return (first if rank == 0 else f"[rank {rank}] {first}"), first_code
+
+
+def abort_now(line: str | None, code: int) -> None:
+    """Print ``line`` with this rank's number and end every rank with ``code`` (does not return).
+    Safe from any thread; initialises MPI first where this rank had not yet (its launcher would
+    otherwise leave the other ranks waiting for it)."""
+    try:
+        world = import_mpi().COMM_WORLD
+    except ImportError:
+        world = None
+    if line is not None:
+        sys.stderr.write(f"[rank {world.Get_rank() if world is not None else 0}] {line}\n")
+    if world is not None and world.Get_size() > 1:
+        Comm(world).abort(code)  # does not return
+    sys.stderr.flush()
+    os._exit(code or 1)
 
 
 def import_mpi() -> Any:

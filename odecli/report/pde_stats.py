@@ -48,7 +48,7 @@ def pde_summary(h5: h5py.File) -> dict:
         "decomposition": _decomposition(h5),
     }
     fields = h5.get("fields")
-    if fields is not None and "final" in fields:
+    if isinstance(fields, h5py.Group) and "final" in fields:
         out["grid_shape"] = list(fields["final"].shape)
     if "timing" in h5:
         require(h5, "timing/total_s", "timing/comm_s", "timing/compute_s")
@@ -70,9 +70,9 @@ def pde_summary(h5: h5py.File) -> dict:
     if me is not None and me.size and math.isfinite(float(me[0])):
         out["model_error"] = {"initial": _f(me[0]),
                               "final": _f(h5.attrs.get("model_error_final", me[-1]))}
-        if out["model_error"]["initial"]:
+        if out["model_error"]["initial"] and out["model_error"]["final"] is not None:
             out["model_error"]["ratio"] = _f(out["model_error"]["final"] / out["model_error"]["initial"])
-    if "data" in h5 and "observed" in h5["data"]:
+    if isinstance(h5.get("data"), h5py.Group) and "observed" in h5["data"]:
         out["data_shape"] = list(h5["data/observed"].shape)
     return out
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import as_batched, require
+from odecli.io.layout import as_batched, state_names, require
 from odecli.report.plot import PlotRequest, figure_size, parse_samples, parse_states
 from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, draw_loss, figure_legend
 
@@ -26,8 +26,7 @@ SPARSE_BEND = 0.01  # a stored point this far (fraction of the state's range) of
 
 
 def _state_names(h5, n_states: int) -> list[str]:
-    names = [s.decode() if isinstance(s, bytes) else str(s) for s in np.atleast_1d(h5.attrs.get("states", []))]
-    return names if len(names) == n_states else [f"y{i}" for i in range(n_states)]
+    return state_names(h5, n_states)
 
 
 EVENT_MARKERS = ("X", "v", "^", "D", "s", "P", "*")  # one per event, in the sample's colour

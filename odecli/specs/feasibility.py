@@ -36,7 +36,18 @@ def check_pde(spec: dict, ranks: int = 1, ranks_here: int = 1) -> None:
     """The same for a validated ``kind: pde-inverse`` spec run on ``ranks`` ranks, ``ranks_here`` of
     them on this machine."""
     check_device(spec["file"], "compute.device", spec["compute"]["device"])
+    check_threads(spec["file"], "compute.threads", spec["compute"]["threads"])
     check_pde_memory(spec, ranks, ranks_here)
+
+
+def check_threads(file: str, field: str, threads: int) -> None:
+    """More threads per rank than this machine has cores (``compute.threads: 100000`` passed
+    validation, then crashed allocating per-thread buffers): refused with the count there is."""
+    import os
+
+    cores = os.cpu_count() or 1
+    if threads > cores:
+        raise SpecError(file, field, f"must be at most the {cores} CPU cores of this machine (0: share them), got {threads}")
 
 
 def check_device(file: str, field: str, device: str) -> None:

@@ -9,7 +9,9 @@ with three changes that remove common surprises in hand-written specs:
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from odecli.errors import InputError, SpecError
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+MAX_DEPTH = 64  # nesting levels a spec may have; no section needs more than a handful
 
 
 def spec_loader(base: type = yaml.SafeLoader) -> type:
@@ -70,6 +73,7 @@ def load_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
         raise SpecError(file, "", "file not found")
     if path.is_dir():
         raise SpecError(file, "", "is a folder, expected a YAML file")
+    check_regular(path, file)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -82,14 +86,51 @@ def load_yaml(path: str | Path) -> tuple[dict[str, Any], str]:
 def parse_yaml(text: str, file: str) -> dict[str, Any]:
     """Parse spec text (``file`` only names it in errors); the top level must be a mapping."""
     try:
-        data = yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 - a spec_loader() is a SafeLoader
-    except yaml.YAMLError:
-        data = _parse_for_errors(text, file)
+        try:
+            data = yaml.load(text, Loader=_FAST_LOADER)  # noqa: S506 - a spec_loader() is a SafeLoader
+        except yaml.YAMLError:
+            data = _parse_for_errors(text, file)
+    except RecursionError:
+        raise SpecError(file, "", f"nested too deeply to read (a spec needs at most {MAX_DEPTH} levels)") from None
+    except (ValueError, OverflowError, TypeError) as exc:  # an explicit tag on a value it cannot hold
+        raise SpecError(file, "", f"invalid YAML: a tagged value cannot be read ({exc})") from None
+    _check_tree(data, file)
     if data is None:
         raise SpecError(file, "", "file is empty, expected a mapping with a 'kind' key")
     if not isinstance(data, dict):
         raise SpecError(file, "", f"top level must be a mapping of keys, got {describe(data)}")
     return data
+
+
+def check_regular(path: Path, file: str, what: str = "file") -> None:
+    """Refuse a path that is not a regular file (a FIFO or a device would block or never end)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise SpecError(file, "", f"not a regular {what} (a pipe, a device or a socket cannot be read as one)")
+
+
+def _check_tree(data: Any, file: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` and integers no float can hold (every number
+    of a spec is used as a float somewhere; ``int(1e400)`` would end in OverflowError later).
+    Iterative, so no recursion limit is met on the way."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, level = stack.pop()
+        if isinstance(value, (dict, list)):
+            if level >= MAX_DEPTH:
+                raise SpecError(file, where, f"nested more than {MAX_DEPTH} levels deep; a spec needs a handful")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                path = f"{where}[{key}]" if isinstance(value, list) else (f"{where}.{key}" if where else str(key))
+                stack.append((child, path, level + 1))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _LARGEST:
+            raise SpecError(file, where, f"integer of {len(str(abs(value)))} digits is too large (at most about 1.8e308)")
+
+
+_LARGEST = int(1.7976931348623157e308)
 
 
 def _parse_for_errors(text: str, file: str) -> Any:

@@ -92,7 +92,7 @@ def python_errors(spec: OdeSpec) -> Iterator[None]:
     """
     try:
         yield
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() in the user's code too (issue 42)
         if spec.python is not None and _user_line(spec, exc) is not None:
             raise _raised(spec, exc) from exc
         raise
@@ -115,7 +115,7 @@ def _probe(spec: OdeSpec, function: Rhs, device: torch.device | str) -> None:
     copies = {name: value.clone() for name, value in arguments.items()}
     try:
         out = function(t, y, p)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise _raised(spec, exc) from exc
     where, shape = _where(spec), tuple(y.shape)
     if not isinstance(out, torch.Tensor):
