@@ -8,6 +8,7 @@ code (0 ok, 2 invalid input, 3 completed with failed samples, 1 internal error),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import json
@@ -52,24 +53,25 @@ class _Group(typer.core.TyperGroup):
     """The odecli command group: usage errors of every command become :class:`_UsageError`."""
 
     def make_context(self, *args, **kwargs):
-        try:
+        with _one_line_usage_errors():
             return super().make_context(*args, **kwargs)
-        except KeyboardInterrupt as exc:
-            raise _Signal(exc) from None
-        except UsageError as exc:
-            if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
-                raise
-            raise _UsageError(exc.format_message(), exc.ctx) from None
 
     def invoke(self, ctx):
-        try:
+        with _one_line_usage_errors():
             return super().invoke(ctx)
-        except KeyboardInterrupt as exc:
-            raise _Signal(exc) from None
-        except UsageError as exc:
-            if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
-                raise
-            raise _UsageError(exc.format_message(), exc.ctx) from None
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors():
+    """Parsing and dispatch: a usage error becomes :class:`_UsageError`, a signal :class:`_Signal`."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise _Signal(exc) from None
+    except UsageError as exc:
+        if isinstance(exc, _UsageError) or type(exc).__name__ == "NoArgsIsHelpError":  # plain `odecli`: the help
+            raise
+        raise _UsageError(exc.format_message(), exc.ctx) from None
 
 
 app = typer.Typer(
