@@ -15,6 +15,7 @@ record a gradient); both import this module, which imports neither.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import dataclasses
 import functools
@@ -190,12 +191,25 @@ def run_blocks(entry: Callable, args: list, job: Job, threads: int,
     if len(ranges) == 1 and progress is None:
         run(0)
         return
+    pool = kernel_pool(max(1, min(threads, batch)))
+    blocks = [pool.submit(run, index) for index in range(len(ranges))]
     finished = steps = 0
-    for lo, hi in kernel_pool(max(1, min(threads, batch))).map(run, range(len(ranges))):
-        finished += hi - lo
-        steps += int(job.istat[lo:hi, 1].sum())
-        if progress is not None:
-            progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
+    try:
+        for block in blocks:
+            lo, hi = block.result()
+            finished += hi - lo
+            steps += int(job.istat[lo:hi, 1].sum())
+            if progress is not None:
+                progress(Progress(finished, batch, 1.0 if finished == batch else 0.0, steps))
+    except BaseException:
+        # Ctrl-C or SIGTERM (raised here, in the main thread) must not unwind and free the job's
+        # arrays while other threads are still inside the C solver writing into them (a segfault
+        # in about a third of SIGTERMs at 200k samples): blocks not started are cancelled, the
+        # running ones (at most MAX_BLOCK samples each) finish first.
+        for block in blocks:
+            block.cancel()
+        concurrent.futures.wait(blocks)
+        raise
 
 
 def as_float64(value: Any) -> Any:

@@ -19,6 +19,7 @@ autograd of the reference to round-off (tests).
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
 
@@ -342,9 +343,13 @@ def _run_pieces(calls: list) -> None:
         calls[0]()
         return
     futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
-    calls[-1]()
-    for f in futures:
-        f.result()
+    try:
+        calls[-1]()
+        for f in futures:
+            f.result()
+    except BaseException:  # a signal: the other pieces are inside C, writing into our tensors
+        concurrent.futures.wait(futures)
+        raise
 
 
 def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:
