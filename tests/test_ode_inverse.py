@@ -369,6 +369,10 @@ ODE_DAMAGE = {  # what is done to a good checkpoint -> what the error says about
                                     "'opt/s0/0' has shape (2,), expected (6,)"),
     "short history": (lambda h5: _replace(h5, "history/loss", h5["history/loss"][:2]),
                       "'history/loss' has shape (2,), expected 5 entries"),
+    "NaN in x": (lambda h5: _replace(h5, "params/0", h5["params/0"][...] * np.nan),
+                 "'params/0' holds non-finite values"),
+    "inf in an L-BFGS pair": (lambda h5: _replace(h5, "opt/s0/0", h5["opt/s0/0"][...] + np.inf),
+                              "'opt/s0/0' holds non-finite values"),
 }
 
 

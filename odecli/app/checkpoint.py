@@ -243,6 +243,8 @@ def load(path: Path, layout: Layout, *, kind: str, spec_text: str, opt: Optimize
                 shape = layout.decomp.global_shape if dist else tuple(ref.shape)
                 arr = torch.as_tensor(read_array(f, f"{name}/{i}", shape), dtype=ref.dtype,
                                       device=ref.device)
+                if not bool(torch.isfinite(arr).all()):  # a damaged file, not a state a fit can have
+                    raise unusable(path, f"'{name}/{i}' holds non-finite values")
                 if dist and layout.comm.size > 1:
                     arr = local_block(arr, layout.decomp).contiguous()
                 out.append(arr.clone())
