@@ -1,9 +1,10 @@
 """The one thread pool that every C kernel (ODE solver blocks, PDE stencil passes) runs on.
 
 Why a pool of our own rather than OpenMP in the C: the kernels run inside a process that also
-holds torch's OpenMP runtime, and a second runtime would compete with it for the same cores;
-Python threads calling ctypes functions release the GIL, so a plain executor gives the same
-parallelism with one set of threads. Why kept for the process: a fit solves and differentiates
+holds torch's OpenMP runtime, and a second runtime in the same process risks two sets of threads
+on the same cores (not measured here: the two pools this replaced were already Python executors,
+and their speed is unchanged). Python threads calling ctypes functions release the GIL, so a
+plain executor gives the parallelism with one set of threads. Why kept for the process: a fit solves and differentiates
 hundreds of times, and starting threads for each call cost more than the C work of a small batch.
 """
 
