@@ -5,7 +5,7 @@ Runs each case as ``odecli train-inverse`` would (in this process, one torch thr
 ``--threads``), and prints the model error at the start and the end, their ratio, the stop reason
 and the wall time. Cases: the three bundled examples as written, and ``examples/acoustic-mlp.yaml``
 with ``unknown.features`` plain (the former tanh MLP), fourier and siren, plus the same MLP on the
-heat-conductivity problem.
+heat-conductivity problem, each under L-BFGS (the default) and Adam.
 
     python benchmarks/inverse_defaults_bench.py              # everything, ~10 min on one core
     python benchmarks/inverse_defaults_bench.py --only examples
@@ -36,13 +36,15 @@ def cases(only: str) -> list[tuple[str, dict]]:
             out.append((name, load(name)))
     if only in ("all", "mlp"):
         for features in ("plain", "fourier", "siren"):
-            spec = load("acoustic-mlp.yaml")
-            spec["unknown"]["features"] = features
-            out.append((f"acoustic-mlp features={features}", spec))
-            heat = load("heat-conductivity.yaml")
-            heat["unknown"] = {**HEAT_MLP, "features": features}
-            heat["optimizer"] = {"type": "adam", "iterations": 120}
-            out.append((f"heat-conductivity mlp features={features}", heat))
+            for optimizer in ("lbfgs", "adam"):  # lbfgs is the default
+                spec = load("acoustic-mlp.yaml")
+                spec["unknown"]["features"] = features
+                spec["optimizer"] = {"type": optimizer, "iterations": 120}
+                out.append((f"acoustic-mlp features={features} {optimizer}", spec))
+                heat = load("heat-conductivity.yaml")
+                heat["unknown"] = {**HEAT_MLP, "features": features}
+                heat["optimizer"] = {"type": optimizer, "iterations": 100}
+                out.append((f"heat-conductivity mlp features={features} {optimizer}", heat))
     return out
 
 

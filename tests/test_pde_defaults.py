@@ -58,7 +58,8 @@ CASES = {
                          "{type: lbfgs, iterations: 10}"),
     "heat-grid": (HEAT, "unknown: {type: grid, initial: 0.0002, bounds: [0.00005, 0.002]}",
                   "{type: lbfgs, iterations: 40}"),
-    # not here: an MLP on heat2d, which does not yet reach 0.35x on such a problem (issue 40's report)
+    "heat-mlp": (HEAT, "unknown: {type: mlp, base: 0.0002, scale: 0.0004, bounds: [0.00005, 0.002]}",
+                 "{iterations: 100}"),
     "heat-scalars": (HEAT, ("unknown: {type: scalars, model: {type: gaussian, background: 0.0003, amplitude: 0.0001, "
                             "center: [0.19, 0.19], sigma: 0.06}, bounds: [0.00001, 0.002]}"),
                      "{type: lbfgs, iterations: 10}"),
