@@ -3,8 +3,8 @@
 The references (``problems/<stem>.reference.yaml``) come from closed forms, the Hairer / Bari
 IVP test sets, or SciPy at rtol = atol = 1e-13 (``problems/make_references.py``), never from
 odecli. A problem passes when, for every sample and state,
-``|y - y_end| <= check_rtol * max(|y_end|, check_floor)``. Stiff problems in problems/stiff/
-need a stiff method that does not exist yet; only their files are checked here.
+``|y - y_end| <= check_rtol * max(|y_end|, check_floor)``. The stiff problems in problems/stiff/
+are solved by tests/test_stiff.py; here only their sidecars are checked.
 """
 
 from __future__ import annotations
