@@ -18,8 +18,8 @@
  * the __global__ entry at the end maps threads to samples. NVRTC has no C headers: what the
  * solver takes from them is defined here. C99's restrict (also inside array parameters) has no
  * C++ spelling there, so it is dropped. */
-typedef long long int64_t;
-typedef unsigned long long uint64_t;
+typedef long int64_t;  /* as glibc on LP64 (CUDA device code follows the host's data model) */
+typedef unsigned long uint64_t;
 #define restrict
 #define NULL 0
 #define NAN __longlong_as_double(0x7ff8000000000000LL)
