@@ -217,3 +217,44 @@ def test_float32_results_progress_and_an_mlp():
     on_gpu = solve_gpu(mlp, y_mlp, 0.0, 2.0, grid[:3] / 5)
     on_cpu = solve_native_arrays(mlp, y_mlp.cpu().numpy(), 0.0, 2.0, (grid[:3] / 5).cpu().numpy())
     np.testing.assert_allclose(on_gpu.y.cpu().numpy(), on_cpu.y, rtol=1e-7, atol=1e-9)
+
+
+class _HostKernel:
+    """The kernel built for the host (_host_build) behind odecli.ode.gpu.driver.Kernel's launch."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib, self.launches = lib, []
+
+    def launch(self, blocks: int, threads: int, args: list) -> None:
+        self.launches.append((blocks, threads, args[0].value, args[1].value))
+        self.lib.launch(ctypes.c_int64(blocks), ctypes.c_int64(threads), *args)
+
+
+def test_solve_gpu_lays_out_a_batch_and_reads_it_back_as_the_cpu_solver(tmp_path, monkeypatch):
+    """solve_gpu's layout, launches and Solution, with CPU tensors and the host build as its kernel."""
+    from odecli.ode.gpu import solve as gpu_solve
+
+    kernel = _HostKernel(_host_build(cuda_source(VDP, "tsit5"), tmp_path))
+    monkeypatch.setattr(gpu_solve, "unsupported_reason", lambda *args: "")
+    monkeypatch.setattr(gpu_solve, "_kernel", lambda *args: kernel)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    monkeypatch.setattr(gpu_solve, "LAUNCH_MIN", 16)
+    batch = 50
+    mu = torch.linspace(0.5, 25.0, batch, dtype=torch.float64)
+    grid = torch.linspace(0, 3, 4, dtype=torch.float64).repeat(batch, 1) * torch.linspace(1, 2, batch)[:, None]
+    y0 = torch.tensor([[2.0, 0.0]]).expand(batch, 2)  # float32, not contiguous
+    seen = []
+    got = gpu_solve.solve_gpu(VDP, y0, 0.0, grid[:, -1], grid, params={"mu": mu}, method="tsit5", rtol=1e-7,
+                              atol=1e-8, progress=seen.append, threads_per_block=8)
+    want = solve_native_arrays(VDP, y0.double().numpy(), 0.0, grid[:, -1].numpy(), grid.numpy(),
+                               params={"mu": mu.numpy()}, method="tsit5", rtol=1e-7, atol=1e-8)
+    assert [launch[2:] for launch in kernel.launches] == [(0, 16), (16, 32), (32, 48), (48, 50)]
+    assert kernel.launches[0][:2] == (2, 8) and kernel.launches[-1][:2] == (1, 8)
+    assert [p.finished for p in seen] == [16, 32, 48, 50] and seen[-1].loop_iterations == want.stats["n_steps"].sum()
+    assert got.y.dtype == torch.float32 and got.extra["engine"] == "native-cuda"
+    np.testing.assert_array_equal(got.y.numpy(), want.y.astype(np.float32))
+    for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals"):
+        np.testing.assert_array_equal(got.stats[name].numpy(), want.stats[name])
+    np.testing.assert_array_equal(got.status.numpy(), want.status)
+    with pytest.raises(ValueError, match="parameter 'mu' has no value"):
+        gpu_solve.solve_gpu(VDP, y0, 0.0, 1.0)
