@@ -130,6 +130,13 @@ def correctness() -> None:
     for method in ("dopri5", "tsit5", "dop853"):
         compare("VdP B=4096", VDP_C, y0, grid, params, method)
     compare("VdP B=4096", VDP_C, y0, grid, params, "dopri5", contract=True)
+    y32, grid32, params32 = vdp_problem(4096, torch.float32)
+    got = solve_gpu(VDP_C, y32, 0.0, 10.0, grid32, params=params32, rtol=1e-4, atol=1e-4)
+    want = solve(vdp, y32, 0.0, 10.0, grid32, params=params32, rtol=1e-4, atol=1e-4)
+    same = got.stats["n_steps"] == want.stats["n_steps"]
+    print(f"{'VdP B=4096 float32 build':28s} vs the PyTorch loop in float32 (rtol=atol=1e-4): statuses equal "
+          f"{bool(torch.equal(got.status, want.status))}  same steps {float(same.double().mean()) * 100:6.2f} %  "
+          f"max |dy| (same steps) {float((got.y[same] - want.y[same]).abs().max()):.2e}", flush=True)
     ly0, lgrid, lparams = lorenz_problem(4096, torch.float64)
     compare("Lorenz B=4096 (chaotic)", LORENZ_C, ly0, lgrid, lparams)
     net = mlp_module().double()

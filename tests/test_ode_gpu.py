@@ -36,6 +36,7 @@ from odecli.specs import parse_ode_spec
 VDP = NativeRhs(("y[1]", "((p[0] * (1.0 - odecli_sq(y[0]))) * y[1]) - y[0]"), ("mu",))
 NO_NVRTC = nvrtc.available()
 HAS_CUDA = torch.cuda.is_available()
+TOL32 = 1e-4  # float32 at 1e-6 sits at its resolution: round-off then flips accepts in half the samples
 
 
 def _mlp() -> NativeMLP:
@@ -46,10 +47,11 @@ def _mlp() -> NativeMLP:
 
 @pytest.mark.skipif(bool(NO_NVRTC), reason=f"NVRTC: {NO_NVRTC}")
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_method_compiles_for_the_gpu(method):
-    cubin = nvrtc._compile(cuda_source(VDP, method), ["--gpu-architecture=sm_80", *nvrtc.BASE_OPTIONS,
-                                                      *nvrtc.CONTRACT_OFF], "vdp.cu")
-    assert cubin[:4] == b"\x7fELF"
+def test_every_method_compiles_for_the_gpu_in_both_precisions(method):
+    for single in (False, True):
+        cubin = nvrtc._compile(cuda_source(VDP, method, single), ["--gpu-architecture=sm_80", *nvrtc.BASE_OPTIONS,
+                                                                  *nvrtc.CONTRACT_OFF], "vdp.cu")
+        assert cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.skipif(bool(NO_NVRTC), reason=f"NVRTC: {NO_NVRTC}")
@@ -70,6 +72,7 @@ _HOST_SHIM = r"""
 struct odecli_dim3 { unsigned x, y, z; };
 static odecli_dim3 blockIdx, blockDim, threadIdx;
 static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, sizeof d); return d; }
+static inline float __int_as_float(int v) { float f; memcpy(&f, &v, sizeof f); return f; }
 #define __CUDACC_RTC__ 1
 """
 _HOST_LAUNCH = r"""
@@ -231,7 +234,8 @@ class _HostKernel:
 
 
 def test_solve_gpu_lays_out_a_batch_and_reads_it_back_as_the_cpu_solver(tmp_path, monkeypatch):
-    """solve_gpu's layout, launches and Solution, with CPU tensors and the host build as its kernel."""
+    """solve_gpu's layout, launches and Solution, with CPU tensors and the host build as its kernel
+    (float32 inputs take the float32 build: the next test)."""
     from odecli.ode.gpu import solve as gpu_solve
 
     kernel = _HostKernel(_host_build(cuda_source(VDP, "tsit5"), tmp_path))
@@ -242,19 +246,50 @@ def test_solve_gpu_lays_out_a_batch_and_reads_it_back_as_the_cpu_solver(tmp_path
     batch = 50
     mu = torch.linspace(0.5, 25.0, batch, dtype=torch.float64)
     grid = torch.linspace(0, 3, 4, dtype=torch.float64).repeat(batch, 1) * torch.linspace(1, 2, batch)[:, None]
-    y0 = torch.tensor([[2.0, 0.0]]).expand(batch, 2)  # float32, not contiguous
+    y0 = torch.tensor([[2.0, 0.0]], dtype=torch.float64).expand(batch, 2)  # not contiguous
     seen = []
     got = gpu_solve.solve_gpu(VDP, y0, 0.0, grid[:, -1], grid, params={"mu": mu}, method="tsit5", rtol=1e-7,
                               atol=1e-8, progress=seen.append, threads_per_block=8)
-    want = solve_native_arrays(VDP, y0.double().numpy(), 0.0, grid[:, -1].numpy(), grid.numpy(),
+    want = solve_native_arrays(VDP, y0.numpy(), 0.0, grid[:, -1].numpy(), grid.numpy(),
                                params={"mu": mu.numpy()}, method="tsit5", rtol=1e-7, atol=1e-8)
     assert [launch[2:] for launch in kernel.launches] == [(0, 16), (16, 32), (32, 48), (48, 50)]
     assert kernel.launches[0][:2] == (2, 8) and kernel.launches[-1][:2] == (1, 8)
     assert [p.finished for p in seen] == [16, 32, 48, 50] and seen[-1].loop_iterations == want.stats["n_steps"].sum()
-    assert got.y.dtype == torch.float32 and got.extra["engine"] == "native-cuda"
-    np.testing.assert_array_equal(got.y.numpy(), want.y.astype(np.float32))
+    assert got.y.dtype == torch.float64 and got.extra["engine"] == "native-cuda"
+    np.testing.assert_array_equal(got.y.numpy(), want.y)
     for name in ("n_steps", "n_accepted", "n_rejected", "n_f_evals"):
         np.testing.assert_array_equal(got.stats[name].numpy(), want.stats[name])
     np.testing.assert_array_equal(got.status.numpy(), want.status)
     with pytest.raises(ValueError, match="parameter 'mu' has no value"):
         gpu_solve.solve_gpu(VDP, y0, 0.0, 1.0)
+
+
+def test_the_float32_build_takes_the_steps_of_the_pytorch_loop_in_float32(tmp_path, monkeypatch):
+    """The float32 text (every literal a float, no double left), run on the host through solve_gpu."""
+    from odecli.ode.gpu import solve as gpu_solve
+    from odecli.ode.solver import solve
+
+    source = cuda_source(VDP, "dopri5", single=True)
+    assert "ODECLI_FLOAT" in source and "0.2f" in source and "0x7ff8000000000000LL" in source
+    kernel = _HostKernel(_host_build(source, tmp_path))
+    monkeypatch.setattr(gpu_solve, "unsupported_reason", lambda *args: "")
+    monkeypatch.setattr(gpu_solve, "_kernel", lambda *args: kernel)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    batch = 40
+    mu = torch.linspace(0.5, 25.0, batch)
+    y0 = torch.tensor([[2.0, 0.0]]).repeat(batch, 1)
+    grid = torch.linspace(0, 10, 11)
+    got = gpu_solve.solve_gpu(VDP, y0, 0.0, 10.0, grid, params={"mu": mu}, rtol=TOL32, atol=TOL32)
+
+    def vdp(t, y, p):
+        return torch.stack([y[:, 1], p["mu"] * (1 - y[:, 0] ** 2) * y[:, 1] - y[:, 0]], dim=-1)
+
+    want = solve(vdp, y0, 0.0, 10.0, grid, params={"mu": mu}, rtol=TOL32, atol=TOL32)
+    double = solve_native_arrays(VDP, y0.double().numpy(), 0.0, 10.0, grid.double().numpy(),
+                                 params={"mu": mu.double().numpy()}, rtol=TOL32, atol=TOL32)
+    assert torch.equal(got.status, want.status)
+    same = got.stats["n_steps"] == want.stats["n_steps"]
+    assert float(same.float().mean()) >= 0.9
+    assert bool(((got.stats["n_steps"] - want.stats["n_steps"]).abs() <= 2).all())
+    assert not np.array_equal(got.stats["n_steps"].numpy(), double.stats["n_steps"])  # float32 indeed
+    torch.testing.assert_close(got.y[same], want.y[same], rtol=1e-3, atol=1e-3)

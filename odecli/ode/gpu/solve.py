@@ -14,10 +14,11 @@ build rounds every operation as written, as the CPU build does; only ``pow`` in 
 may differ in the last bit). A sample that fails (an infinite norm, a step below ``dt_min``, the
 step budget) ends with its status and leaves every other sample as it would be alone.
 
-float32 inputs are solved in float64 on the device and the results returned as float32 (the
-generated text computes in double; a float32 build is future work). Solves that record a
-gradient, and right-hand sides with events, are not taken yet (:func:`unsupported_reason`):
-callers run them on the PyTorch loop.
+float32 inputs of expression right-hand sides run a float32 build of the same text
+(:func:`odecli.ode.gpu.source.cuda_source`), computing as the PyTorch loop does in float32; an
+MLP's float32 solve runs in float64 and is returned as float32. Solves that record a gradient,
+and right-hand sides with events, are not taken yet (:func:`unsupported_reason`): callers run
+them on the PyTorch loop.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from odecli import native
 from odecli.ode.gpu import nvrtc
 from odecli.ode.gpu.driver import Kernel, device_arch
-from odecli.ode.gpu.source import cuda_source
+from odecli.ode.gpu.source import cuda_source, single_precision_ok
 from odecli.ode.methods import METHODS
 from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS
 from odecli.ode.native.rhs import NativeUnavailable
@@ -104,8 +105,9 @@ def solve_gpu(
     if torch.is_grad_enabled() and any(getattr(v, "requires_grad", False)
                                        for v in (y0, *(params or {}).values(), *(t for _, t in rhs.tensors()))):
         raise NativeUnavailable("the GPU solver records no gradient yet")
-    layout = _layout(rhs, y0, t_start, t_end, t_eval, params or {}, options)
-    kernel = _kernel(rhs, options.method, y0.device, contract)
+    single = y0.dtype == torch.float32 and single_precision_ok(rhs)
+    layout = _layout(rhs, y0, t_start, t_end, t_eval, params or {}, options, torch.float32 if single else torch.float64)
+    kernel = _kernel(rhs, options.method, y0.device, contract, single)
     batch = y0.shape[0]
     per_launch = batch if progress is None else max(LAUNCH_MIN, math.ceil(batch / PROGRESS_LAUNCHES))
     args = layout.args()
@@ -120,7 +122,7 @@ def solve_gpu(
 
 
 class _Layout:
-    """The batch as ``solve_samples_cuda`` reads it, float64 on the device, and its output tensors."""
+    """The batch as ``solve_samples_cuda`` reads it, on the device in the build's precision, and its outputs."""
 
     def __init__(self, **tensors: Any) -> None:
         self.__dict__.update(tensors)
@@ -134,11 +136,11 @@ class _Layout:
 
 
 def _layout(rhs: "NativeRhs | NativeMLP", y0: Tensor, t_start: Any, t_end: Any, t_eval: Any,
-            params: Mapping[str, Any], options: SolverOptions) -> _Layout:
+            params: Mapping[str, Any], options: SolverOptions, real: "torch.dtype") -> _Layout:
     """Check the arguments as :func:`odecli.ode.native.engine.prepare_job` does, laid out on the device."""
     import torch
 
-    device, f64 = y0.device, torch.float64
+    device = y0.device
     method, dt0, max_steps = options.method, options.dt0, options.max_steps
     if y0.ndim != 2 or y0.shape[1] != rhs.n_states:
         raise ValueError(f"y0 must have shape (batch, {rhs.n_states}), got {tuple(y0.shape)}")
@@ -149,7 +151,7 @@ def _layout(rhs: "NativeRhs | NativeMLP", y0: Tensor, t_start: Any, t_end: Any, 
     batch = y0.shape[0]
 
     def vector(value: Any) -> Tensor:
-        vec = torch.as_tensor(value, dtype=f64, device=device).detach()
+        vec = torch.as_tensor(value, dtype=real, device=device).detach()
         if vec.ndim == 0:
             return vec.expand(batch).contiguous()
         if vec.numel() != batch:
@@ -160,7 +162,7 @@ def _layout(rhs: "NativeRhs | NativeMLP", y0: Tensor, t_start: Any, t_end: Any, 
     if t_eval is None:
         grid = torch.stack([t0, t1], dim=1)
     else:
-        grid = torch.as_tensor(t_eval, dtype=f64, device=device).detach()
+        grid = torch.as_tensor(t_eval, dtype=real, device=device).detach()
         grid = grid.expand(batch, grid.shape[0]) if grid.ndim == 1 else grid
         if grid.ndim != 2 or grid.shape[0] != batch:
             raise ValueError(f"t_eval must have shape (n_eval,) or (batch, n_eval), got {tuple(grid.shape)}")
@@ -169,19 +171,19 @@ def _layout(rhs: "NativeRhs | NativeMLP", y0: Tensor, t_start: Any, t_end: Any, 
         if name not in params:
             raise ValueError(f"parameter {name!r} has no value")
     p = (torch.stack([vector(params[name]) for name in rhs.params], dim=1) if rhs.params
-         else torch.zeros(batch, 1, dtype=f64, device=device))
+         else torch.zeros(batch, 1, dtype=real, device=device))
     ctrl = options.pid()
     cfg = [float(options.rtol), float(options.atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])]
     n_eval, n_states = grid.shape[1], rhs.n_states
     return _Layout(
-        y0=y0.detach().to(f64).contiguous(), t0=t0, t1=t1, grid=grid, p=p.contiguous(),
+        y0=y0.detach().to(real).contiguous(), t0=t0, t1=t1, grid=grid, p=p.contiguous(),
         dt=vector(dt0 if dt0 is not None else 0.0), auto_dt0=dt0 is None,
-        cfg=torch.tensor(cfg, dtype=f64, device=device), max_steps=int(max_steps),
-        y_out=torch.full((batch, n_eval, n_states), math.nan, dtype=f64, device=device),
+        cfg=torch.tensor(cfg, dtype=real, device=device), max_steps=int(max_steps),
+        y_out=torch.full((batch, n_eval, n_states), math.nan, dtype=real, device=device),
         istat=torch.zeros((batch, len(INT_STATS)), dtype=torch.int64, device=device),
-        fstat=torch.zeros((batch, len(FLOAT_STATS)), dtype=f64, device=device),
-        y_final=torch.empty((batch, n_states), dtype=f64, device=device),
-        shared=torch.as_tensor(rhs.shared_weights(), dtype=f64).to(device).contiguous(),
+        fstat=torch.zeros((batch, len(FLOAT_STATS)), dtype=real, device=device),
+        y_final=torch.empty((batch, n_states), dtype=real, device=device),
+        shared=torch.as_tensor(rhs.shared_weights(), dtype=real).to(device).contiguous(),
     )
 
 
@@ -205,15 +207,16 @@ _KERNELS: dict[tuple, Kernel] = {}
 process, and compiled by NVRTC once per machine (:func:`odecli.ode.gpu.nvrtc.compile_cubin`'s cache)."""
 
 
-def _kernel(rhs: "NativeRhs | NativeMLP", method: str, device: "torch.device", contract: bool) -> Kernel:
+def _kernel(rhs: "NativeRhs | NativeMLP", method: str, device: "torch.device", contract: bool,
+            single: bool = False) -> Kernel:
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (method, rhs.c_source(), rhs.n_states, len(rhs.params), rhs.keep_size(), index, contract)
+    key = (method, rhs.c_source(), rhs.n_states, len(rhs.params), rhs.keep_size(), index, contract, single)
     if key not in _KERNELS:
         where = torch.device("cuda", index)
         try:
-            cubin = nvrtc.compile_cubin(cuda_source(rhs, method), device_arch(where),
+            cubin = nvrtc.compile_cubin(cuda_source(rhs, method, single), device_arch(where),
                                         () if contract else nvrtc.CONTRACT_OFF)
         except (nvrtc.CompileError, nvrtc.NvrtcUnavailable) as exc:
             raise NativeUnavailable(str(exc)) from None

@@ -22,11 +22,22 @@ typedef long int64_t;  /* as glibc on LP64 (CUDA device code follows the host's 
 typedef unsigned long uint64_t;
 #define restrict
 #define NULL 0
+#ifdef ODECLI_FLOAT
+/* float32 solves: the same text in single precision (odecli.ode.gpu.source has suffixed every
+ * floating literal with f, so no operation is promoted to double). */
+#define double float
+#define NAN __int_as_float(0x7fc00000)
+#define INFINITY __int_as_float(0x7f800000)
+#define DBL_MIN 1.17549435e-38f
+#define DBL_MAX 3.40282347e+38f
+#define DBL_EPSILON 1.19209290e-07f
+#else
 #define NAN __longlong_as_double(0x7ff8000000000000LL)
 #define INFINITY __longlong_as_double(0x7ff0000000000000LL)
 #define DBL_MIN 2.2250738585072014e-308
 #define DBL_MAX 1.7976931348623157e+308
 #define DBL_EPSILON 2.220446049250313e-16
+#endif
 #define ODECLI_NOINLINE  /* GCC's vectoriser needs these calls kept; a GPU thread has no lanes to vectorise */
 #else
 #include <math.h>
