@@ -22,6 +22,7 @@ import glob
 import hashlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -48,19 +49,22 @@ class CompileError(RuntimeError):
 
 
 def _candidates() -> list[str]:
-    """Where libnvrtc may be: $ODECLI_NVRTC, the nvidia-cuda-nvrtc wheel, then the loader's path."""
+    """Where libnvrtc may be: $ODECLI_NVRTC, the NVIDIA wheels (``nvidia/cuda_nvrtc/lib`` for CUDA
+    12, ``nvidia/cu13/lib`` for 13; torch's own CUDA major first), then the loader's path."""
     found = []
-    explicit = os.environ.get("ODECLI_NVRTC")
-    if explicit:
-        found.append(explicit)
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+        spec = importlib.util.find_spec("nvidia")
     except (ImportError, ValueError):
         spec = None
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        found += sorted(glob.glob(os.path.join(folder, "lib", "libnvrtc.so.*")))
+        found += sorted(glob.glob(os.path.join(folder, "*", "lib", "libnvrtc.so.*")))
     found = [path for path in found if ".alt." not in path and "builtins" not in path]
-    return found + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+    torch = sys.modules.get("torch")
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    if cuda:  # a cubin of another CUDA major may not load under torch's driver
+        found.sort(key=lambda path: not path.endswith(f".so.{cuda.split('.')[0]}"))
+    explicit = os.environ.get("ODECLI_NVRTC")
+    return ([explicit] if explicit else []) + found + ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.so"]
 
 
 @functools.lru_cache(maxsize=1)
