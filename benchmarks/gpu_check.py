@@ -1,6 +1,7 @@
 """Every GPU check and benchmark of the ODE solvers, in one run that fits a lent GPU's few minutes.
 
     python benchmarks/gpu_check.py [--batches 10000,100000,1000000] [--budget 420] [--skip-tests]
+    python benchmarks/gpu_check.py --host-dry-run --batches 300 --budget 60   # no GPU: does it all run?
 
 In order, each section skipped once the time budget (seconds, default 420) is spent:
 
@@ -199,13 +200,49 @@ def tuning(batch: int) -> None:
     print(f"registers per thread: {kernel.registers()}", flush=True)
 
 
+def host_dry_run() -> None:
+    """``--host-dry-run``: this script's own code run without a GPU, on the CPU, with the CUDA text
+    built for the host by g++ as its kernel (``tests/gpu_host.py``). Its times mean nothing; it
+    checks that every section runs before a lent GPU's minutes are spent on it."""
+    global DEVICE
+    import hashlib
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gpu_host import HostKernel, host_build
+    from odecli.ode.gpu import solve as gpu_solve
+    from odecli.ode.gpu.source import cuda_source
+
+    folder = Path(tempfile.mkdtemp(prefix="odecli-gpu-dry-run-"))
+
+    def kernel(rhs, method: str, device, contract: bool, single: bool = False):
+        key = (method, rhs.c_source(), contract, single)
+        if key not in gpu_solve._KERNELS:
+            where = folder / hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+            where.mkdir()
+            gpu_solve._KERNELS[key] = HostKernel(host_build(cuda_source(rhs, method, single), where))
+        return gpu_solve._KERNELS[key]
+
+    gpu_solve.unsupported_reason = lambda *args: ""
+    gpu_solve._kernel = kernel
+    torch.cuda.synchronize = lambda *args: None
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_name = lambda *args: "host dry run (the CUDA text built by g++: times mean nothing)"
+    DEVICE = "cpu"
+
+
 def main() -> None:
     global BUDGET
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="10000,100000,1000000")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; sections beyond it are skipped")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--host-dry-run", action="store_true",
+                        help="no GPU: run every section on the CPU with the CUDA text built for the host")
     args = parser.parse_args()
+    if args.host_dry_run:
+        host_dry_run()
+        args.skip_tests = True
     BUDGET = args.budget
     torch.set_grad_enabled(False)  # the GPU solver records no gradient; the MLP's weights require grad
     batches = [int(b) for b in args.batches.split(",")]

@@ -14,8 +14,6 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -32,6 +30,8 @@ from odecli.ode.native.engine import prepare_job
 from odecli.ode.options import SolverOptions
 from odecli.ode.status import Status
 from odecli.specs import parse_ode_spec
+
+from gpu_host import HostKernel, host_build
 
 VDP = NativeRhs(("y[1]", "((p[0] * (1.0 - odecli_sq(y[0]))) * y[1]) - y[0]"), ("mu",))
 NO_NVRTC = nvrtc.available()
@@ -64,46 +64,6 @@ def test_an_mlp_compiles_for_the_gpu_and_the_cache_serves_a_second_build(tmp_pat
         nvrtc.compile_cubin(cuda_source(NativeRhs(("undefined_name",)), "euler"), "sm_90")
 
 
-# The CUDA names solver_template.c's NVRTC branch uses, for the host: the kernel runs as a loop.
-_HOST_SHIM = r"""
-#include <math.h>
-#include <string.h>
-#define __global__
-struct odecli_dim3 { unsigned x, y, z; };
-static odecli_dim3 blockIdx, blockDim, threadIdx;
-static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, sizeof d); return d; }
-static inline float __int_as_float(int v) { float f; memcpy(&f, &v, sizeof f); return f; }
-#define __CUDACC_RTC__ 1
-"""
-_HOST_LAUNCH = r"""
-extern "C" void launch(int64_t blocks, int64_t threads, int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
-                       const double *y0, const double *t0, const double *t1, const double *grid, const double *params,
-                       const double *dt0, int64_t auto_dt0, const double *cfg, int64_t max_steps, double *yout,
-                       int64_t *istat, double *fstat, double *yfinal, const double *shared)
-{
-    blockDim.x = (unsigned)threads;
-    for (int64_t b = 0; b < blocks; b++)
-        for (int64_t t = 0; t < threads; t++) {
-            blockIdx.x = (unsigned)b; threadIdx.x = (unsigned)t;
-            solve_samples_cuda(i0, i1, n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps,
-                               yout, istat, fstat, yfinal, shared);
-        }
-}
-"""
-
-
-def _host_build(source: str, tmp_path) -> ctypes.CDLL:
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    path = tmp_path / "kernel.cpp"
-    path.write_text(_HOST_SHIM + source + _HOST_LAUNCH)
-    lib = tmp_path / "kernel.so"
-    subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-w", str(path), "-o", str(lib)],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(lib))
-
-
 @pytest.mark.parametrize("method", ["dopri5", "dop853", "rk4"])
 def test_the_cuda_text_run_on_the_host_is_the_cpu_solver_bit_for_bit(method, tmp_path):
     """Threads of 3 blocks of 16 over 37 samples (the last block partly idle), some of them failing."""
@@ -119,7 +79,7 @@ def test_the_cuda_text_run_on_the_host_is_the_cpu_solver_bit_for_bit(method, tmp
                                threads=1)
     assert {Status.SUCCESS, Status.REACHED_MAX_STEPS, Status.INFINITE_NORM} <= set(want.status.tolist())
     job = prepare_job(VDP, y0, 0.0, t1, np.linspace(0, 10, 11), params={"mu": mu}, options=options)
-    lib = _host_build(cuda_source(VDP, method), tmp_path)
+    lib = host_build(cuda_source(VDP, method), tmp_path)
     lib.launch(ctypes.c_int64(3), ctypes.c_int64(16), ctypes.c_int64(0), ctypes.c_int64(batch), *job.args())
     np.testing.assert_array_equal(job.istat[:, 0], want.status)
     np.testing.assert_array_equal(job.istat[:, 1], want.stats["n_steps"])
@@ -224,23 +184,12 @@ def test_float32_results_progress_and_an_mlp():
     np.testing.assert_allclose(on_gpu.y.cpu().numpy()[same], on_cpu.y[same], rtol=1e-7, atol=1e-9)
 
 
-class _HostKernel:
-    """The kernel built for the host (_host_build) behind odecli.ode.gpu.driver.Kernel's launch."""
-
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib, self.launches = lib, []
-
-    def launch(self, blocks: int, threads: int, args: list) -> None:
-        self.launches.append((blocks, threads, args[0].value, args[1].value))
-        self.lib.launch(ctypes.c_int64(blocks), ctypes.c_int64(threads), *args)
-
-
 def test_solve_gpu_lays_out_a_batch_and_reads_it_back_as_the_cpu_solver(tmp_path, monkeypatch):
     """solve_gpu's layout, launches and Solution, with CPU tensors and the host build as its kernel
     (float32 inputs take the float32 build: the next test)."""
     from odecli.ode.gpu import solve as gpu_solve
 
-    kernel = _HostKernel(_host_build(cuda_source(VDP, "tsit5"), tmp_path))
+    kernel = HostKernel(host_build(cuda_source(VDP, "tsit5"), tmp_path))
     monkeypatch.setattr(gpu_solve, "unsupported_reason", lambda *args: "")
     monkeypatch.setattr(gpu_solve, "_kernel", lambda *args: kernel)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
@@ -273,7 +222,7 @@ def test_the_float32_build_takes_the_steps_of_the_pytorch_loop_in_float32(tmp_pa
 
     source = cuda_source(VDP, "dopri5", single=True)
     assert "ODECLI_FLOAT" in source and "0.2f" in source and "0x7ff8000000000000LL" in source
-    kernel = _HostKernel(_host_build(source, tmp_path))
+    kernel = HostKernel(host_build(source, tmp_path))
     monkeypatch.setattr(gpu_solve, "unsupported_reason", lambda *args: "")
     monkeypatch.setattr(gpu_solve, "_kernel", lambda *args: kernel)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
