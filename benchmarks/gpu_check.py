@@ -138,11 +138,32 @@ def correctness() -> None:
     print(f"{'VdP B=4096 float32 build':28s} vs the PyTorch loop in float32 (rtol=atol=1e-4): statuses equal "
           f"{bool(torch.equal(got.status, want.status))}  same steps {float(same.double().mean()) * 100:6.2f} %  "
           f"max |dy| (same steps) {float((got.y[same] - want.y[same]).abs().max()):.2e}", flush=True)
+    events()
     ly0, lgrid, lparams = lorenz_problem(4096, torch.float64)
     compare("Lorenz B=4096 (chaotic)", LORENZ_C, ly0, lgrid, lparams)
     net = mlp_module().double()
     my0 = torch.randn(4096, 2, dtype=torch.float64, device=DEVICE)
     compare("MLP 2-32-32-2 B=4096", NativeMLP.from_module(net), my0, grid, {})
+
+
+def events() -> None:
+    """Oscillators crossing x = 0 up to 25 times (the kernel solves again those beyond its first
+    room), one terminal event: the kernel's event times against the CPU generated solver's."""
+    from odecli.ode.native import NativeEvent
+
+    rhs = NativeRhs(("y[1]", "-(p[0] * p[0]) * y[0]"), ("w",),
+                    (NativeEvent("y[0]", 0, 0, "cross"), NativeEvent("y[1] - 7.5", 1, 2, "fast")))
+    w = torch.linspace(0.5, 8.0, 4096, dtype=torch.float64, device=DEVICE)
+    y0 = torch.tensor([[1.0, 0.0]], dtype=torch.float64, device=DEVICE).repeat(4096, 1)
+    grid = torch.linspace(0, 10, 5, dtype=torch.float64, device=DEVICE)
+    got = solve_gpu(rhs, y0, 0.0, 10.0, grid, params={"w": w}, method="tsit5", rtol=1e-8, atol=1e-8)
+    want = solve_native_arrays(rhs, y0.cpu().numpy(), 0.0, 10.0, grid.cpu().numpy(), params={"w": w.cpu().numpy()},
+                               method="tsit5", rtol=1e-8, atol=1e-8)
+    for name in ("cross", "fast"):
+        counts = bool((got.events[name].count.cpu().numpy() == want.events[name].count).all())
+        dt = abs(got.events[name].t.cpu().numpy() - want.events[name].t)
+        print(f"{'events ' + name + ' B=4096':28s} tsit5   counts equal {counts}  max |t - t_cpu| {float(dt[dt == dt].max()):.2e}  "
+              f"statuses equal {bool((got.status.cpu().numpy() == want.status).all())}", flush=True)
 
 
 def kernel_vs_loop(label: str, rhs_c, rhs_torch, problem, batch: int, dtype: torch.dtype,
@@ -215,12 +236,12 @@ def host_dry_run() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="odecli-gpu-dry-run-"))
 
-    def kernel(rhs, method: str, device, contract: bool, single: bool = False):
-        key = (method, rhs.c_source(), contract, single)
+    def kernel(rhs, method: str, device, contract: bool, single: bool = False, entry: str = nvrtc.ENTRY):
+        key = (method, rhs.c_source(), contract, single, entry)
         if key not in gpu_solve._KERNELS:
             where = folder / hashlib.sha1(repr(key).encode()).hexdigest()[:12]
             where.mkdir()
-            gpu_solve._KERNELS[key] = HostKernel(host_build(cuda_source(rhs, method, single), where))
+            gpu_solve._KERNELS[key] = HostKernel(host_build(cuda_source(rhs, method, single), where), entry)
         return gpu_solve._KERNELS[key]
 
     gpu_solve.unsupported_reason = lambda *args: ""

@@ -41,6 +41,23 @@ extern "C" void launch(int64_t blocks, int64_t threads, int64_t i0, int64_t i1, 
                                yout, istat, fstat, yfinal, shared);
         }
 }
+#if NE > 0
+extern "C" void launch_events(int64_t blocks, int64_t threads, int64_t i0, int64_t i1, int64_t n_eval,
+                              int64_t n_params, const double *y0, const double *t0, const double *t1,
+                              const double *grid, const double *params, const double *dt0, int64_t auto_dt0,
+                              const double *cfg, int64_t max_steps, double *yout, int64_t *istat, double *fstat,
+                              double *yfinal, const double *shared, int64_t ev_cap, double *ev_t, double *ev_y,
+                              int64_t *ev_count)
+{
+    blockDim.x = (unsigned)threads;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t t = 0; t < threads; t++) {
+            blockIdx.x = (unsigned)b; threadIdx.x = (unsigned)t;
+            solve_samples_events_cuda(i0, i1, n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg,
+                                      max_steps, yout, istat, fstat, yfinal, shared, ev_cap, ev_t, ev_y, ev_count);
+        }
+}
+#endif
 """
 
 
@@ -59,12 +76,13 @@ def host_build(source: str, folder: Path) -> ctypes.CDLL:
 class HostKernel:
     """The kernel built for the host (host_build) behind odecli.ode.gpu.driver.Kernel's launch."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, entry: str = "solve_samples_cuda") -> None:
         self.lib, self.launches = lib, []
+        self.entry = lib.launch_events if entry == "solve_samples_events_cuda" else lib.launch
 
     def launch(self, blocks: int, threads: int, args: list) -> None:
         self.launches.append((blocks, threads, args[0].value, args[1].value))
-        self.lib.launch(ctypes.c_int64(blocks), ctypes.c_int64(threads), *args)
+        self.entry(ctypes.c_int64(blocks), ctypes.c_int64(threads), *args)
 
     def registers(self) -> int:
         """As Kernel.registers; -1: a host build has none to report."""

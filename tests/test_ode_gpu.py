@@ -64,6 +64,17 @@ def test_an_mlp_compiles_for_the_gpu_and_the_cache_serves_a_second_build(tmp_pat
         nvrtc.compile_cubin(cuda_source(NativeRhs(("undefined_name",)), "euler"), "sm_90")
 
 
+@pytest.mark.skipif(bool(NO_NVRTC), reason=f"NVRTC: {NO_NVRTC}")
+def test_events_compile_for_the_gpu_in_both_precisions():
+    from odecli.ode.native import NativeEvent
+
+    rhs = NativeRhs(VDP.equations, VDP.params, (NativeEvent("y[0]", 0, 0, "x"), NativeEvent("y[1]", -1, 1, "v")))
+    for single in (False, True):
+        cubin = nvrtc._compile(cuda_source(rhs, "dop853", single), ["--gpu-architecture=sm_90", *nvrtc.BASE_OPTIONS],
+                               "events.cu")
+        assert cubin[:4] == b"\x7fELF"
+
+
 @pytest.mark.parametrize("method", ["dopri5", "dop853", "rk4"])
 def test_the_cuda_text_run_on_the_host_is_the_cpu_solver_bit_for_bit(method, tmp_path):
     """Threads of 3 blocks of 16 over 37 samples (the last block partly idle), some of them failing."""
@@ -112,7 +123,7 @@ def test_auto_on_cuda_takes_explicit_equation_specs_in_both_precisions(tmp_path,
     assert runner.native_unsupported(python, "cuda") == "the right-hand side is Python code"
     assert runner.native_unsupported(_spec(tmp_path, solver={"engine": "torch"}), "cuda") == "solver.engine is torch"
     events = _spec(tmp_path, events=[{"name": "cross", "expression": "x"}])
-    assert "events" in runner.native_unsupported(events, "cuda")
+    assert runner.native_unsupported(events, "cuda") == ""
     assert "float16" in unsupported_reason("dopri5", "float16", "cuda")
     monkeypatch.setattr(nvrtc, "available", lambda: "no NVRTC library found")
     assert runner.native_unsupported(_spec(tmp_path), "cuda") == "no NVRTC library found"
@@ -244,3 +255,31 @@ def test_the_float32_build_takes_the_steps_of_the_pytorch_loop_in_float32(tmp_pa
     assert bool(((got.stats["n_steps"] - want.stats["n_steps"]).abs() <= 2).all())
     assert not np.array_equal(got.stats["n_steps"].numpy(), double.stats["n_steps"])  # float32 indeed
     torch.testing.assert_close(got.y[same], want.y[same], rtol=1e-3, atol=1e-3)
+
+
+def test_events_in_the_cuda_text_are_the_cpu_solvers_also_beyond_the_first_room(tmp_path, monkeypatch):
+    """Oscillators crossing x = 0 up to 25 times (beyond FIRST_CAP = 16: those samples are solved
+    again), a terminal event ending some samples, through solve_gpu with the host build."""
+    from odecli.ode.gpu import solve as gpu_solve
+    from odecli.ode.native import NativeEvent
+
+    rhs = NativeRhs(("y[1]", "-(p[0] * p[0]) * y[0]"), ("w",),
+                    (NativeEvent("y[0]", 0, 0, "cross"), NativeEvent("y[1] - 7.5", 1, 2, "fast")))
+    kernel = HostKernel(host_build(cuda_source(rhs, "tsit5"), tmp_path), nvrtc.ENTRY_EVENTS)
+    monkeypatch.setattr(gpu_solve, "unsupported_reason", lambda *args: "")
+    monkeypatch.setattr(gpu_solve, "_kernel", lambda *args: kernel)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    w = np.linspace(0.5, 8.0, 24)
+    y0 = np.tile([1.0, 0.0], (24, 1))
+    got = gpu_solve.solve_gpu(rhs, torch.from_numpy(y0), 0.0, 10.0, torch.linspace(0, 10, 5, dtype=torch.float64),
+                              params={"w": torch.from_numpy(w)}, method="tsit5", rtol=1e-8, atol=1e-8)
+    want = solve_native_arrays(rhs, y0, 0.0, 10.0, np.linspace(0, 10, 5), params={"w": w}, method="tsit5",
+                               rtol=1e-8, atol=1e-8)
+    assert want.events["cross"].count.max() > 16 and (want.status == Status.EVENT).any()
+    assert len(kernel.launches) == 2 and kernel.launches[1][3] < 24  # the second solve: only those beyond 16
+    np.testing.assert_array_equal(got.status.numpy(), want.status)
+    np.testing.assert_array_equal(got.y.numpy(), want.y)
+    for name in ("cross", "fast"):
+        np.testing.assert_array_equal(got.events[name].count.numpy(), want.events[name].count)
+        np.testing.assert_array_equal(got.events[name].t.numpy(), want.events[name].t)
+        np.testing.assert_array_equal(got.events[name].y.numpy(), want.events[name].y)

@@ -5,7 +5,7 @@ wants spec-driven runs without the command line. The engines never see a spec.
 
 A spec the generated C solver can take (equations, an explicit Runge-Kutta method, float64,
 on a CPU) is solved on numpy arrays without importing torch, which alone takes seconds; on a
-CUDA device the same generated solver runs as a GPU kernel (float32 or float64, no events,
+CUDA device the same generated solver runs as a GPU kernel (float32 or float64,
 :mod:`odecli.ode.gpu`); any other spec imports torch and runs the batched PyTorch loop.
 """
 
@@ -132,7 +132,7 @@ def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None
     """Solve every sample of ``spec`` and return the batched :class:`~odecli.ode.solver.Solution`.
 
     ``solver.engine: auto`` runs the generated C solver when it can (equations, an explicit
-    Runge-Kutta method, CPU, float64, a C compiler; or CUDA, float32/float64, NVRTC, no events)
+    Runge-Kutta method, CPU, float64, a C compiler; or CUDA, float32/float64, NVRTC)
     and the batched PyTorch loop otherwise;
     ``native`` insists on C (a clear error when it cannot run), ``torch`` never uses it.
     ``solution.extra["engine"]`` says which one ran.
@@ -184,8 +184,7 @@ def native_unsupported(spec: OdeSpec, device: str) -> str:
     if device.startswith("cuda"):  # the same generated solver, built for the GPU
         from odecli.ode.gpu import unsupported_reason as gpu_unsupported_reason
 
-        why = gpu_unsupported_reason(spec.solver.method, spec.solver.dtype, device)
-        return why or ("events are located by the CPU solver and the PyTorch loop only" if spec.events else "")
+        return gpu_unsupported_reason(spec.solver.method, spec.solver.dtype, device)
     return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
 
 
@@ -196,9 +195,9 @@ def _solve_native(spec: OdeSpec, device: str, options: SolverOptions,
     if why:
         return None, why
     equations, params = build_c_equations(spec)
-    if device.startswith("cuda"):
-        return _solve_gpu(spec, NativeRhs(equations, params), device, options, progress)
     events = tuple(NativeEvent(*event) for event in c_events(spec.events, spec.states, params, spec.file))
+    if device.startswith("cuda"):
+        return _solve_gpu(spec, NativeRhs(equations, params, events), device, options, progress)
     try:
         solution = solve_native_arrays(
             NativeRhs(equations, params, events), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),

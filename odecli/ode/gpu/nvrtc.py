@@ -30,6 +30,8 @@ from odecli import native
 
 ENTRY = "solve_samples_cuda"
 """The ``__global__`` function of ``solver_template.c`` (one thread per sample)."""
+ENTRY_EVENTS = "solve_samples_events_cuda"
+"""The same with the events recorded (right-hand sides with events)."""
 
 BASE_OPTIONS = ("-default-device", "-std=c++20")
 """Every unannotated function a device function (the template's text stays plain C), and C++20

@@ -16,8 +16,8 @@ step budget) ends with its status and leaves every other sample as it would be a
 
 float32 inputs of expression right-hand sides run a float32 build of the same text
 (:func:`odecli.ode.gpu.source.cuda_source`), computing as the PyTorch loop does in float32; an
-MLP's float32 solve runs in float64 and is returned as float32. Solves that record a gradient,
-and right-hand sides with events, are not taken yet (:func:`unsupported_reason`): callers run
+MLP's float32 solve runs in float64 and is returned as float32. Events are located in the kernel as on the CPU
+(:mod:`odecli.ode.gpu.events`). Solves that record a gradient are not taken yet: callers run
 them on the PyTorch loop.
 """
 
@@ -55,8 +55,7 @@ LAUNCH_MIN = 1 << 16
 DTYPES = ("float32", "float64")
 
 
-def unsupported_reason(method: str, dtype: str = "float64", device: str = "cuda",
-                       rhs: "NativeRhs | NativeMLP | None" = None) -> str:
+def unsupported_reason(method: str, dtype: str = "float64", device: str = "cuda") -> str:
     """Why the GPU build of the generated solver cannot take this solve ("" when it can).
 
     ``dtype`` and ``device`` are names, so no torch is needed to ask; NVRTC must load.
@@ -68,8 +67,6 @@ def unsupported_reason(method: str, dtype: str = "float64", device: str = "cuda"
         return f"the GPU solver runs on CUDA devices (asked for {device})"
     if dtype not in DTYPES:
         return f"the GPU solver takes float32 or float64 (asked for {dtype})"
-    if rhs is not None and getattr(rhs, "events", ()):
-        return "events are located by the CPU solver and the PyTorch loop only"
     if not native.enabled():
         return "turned off by ODECLI_NATIVE=0"
     return nvrtc.available()
@@ -99,7 +96,7 @@ def solve_gpu(
 
     started = time.perf_counter()
     options = SolverOptions.of(options, settings)
-    why = unsupported_reason(options.method if isinstance(options.method, str) else "?", y0.dtype, y0.device, rhs)
+    why = unsupported_reason(options.method if isinstance(options.method, str) else "?", y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)
     if torch.is_grad_enabled() and any(getattr(v, "requires_grad", False)
@@ -107,10 +104,27 @@ def solve_gpu(
         raise NativeUnavailable("the GPU solver records no gradient yet")
     single = y0.dtype == torch.float32 and single_precision_ok(rhs)
     layout = _layout(rhs, y0, t_start, t_end, t_eval, params or {}, options, torch.float32 if single else torch.float64)
-    kernel = _kernel(rhs, options.method, y0.device, contract, single)
-    batch = y0.shape[0]
+    if getattr(rhs, "events", ()):
+        from odecli.ode.gpu.events import solve_with_events
+
+        def run(part: _Layout, extra: list, report: Callable[[Progress], None] | None) -> None:
+            kernel = _kernel(rhs, options.method, y0.device, contract, single, nvrtc.ENTRY_EVENTS)
+            launch(kernel, part, threads_per_block, report, extra)
+
+        records = solve_with_events(rhs, layout, run, progress)
+        solution = _solution(layout, y0.dtype, options.method, started)
+        solution.events = records
+        return solution
+    launch(_kernel(rhs, options.method, y0.device, contract, single), layout, threads_per_block, progress)
+    return _solution(layout, y0.dtype, options.method, started)
+
+
+def launch(kernel: Kernel, layout: "_Layout", threads_per_block: int, progress: Callable[[Progress], None] | None,
+           extra: list | None = None) -> None:
+    """The batch of ``layout`` in one launch, or PROGRESS_LAUNCHES with ``progress`` told after each."""
+    batch = layout.y0.shape[0]
     per_launch = batch if progress is None else max(LAUNCH_MIN, math.ceil(batch / PROGRESS_LAUNCHES))
-    args = layout.args()
+    args = layout.args() + list(extra or [])
     for lo in range(0, batch, per_launch):
         hi = min(batch, lo + per_launch)
         kernel.launch(math.ceil((hi - lo) / threads_per_block), threads_per_block,
@@ -118,7 +132,6 @@ def solve_gpu(
         if progress is not None:
             steps = int(layout.istat[:hi, 1].sum())  # synchronises: the launch is done
             progress(Progress(hi, batch, 1.0 if hi == batch else 0.0, steps))
-    return _solution(layout, y0.dtype, options.method, started)
 
 
 class _Layout:
@@ -176,7 +189,7 @@ def _layout(rhs: "NativeRhs | NativeMLP", y0: Tensor, t_start: Any, t_end: Any, 
     cfg = [float(options.rtol), float(options.atol), *(float(getattr(ctrl, name)) for name in CONFIG_FIELDS[2:])]
     n_eval, n_states = grid.shape[1], rhs.n_states
     return _Layout(
-        y0=y0.detach().to(real).contiguous(), t0=t0, t1=t1, grid=grid, p=p.contiguous(),
+        y0=y0.detach().to(real).contiguous(), y0_dtype=y0.dtype, t0=t0, t1=t1, grid=grid, p=p.contiguous(),
         dt=vector(dt0 if dt0 is not None else 0.0), auto_dt0=dt0 is None,
         cfg=torch.tensor(cfg, dtype=real, device=device), max_steps=int(max_steps),
         y_out=torch.full((batch, n_eval, n_states), math.nan, dtype=real, device=device),
@@ -208,11 +221,11 @@ process, and compiled by NVRTC once per machine (:func:`odecli.ode.gpu.nvrtc.com
 
 
 def _kernel(rhs: "NativeRhs | NativeMLP", method: str, device: "torch.device", contract: bool,
-            single: bool = False) -> Kernel:
+            single: bool = False, entry: str = nvrtc.ENTRY) -> Kernel:
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (method, rhs.c_source(), rhs.n_states, len(rhs.params), rhs.keep_size(), index, contract, single)
+    key = (method, rhs.c_source(), rhs.n_states, len(rhs.params), rhs.keep_size(), index, contract, single, entry)
     if key not in _KERNELS:
         where = torch.device("cuda", index)
         try:
@@ -220,5 +233,5 @@ def _kernel(rhs: "NativeRhs | NativeMLP", method: str, device: "torch.device", c
                                         () if contract else nvrtc.CONTRACT_OFF)
         except (nvrtc.CompileError, nvrtc.NvrtcUnavailable) as exc:
             raise NativeUnavailable(str(exc)) from None
-        _KERNELS[key] = Kernel(cubin, nvrtc.ENTRY, where)
+        _KERNELS[key] = Kernel(cubin, entry, where)
     return _KERNELS[key]

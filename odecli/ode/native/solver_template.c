@@ -443,4 +443,23 @@ extern "C" __global__ void solve_samples_cuda(int64_t i0, int64_t i1, int64_t n_
                              istat, fstat, yfinal, shared);
     solve_range(&job, i, 1, NULL, NULL);
 }
+
+#if NE > 0
+/* solve_samples_cuda with the events recorded, as solve_samples_events records them. */
+extern "C" __global__ void solve_samples_events_cuda(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                                                     const double *y0, const double *t0, const double *t1,
+                                                     const double *grid, const double *params, const double *dt0,
+                                                     int64_t auto_dt0, const double *cfg, int64_t max_steps,
+                                                     double *yout, int64_t *istat, double *fstat, double *yfinal,
+                                                     const double *shared, int64_t ev_cap, double *ev_t,
+                                                     double *ev_y, int64_t *ev_count)
+{
+    const int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= i1) return;
+    Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout, istat,
+                       fstat, yfinal, shared);
+    job.ev_cap = ev_cap; job.ev_t = ev_t; job.ev_y = ev_y; job.ev_count = ev_count;
+    solve_range(&job, i, 1, NULL, NULL);
+}
+#endif
 #endif
