@@ -283,3 +283,17 @@ def test_events_in_the_cuda_text_are_the_cpu_solvers_also_beyond_the_first_room(
         np.testing.assert_array_equal(got.events[name].count.numpy(), want.events[name].count)
         np.testing.assert_array_equal(got.events[name].t.numpy(), want.events[name].t)
         np.testing.assert_array_equal(got.events[name].y.numpy(), want.events[name].y)
+
+
+@gpu
+def test_odecli_solve_and_solve_native_on_cuda_run_the_kernel(tmp_path):
+    from odecli.ode.native import solve_native
+
+    spec = _spec(tmp_path, solver={"device": "cuda", "dtype": "float32"},
+                 events=[{"name": "cross", "expression": "x"}])
+    solution = runner.solve_spec(spec)
+    assert solution.extra["engine"] == "native-cuda" and solution.y.dtype == torch.float32 and solution.y.is_cuda
+    assert "cross" in solution.events
+    y0, grid, params = _vdp_batch(64)
+    direct = solve_native(VDP, y0, 0.0, 10.0, grid, params=params)
+    assert direct.extra["engine"] == "native-cuda" and bool((direct.status == 0).all())
