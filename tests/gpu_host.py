@@ -87,3 +87,7 @@ class HostKernel:
     def registers(self) -> int:
         """As Kernel.registers; -1: a host build has none to report."""
         return -1
+
+    def max_threads(self) -> int:
+        """As Kernel.max_threads: a host loop has no limit of its own."""
+        return 1024

@@ -224,6 +224,8 @@ def test_solve_gpu_lays_out_a_batch_and_reads_it_back_as_the_cpu_solver(tmp_path
     np.testing.assert_array_equal(got.status.numpy(), want.status)
     with pytest.raises(ValueError, match="parameter 'mu' has no value"):
         gpu_solve.solve_gpu(VDP, y0, 0.0, 1.0)
+    empty = gpu_solve.solve_gpu(VDP, y0[:0], 0.0, 1.0, params={"mu": 1.0})
+    assert empty.y.shape == (0, 2, 2) and len(kernel.launches) == 4  # nothing launched
 
 
 def test_the_float32_build_takes_the_steps_of_the_pytorch_loop_in_float32(tmp_path, monkeypatch):

@@ -61,11 +61,19 @@ class Kernel:
             _check(lib.cuModuleGetFunction(ctypes.byref(self._function), self._module, name.encode()),
                    f"cuModuleGetFunction({name})")
 
+    def _attribute(self, which: int) -> int:
+        value = ctypes.c_int()
+        _check(_libcuda().cuFuncGetAttribute(ctypes.byref(value), which, self._function), "cuFuncGetAttribute")
+        return value.value
+
     def registers(self) -> int:
         """Registers per thread (``CU_FUNC_ATTRIBUTE_NUM_REGS``), for the benchmark's report."""
-        value = ctypes.c_int()
-        _check(_libcuda().cuFuncGetAttribute(ctypes.byref(value), 4, self._function), "cuFuncGetAttribute")
-        return value.value
+        return self._attribute(4)
+
+    def max_threads(self) -> int:
+        """The most threads a block of this kernel can have (``CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK``:
+        fewer than 1024 when its registers run out first)."""
+        return self._attribute(0)
 
     def launch(self, blocks: int, threads: int, args: Sequence[ctypes._SimpleCData]) -> None:
         """``blocks`` x ``threads`` threads on the device's current torch stream (asynchronous)."""

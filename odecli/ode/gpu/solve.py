@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from odecli import native
 from odecli.ode.gpu import nvrtc
-from odecli.ode.gpu.driver import Kernel, device_arch
+from odecli.ode.gpu.driver import DriverError, Kernel, device_arch
 from odecli.ode.gpu.source import cuda_source, single_precision_ok
 from odecli.ode.methods import METHODS
 from odecli.ode.native.codegen import CONFIG_FIELDS, FLOAT_STATS, INT_STATS
@@ -123,6 +123,9 @@ def launch(kernel: Kernel, layout: "_Layout", threads_per_block: int, progress: 
            extra: list | None = None) -> None:
     """The batch of ``layout`` in one launch, or PROGRESS_LAUNCHES with ``progress`` told after each."""
     batch = layout.y0.shape[0]
+    if batch == 0:
+        return
+    threads_per_block = min(threads_per_block, kernel.max_threads())
     per_launch = batch if progress is None else max(LAUNCH_MIN, math.ceil(batch / PROGRESS_LAUNCHES))
     args = layout.args() + list(extra or [])
     for lo in range(0, batch, per_launch):
@@ -231,7 +234,7 @@ def _kernel(rhs: "NativeRhs | NativeMLP", method: str, device: "torch.device", c
         try:
             cubin = nvrtc.compile_cubin(cuda_source(rhs, method, single), device_arch(where),
                                         () if contract else nvrtc.CONTRACT_OFF)
-        except (nvrtc.CompileError, nvrtc.NvrtcUnavailable) as exc:
-            raise NativeUnavailable(str(exc)) from None
-        _KERNELS[key] = Kernel(cubin, entry, where)
+            _KERNELS[key] = Kernel(cubin, entry, where)
+        except (nvrtc.CompileError, nvrtc.NvrtcUnavailable, DriverError) as exc:
+            raise NativeUnavailable(str(exc)) from None  # e.g. a driver older than NVRTC's cubins
     return _KERNELS[key]
