@@ -4,8 +4,9 @@ This is the layer between files and numerics: the CLI calls it, and so can a lib
 wants spec-driven runs without the command line. The engines never see a spec.
 
 A spec the generated C solver can take (equations, an explicit Runge-Kutta method, float64,
-on a CPU) is solved on numpy arrays without importing torch, which alone takes seconds; any
-other spec imports torch and runs the batched PyTorch loop.
+on a CPU) is solved on numpy arrays without importing torch, which alone takes seconds; on a
+CUDA device the same generated solver runs as a GPU kernel (float32 or float64,
+:mod:`odecli.ode.gpu`); any other spec imports torch and runs the batched PyTorch loop.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def solve_spec(spec: OdeSpec, progress: Callable[[Progress], None] | None = None
     """Solve every sample of ``spec`` and return the batched :class:`~odecli.ode.solver.Solution`.
 
     ``solver.engine: auto`` runs the generated C solver when it can (equations, an explicit
-    Runge-Kutta method, CPU, float64, a C compiler) and the batched PyTorch loop otherwise;
+    Runge-Kutta method, CPU, float64, a C compiler; or CUDA, float32/float64, NVRTC)
+    and the batched PyTorch loop otherwise;
     ``native`` insists on C (a clear error when it cannot run), ``torch`` never uses it.
     ``solution.extra["engine"]`` says which one ran.
     """
@@ -179,22 +181,50 @@ def native_unsupported(spec: OdeSpec, device: str) -> str:
         return "solver.engine is torch"
     if spec.equations is None:
         return "the right-hand side is Python code"
+    if device.startswith("cuda"):  # the same generated solver, built for the GPU
+        from odecli.ode.gpu import unsupported_reason as gpu_unsupported_reason
+
+        return gpu_unsupported_reason(spec.solver.method, spec.solver.dtype, device)
     return unsupported_reason(spec.solver.method, spec.solver.dtype, device)
 
 
 def _solve_native(spec: OdeSpec, device: str, options: SolverOptions,
-                  progress: Callable[[Progress], None] | None) -> tuple[ArraySolution | None, str]:
+                  progress: Callable[[Progress], None] | None) -> tuple[ArraySolution | Solution | None, str]:
     """The C solver's result, or ``(None, why it cannot run this spec)``."""
     why = native_unsupported(spec, device)
     if why:
         return None, why
     equations, params = build_c_equations(spec)
     events = tuple(NativeEvent(*event) for event in c_events(spec.events, spec.states, params, spec.file))
+    if device.startswith("cuda"):
+        return _solve_gpu(spec, NativeRhs(equations, params, events), device, options, progress)
     try:
         solution = solve_native_arrays(
             NativeRhs(equations, params, events), np.array(spec.initial, dtype=np.float64), np.array(spec.t_start),
             np.array(spec.t_end), np.array(spec.t_eval, dtype=np.float64),
             params={name: np.array(values, dtype=np.float64) for name, values in spec.params.items()},
+            options=options, progress=progress,
+        )
+    except NativeUnavailable as exc:
+        return None, str(exc)
+    return solution, ""
+
+
+def _solve_gpu(spec: OdeSpec, rhs: NativeRhs, device: str, options: SolverOptions,
+               progress: Callable[[Progress], None] | None) -> tuple[Solution | None, str]:
+    """The generated solver on a CUDA device (tensors there), or ``(None, why it cannot run)``."""
+    import torch
+
+    from odecli.ode.gpu import solve_gpu
+
+    dtype, where = getattr(torch, spec.solver.dtype), torch.device(device)
+    try:
+        def f64(values: object) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float64, device=where)
+
+        solution = solve_gpu(
+            rhs, torch.tensor(spec.initial, dtype=dtype, device=where), f64(spec.t_start), f64(spec.t_end),
+            f64(spec.t_eval), params={name: f64(values) for name, values in spec.params.items()},
             options=options, progress=progress,
         )
     except NativeUnavailable as exc:

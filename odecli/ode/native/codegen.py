@@ -130,7 +130,7 @@ def _rk_step(method: ExplicitRK, keep_stages: bool) -> str:
 
     With ``keep_stages`` each evaluation's kept values go to the row of its stage, else all
     share row 0 (nothing reads them after the stage)."""
-    lines = ["__attribute__((noinline))  /* inlined into the lane loop, GCC 12 stops vectorising it */",
+    lines = ["ODECLI_NOINLINE  /* inlined into the lane loop, GCC 12 stops vectorising it */",
              "static void rk_step(const double *restrict t, double y[restrict N][W], const double *restrict h,",
              "                    double P[restrict NP][W], const double *restrict w, double K[restrict NK][N][W],",
              "                    double keep[restrict KEPT_ROWS][NH][W], double y1[restrict N][W],",

@@ -68,7 +68,9 @@ static inline int pow_lanes_exponent_ok(double y)
 #endif
 
 /* Whether pow_lanes takes the vector path: the load check passed and odecli_pow_lanes allows it. */
+#ifndef __CUDACC_RTC__
 static int pow_lanes_exact = 0, pow_lanes_wanted = 1;
+#endif
 
 static void pow_lanes(const double *restrict x, double y, double *restrict out)
 {
@@ -84,6 +86,7 @@ static void pow_lanes(const double *restrict x, double y, double *restrict out)
     for (int l = 0; l < W; l++) out[l] = pow(x[l], y);
 }
 
+#ifndef __CUDACC_RTC__  /* host code: a GPU build (odecli.ode.gpu) takes pow alone */
 /* Compare the vector path with pow on 4096 inputs: the controllers' exponents over x in
  * [2^-64, 2^64), random mantissas. Any difference means another pow: use that one alone. */
 __attribute__((constructor)) static void pow_lanes_check(void)
@@ -115,3 +118,4 @@ int odecli_pow_lanes(int on)
     pow_lanes_wanted = on != 0;
     return pow_lanes_exact && pow_lanes_wanted;
 }
+#endif

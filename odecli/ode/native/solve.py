@@ -72,12 +72,18 @@ def solve_native(
 ) -> Solution:
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solution.Solution` out.
 
-    Same arguments and result as :func:`odecli.ode.solver.solve`. When autograd records and
+    Same arguments and result as :func:`odecli.ode.solver.solve`. CUDA tensors (recording no
+    gradient) are solved by the same solver built for the GPU (:func:`odecli.ode.gpu.solve_gpu`).
+    When autograd records and
     ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are
     differentiable (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in
     generated C).
     """
     options = SolverOptions.of(options, settings)
+    if y0.device.type == "cuda" and not _records_gradient(rhs, y0, params):  # the same solver as a GPU kernel
+        from odecli.ode.gpu import solve_gpu
+
+        return solve_gpu(rhs, y0, t_start, t_end, t_eval, params=params, options=options, progress=progress)
     why = unsupported_reason(options.method, y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)

@@ -12,11 +12,41 @@
  * so the cached library's hash covers all of it and no include path is needed.
  */
 
+#ifdef __CUDACC_RTC__
+/* The same text as CUDA C++ for NVRTC (odecli.ode.gpu): compiled with -default-device, so every
+ * function below is a device function; one thread runs one sample (W = 1) from start to end, and
+ * the __global__ entry at the end maps threads to samples. NVRTC has no C headers: what the
+ * solver takes from them is defined here. C99's restrict (also inside array parameters) has no
+ * C++ spelling there, so it is dropped. */
+typedef long int64_t;  /* as glibc on LP64 (CUDA device code follows the host's data model) */
+typedef unsigned long uint64_t;
+#define restrict
+#define NULL 0
+#ifdef ODECLI_FLOAT
+/* float32 solves: the same text in single precision (odecli.ode.gpu.source has suffixed every
+ * floating literal with f, so no operation is promoted to double). */
+#define double float
+#define NAN __int_as_float(0x7fc00000)
+#define INFINITY __int_as_float(0x7f800000)
+#define DBL_MIN 1.17549435e-38f
+#define DBL_MAX 3.40282347e+38f
+#define DBL_EPSILON 1.19209290e-07f
+#else
+#define NAN __longlong_as_double(0x7ff8000000000000LL)
+#define INFINITY __longlong_as_double(0x7ff0000000000000LL)
+#define DBL_MIN 2.2250738585072014e-308
+#define DBL_MAX 1.7976931348623157e+308
+#define DBL_EPSILON 2.220446049250313e-16
+#endif
+#define ODECLI_NOINLINE  /* GCC's vectoriser needs these calls kept; a GPU thread has no lanes to vectorise */
+#else
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <float.h>
+#define ODECLI_NOINLINE __attribute__((noinline))
+#endif
 
 static inline double odecli_sq(double a) { return a * a; }
 /* torch.minimum / torch.maximum: a NaN in either argument gives NaN. */
@@ -155,7 +185,7 @@ static void clip_steps(Lanes *restrict L)
 }
 
 /* After rk_step: accept or reject, the next step size and the status of every lane. */
-__attribute__((noinline))
+ODECLI_NOINLINE
 static void control(Lanes *restrict L, const Job *restrict job)
 {
     double factor[W];
@@ -316,8 +346,13 @@ static int take_next(Lanes *restrict L, int l, const Job *restrict job, int64_t 
 static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int64_t *restrict order,
                        Recorder *restrict rec)
 {
+#ifdef __CUDACC_RTC__
+    Lanes lanes = {};  /* W = 1 on a GPU thread: a few hundred bytes of its own memory */
+    Lanes *L = &lanes;
+#else
     Lanes *L = calloc(1, sizeof *L);  /* K alone is NK*N*W doubles: too much for small thread stacks */
     if (L == NULL) return -1;
+#endif
     int busy[W], n_busy = 0;
     int64_t next = 0;
     for (int l = 0; l < W; l++) {
@@ -357,7 +392,9 @@ static int solve_range(const Job *restrict job, int64_t i0, int64_t n, const int
             n_busy -= !busy[l];
         }
     }
+#ifndef __CUDACC_RTC__
     free(L);
+#endif
     return 0;
 }
 
@@ -389,3 +426,40 @@ int solve_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                              istat, fstat, yfinal, shared);
     return solve_range(&job, i0, i1 - i0, NULL, NULL);
 }
+
+#ifdef __CUDACC_RTC__
+/* The GPU's entry (odecli.ode.gpu): solve_samples' arguments, one thread per sample of [i0, i1),
+ * each running its sample's whole integration, as solve_range runs it in one CPU lane. */
+extern "C" __global__ void solve_samples_cuda(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                                              const double *y0, const double *t0, const double *t1,
+                                              const double *grid, const double *params, const double *dt0,
+                                              int64_t auto_dt0, const double *cfg, int64_t max_steps,
+                                              double *yout, int64_t *istat, double *fstat, double *yfinal,
+                                              const double *shared)
+{
+    const int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= i1) return;
+    const Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout,
+                             istat, fstat, yfinal, shared);
+    solve_range(&job, i, 1, NULL, NULL);
+}
+
+#if NE > 0
+/* solve_samples_cuda with the events recorded, as solve_samples_events records them. */
+extern "C" __global__ void solve_samples_events_cuda(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
+                                                     const double *y0, const double *t0, const double *t1,
+                                                     const double *grid, const double *params, const double *dt0,
+                                                     int64_t auto_dt0, const double *cfg, int64_t max_steps,
+                                                     double *yout, int64_t *istat, double *fstat, double *yfinal,
+                                                     const double *shared, int64_t ev_cap, double *ev_t,
+                                                     double *ev_y, int64_t *ev_count)
+{
+    const int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= i1) return;
+    Job job = make_job(n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps, yout, istat,
+                       fstat, yfinal, shared);
+    job.ev_cap = ev_cap; job.ev_t = ev_t; job.ev_y = ev_y; job.ev_count = ev_count;
+    solve_range(&job, i, 1, NULL, NULL);
+}
+#endif
+#endif
