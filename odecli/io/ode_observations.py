@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 
 from odecli.errors import InputError
+from odecli.io.bounded import check_readable
 from odecli.specs import OdeSpec
 from odecli.specs.inverse import EventObservation, InverseSpec
 
@@ -25,6 +26,7 @@ def read_observations(path: str, ode: OdeSpec,
     if not Path(path).is_file():
         raise InputError(f"{where}: file not found: {path}")
     events: dict[str, np.ndarray] = {}
+    check_readable(Path(path), f"{where}: {path}: ")  # damage that loops HDF5 is refused, not waited on
     try:
         with h5py.File(path, "r") as h5:
             if "t" not in h5 or "y" not in h5:
