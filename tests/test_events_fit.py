@@ -8,6 +8,7 @@ central finite differences of the loss (its gradient through the located event t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -175,3 +176,21 @@ def test_the_run_file_holds_fitted_and_observed_event_times(tmp_path):
     with h5py.File(tmp_path / "fit.h5") as h5:
         assert h5["events/ground/t"].shape == h5["events/ground/data"].shape == (3, 1)
         assert list(h5.attrs["observed"]) == []
+
+
+def test_two_ranks_fit_event_times_as_one_rank_does(tmp_path):
+    from tests.mpi_helpers import run_mpi
+
+    script = Path(__file__).parent / "mpi_scripts" / "ode_cli.py"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(PROJECTILE % {"truth": G_TRUE, "extra": "  optimizer: {iterations: 6}"})
+    fits = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"fit{ranks}.h5"
+        proc = run_mpi(script, ranks, ["train-inverse", str(spec), "-o", str(out), "-q"], timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        with h5py.File(out) as h5:
+            fits[ranks] = {name: h5[name][...] for name in ("fit/g", "history/loss", "events/ground/t",
+                                                            "events/ground/data")}
+    for name, value in fits[1].items():
+        np.testing.assert_allclose(fits[2][name], value, rtol=1e-12, atol=0, err_msg=name)

@@ -468,7 +468,8 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
             # an OdecliError here is every rank's: they all evaluate the same global values
             end_every_rank(comm, exc, collective=isinstance(exc, OdecliError))
             raise
-    failed = int((np.asarray(result.status) != 0).sum())
+    status = np.asarray(result.status)
+    failed = int(((status != 0) & (status != Status.EVENT)).sum())  # a terminal event is no failure
     if comm.rank == 0 and not quiet:
         print(f"{ode.name}: {result.stop_reason} after {result.iterations} iterations; loss "
               f"{result.history['loss'][0]:.3e} -> {result.history['loss'][-1]:.3e}; "
