@@ -17,8 +17,8 @@ from odecli.errors import InputError, SpecError
 from odecli.specs.pde import TOP_KEYS as PDE_TOP_KEYS
 from odecli.specs.ode import TOP_KEYS as ODE_TOP_KEYS
 from odecli.specs.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
-                                 LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OBSERVED_EVENT_KEYS, OPTIMIZER_KEYS, OPTIMIZERS,
-                                 UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
+                                 LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OBSERVED_EVENT_KEYS, OPTIMIZER_KEYS,
+                                 OPTIMIZERS, UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
 from odecli.specs.validate import validate_data
 
 runner = CliRunner()

@@ -194,3 +194,22 @@ def test_two_ranks_fit_event_times_as_one_rank_does(tmp_path):
                                                             "events/ground/data")}
     for name, value in fits[1].items():
         np.testing.assert_allclose(fits[2][name], value, rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.parametrize("truth_events, occurrences, message", [
+    (True, 50, "inverse.data.file: events/zero/t has fewer than 50 occurrence(s) in sample 0"),
+    (False, 1, "has no events/zero/t of (sample, occurrence) times (solve the spec with its events: to write them)"),
+])
+def test_event_times_missing_from_the_data_file_are_one_line(tmp_path, truth_events, occurrences, message):
+    truth = OSCILLATOR if truth_events else OSCILLATOR[:OSCILLATOR.index("events:")] + OSCILLATOR[
+        OSCILLATOR.index("solver:"):]
+    (tmp_path / "truth.yaml").write_text(truth)
+    runner = CliRunner()
+    assert runner.invoke(app, ["solve", str(tmp_path / "truth.yaml"), "-o", str(tmp_path / "truth.h5")]).exit_code == 0
+    (tmp_path / "fit.yaml").write_text(OSCILLATOR + f"""
+inverse:
+  unknowns: {{params: {{w2: {{init: 1.5}}}}}}
+  data: {{file: truth.h5, events: {{zero: {{occurrences: {occurrences}}}}}}}
+""")
+    out = runner.invoke(app, ["train-inverse", str(tmp_path / "fit.yaml"), "-o", str(tmp_path / "fit.h5")])
+    assert out.exit_code == 2 and message in out.output and len(out.output.strip().splitlines()) == 1, out.output

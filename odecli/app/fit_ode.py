@@ -217,7 +217,8 @@ class Problem:
                 times = self.event_obs[observation.name]
                 draw = torch.randn((self.batch, times.shape[1]), generator=gen, dtype=torch.float64)[sl]
                 draw = draw.to(self.dtype).to(self.device)
-                self.event_obs[observation.name] = times + (times.abs() * data.noise if data.relative else data.noise) * draw
+                scale = times.abs() * data.noise if data.relative else data.noise
+                self.event_obs[observation.name] = times + scale * draw
         return grid, clean
 
     # ------------------------------------------------------------------------------ evaluation
@@ -388,7 +389,8 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     return FitResult(
         fitted=split(xf), initial_guess=split(x0), truth=problem.truth, history=outcome.history,
         stop_reason=STOP_REASONS[outcome.stop], iterations=outcome.iterations, t=t, y=y, data=data,
-        status=status, stats=stats, events=event_fit, event_data=event_data, wall_time_s=time.perf_counter() - started, ranks=comm.size,
+        status=status, stats=stats, events=event_fit, event_data=event_data,
+        wall_time_s=time.perf_counter() - started, ranks=comm.size,
         engine=problem.gradient_engine,
     )
 

@@ -70,8 +70,8 @@ def _read_event_times(h5: h5py.File, path: str, observation: EventObservation, w
         raise InputError(f"{where}: {path} has no events/{name}/t of (sample, occurrence) times "
                          f"(solve the spec with its events: to write them)")
     times = dataset[:, :wanted]
-    if times.shape[1] < wanted or not np.isfinite(times).all():
-        short = int(np.nonzero(~np.isfinite(np.pad(times, ((0, 0), (0, wanted - times.shape[1])),
-                                                   constant_values=np.nan)).all(axis=1))[0][0])
-        raise InputError(f"{where}: events/{name}/t has fewer than {wanted} occurrence(s) in sample {short}")
+    complete = np.isfinite(times).all(axis=1) if times.shape[1] == wanted else np.zeros(len(times), dtype=bool)
+    if not complete.all():
+        raise InputError(f"{where}: events/{name}/t has fewer than {wanted} occurrence(s) in sample "
+                         f"{int(np.argmin(complete))}")
     return times
