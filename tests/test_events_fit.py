@@ -139,6 +139,7 @@ inverse:
         assert np.allclose(h5["events/zero/t"][...], exact, rtol=1e-7)
     stats = runner.invoke(app, ["stats", str(tmp_path / "fit.h5")])
     assert stats.exit_code == 0, stats.output
+    assert "event zero" in stats.output and "6 observed times" in stats.output
     exported = runner.invoke(app, ["export", str(tmp_path / "fit.h5"), "--csv", str(tmp_path / "csv")])
     assert exported.exit_code == 0, exported.output
     lines = (tmp_path / "csv" / "events.csv").read_text().splitlines()
