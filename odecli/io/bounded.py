@@ -36,7 +36,6 @@ from odecli.errors import InputError
 
 DEADLINE_S = 20.0
 """How long the walk may take; a sane file's takes milliseconds (its data are not read)."""
-_MAX_CHUNKS = 1_000_000  # a chunk index is walked up to this many entries (each a few us)
 
 
 def check_readable(path: Path, what: str = "") -> None:
@@ -116,9 +115,10 @@ def _object(oid) -> None:
             attr.read(value)
     if isinstance(oid, h5py.h5d.DatasetID):
         oid.get_type(), oid.get_space().get_simple_extent_dims()
-        if oid.get_create_plist().get_layout() == h5py.h5d.CHUNKED:
-            for index in range(min(oid.get_num_chunks(), _MAX_CHUNKS)):
-                oid.get_chunk_info(index)
+        if oid.get_create_plist().get_layout() == h5py.h5d.CHUNKED and hasattr(oid, "chunk_iter"):
+            # one pass over the chunk index (0.4 s for 100,000 chunks); get_chunk_info(i) would
+            # search it from the start for every i (30 ms a call at 100,000 chunks)
+            oid.chunk_iter(lambda info: None)
 
 
 def _in_global_heap(tid) -> bool:
