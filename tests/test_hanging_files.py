@@ -64,3 +64,18 @@ def test_a_byte_flip_that_loops_hdf5_is_one_line_not_a_hang(runs, tmp_path, comm
 def test_an_intact_file_reads_as_before(runs, tmp_path):  # noqa: F811
     result = _odecli("stats", str(runs["ode-inverse"]), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_resume_from_a_checkpoint_that_loops_hdf5_is_one_line_not_a_hang(tmp_path):
+    from tests.test_ode_inverse import _checkpoint_4
+
+    spec, out, cpath = _checkpoint_4(tmp_path)
+    intact = cpath.read_bytes()
+    grow_global_heap_object(cpath, cpath)
+    assert cpath.read_bytes() != intact
+    result = _odecli("train-inverse", str(spec), "-o", str(out), "--resume", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr + result.stdout
+    assert (result.stderr + result.stdout).strip().splitlines() == [
+        f"error: {cpath}: not a usable checkpoint: damaged HDF5 file: reading its structure did not finish in 3 s "
+        "(the HDF5 library loops on some damaged bytes)"]
+    assert cpath.exists() and not out.exists()
