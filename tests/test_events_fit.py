@@ -214,3 +214,13 @@ inverse:
 """)
     out = runner.invoke(app, ["train-inverse", str(tmp_path / "fit.yaml"), "-o", str(tmp_path / "fit.h5")])
     assert out.exit_code == 2 and message in out.output and len(out.output.strip().splitlines()) == 1, out.output
+
+
+def test_the_landing_fit_example_recovers_each_gravity(tmp_path, monkeypatch):
+    example = Path(__file__).resolve().parent.parent / "examples" / "projectile-landing-fit.yaml"
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train-inverse", str(example), "-q"])
+    assert result.exit_code == 0, result.output
+    with h5py.File(tmp_path / "projectile-landing-fit.h5") as h5:
+        np.testing.assert_allclose(h5["fit/g"][...], h5["truth/g"][...], rtol=1e-8)
+        np.testing.assert_array_equal(h5["truth/g"][...], [9.81, 3.71, 24.79, 1.62])
