@@ -57,10 +57,10 @@ system:
   equations: {x: v, v: -w2 * x}
 initial: {x: 1.0, v: 0.0}
 batch: 2
-time: {start: 0.0, end: 12.0, eval: 5}
+time: {start: 0.0, end: 8.5, eval: 5}
 events:
   - {name: zero, expression: x, direction: both}
-solver: {method: dopri5, rtol: 1.0e-10, atol: 1.0e-12}
+solver: {method: dopri5, rtol: 1.0e-9, atol: 1.0e-11}
 """
 
 
@@ -224,3 +224,14 @@ def test_the_landing_fit_example_recovers_each_gravity(tmp_path, monkeypatch):
     with h5py.File(tmp_path / "projectile-landing-fit.h5") as h5:
         np.testing.assert_allclose(h5["fit/g"][...], h5["truth/g"][...], rtol=1e-8)
         np.testing.assert_array_equal(h5["truth/g"][...], [9.81, 3.71, 24.79, 1.62])
+
+
+def test_a_starting_point_that_misses_an_observed_event_says_so(tmp_path):
+    text = (PROJECTILE % {"truth": G_TRUE, "extra": ""}).replace("g: {init: 5.0, bounds: [1, 50]}",
+                                                                  "g: {init: 1.0, bounds: [1, 50]}")
+    (tmp_path / "spec.yaml").write_text(text)  # g = 1: no sample lands before t = 5
+    out = CliRunner().invoke(app, ["train-inverse", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "o.h5")])
+    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert out.output.strip().splitlines()[-1] == (
+        "error: the initial guess does not solve (non-finite loss) or misses an observed event (fewer "
+        "occurrences than inverse.data.events asks); change inverse.unknowns init")

@@ -324,10 +324,14 @@ class OdeObjective:
                  checkpoint: Path | None) -> None:
         self.problem, self.ode, self.x, self.opt, self.checkpoint = problem, ode, x, opt, checkpoint
         self.layout = ckpt.Layout(problem.comm, [False])
+        self.evaluated = False  # whether the starting point has been evaluated
 
     def evaluate(self, completed: int) -> tuple[float, list[torch.Tensor] | None]:
         f, g = self.problem.evaluate(self.x.numpy())
-        if completed == 0 and g is None:
+        initial, self.evaluated = not self.evaluated, True
+        # only the starting point's failure is fatal: a failed trial point of the first line
+        # search (completed is still 0 there) makes the line search step back, as later ones do
+        if initial and completed == 0 and g is None:
             also = (" or misses an observed event (fewer occurrences than inverse.data.events asks)"
                     if self.problem.inv.data.events else "")
             raise OdecliError(f"the initial guess does not solve (non-finite loss){also}; change inverse.unknowns init")
