@@ -459,6 +459,9 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
         raise InputError("--iterations must be >= 1")
     output = Path(output) if output is not None else Path(ode.fit_output)
     cpath, replace = check_start(output, resume, force)
+    # No rank runs the user's code (a python: right-hand side may write files) before every rank
+    # has checked the output: else one rank's probe can create it under another's check_start.
+    comm.barrier()
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during
     # the fit is that rank's alone, so it must still abort every rank, not wait for them.
