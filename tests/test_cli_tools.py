@@ -17,8 +17,8 @@ from odecli.errors import InputError, SpecError
 from odecli.specs.pde import TOP_KEYS as PDE_TOP_KEYS
 from odecli.specs.ode import TOP_KEYS as ODE_TOP_KEYS
 from odecli.specs.inverse import (ADJOINT_MODES, CHECKPOINT_KEYS, DATA_KEYS, INTEGER_MINIMUMS, INVERSE_KEYS,
-                                 LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OPTIMIZER_KEYS, OPTIMIZERS,
-                                 UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
+                                 LOSS_KEYS, LOSS_TYPES, NUMBER_MINIMUMS, OBSERVED_EVENT_KEYS, OPTIMIZER_KEYS,
+                                 OPTIMIZERS, UNKNOWN_KEYS, VALUE_GROUPS, parse_ode_inverse_spec)
 from odecli.specs.validate import validate_data
 
 runner = CliRunner()
@@ -217,6 +217,7 @@ def test_schema_and_validator_agree_on_every_empty_value(path, schema_validator)
 # ('*': the settings of every name in a mapping).
 INVERSE_LEVELS = {"": INVERSE_KEYS, "unknowns": VALUE_GROUPS, "unknowns.params.*": UNKNOWN_KEYS,
                   "unknowns.initial.*": UNKNOWN_KEYS, "data": DATA_KEYS, "data.truth": VALUE_GROUPS,
+                  "data.events.*": OBSERVED_EVENT_KEYS,
                   "loss": LOSS_KEYS, "optimizer": OPTIMIZER_KEYS, "checkpoint": CHECKPOINT_KEYS}
 INVERSE_FIT = {"kind": "ode", "system": {"states": ["x"], "params": {"k": 1.0}, "equations": {"x": "-k * x"}},
                "initial": {"x": 1.0}, "batch": 2, "time": {"start": 0, "end": 1, "eval": 5},
@@ -245,11 +246,12 @@ def test_schema_lists_every_inverse_key_the_validator_accepts():
 def test_schema_states_the_inverse_validators_lower_limits():
     document = _ode_schema()
     for path, limit in NUMBER_MINIMUMS.items():
-        number = _inverse_level(document, path + (".*" if path == "loss.weights" else ""))
+        number = _inverse_level(document, path.replace("data.events.", "data.events.*.")
+                                + (".*" if path == "loss.weights" else ""))
         assert number["type"] == "number", path
         assert number["exclusiveMinimum" if limit.exclusive else "minimum"] == limit.value, path
     for path, minimum in INTEGER_MINIMUMS.items():
-        integer = _inverse_level(document, path)
+        integer = _inverse_level(document, path.replace("data.events.", "data.events.*."))
         assert (integer["type"], integer["minimum"]) == ("integer", minimum), path
 
 

@@ -283,3 +283,45 @@ def test_an_interrupted_export_replaces_none_of_the_old_files(ode_run, tmp_path,
     assert result.exit_code == 130, result.output
     assert {p.name: p.read_text() for p in folder.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["csv"]
+
+
+BALLS = """
+kind: ode
+name: balls
+system: {states: [h, v], params: {g: 9.81}, equations: {h: v, v: -g}}
+initial: {h: [10, 5, 1], v: [0, 3, 8]}
+time: {start: 0, end: 10, eval: 11}
+events:
+  - {name: ground, expression: h, direction: falling, terminal: true}
+  - {name: apex, expression: v, direction: falling}
+solver: {method: dopri5, rtol: 1.0e-8, atol: 1.0e-10}
+"""
+
+
+def test_export_writes_every_event_occurrence_as_one_row_of_events_csv(tmp_path):
+    (tmp_path / "balls.yaml").write_text(BALLS)
+    run = tmp_path / "balls.h5"
+    assert runner.invoke(app, ["solve", str(tmp_path / "balls.yaml"), "-o", str(run)]).exit_code == 0
+    result = runner.invoke(app, ["export", str(run), "--csv", str(tmp_path / "csv")])
+    assert result.exit_code == 0, result.output
+    header, rows = read_csv(tmp_path / "csv" / "events.csv")
+    assert header == ["event", "sample", "occurrence", "t", "h", "v"]
+    with h5py.File(run) as h5:
+        expected = [[name, str(i), str(k), repr(float(h5[f"events/{name}/t"][i, k])),
+                     *(repr(float(v)) for v in h5[f"events/{name}/y"][i, k])]
+                    for name in h5["events"] for i in range(3) for k in range(int(h5[f"events/{name}/count"][i]))]
+        total = sum(int(h5[f"events/{name}/count"][...].sum()) for name in h5["events"])
+    assert rows == expected and len(rows) == total == 5  # three landings, the apex of two upward throws
+
+
+def test_a_damaged_event_group_is_one_line_and_exports_nothing(tmp_path):
+    (tmp_path / "balls.yaml").write_text(BALLS)
+    run = tmp_path / "balls.h5"
+    assert runner.invoke(app, ["solve", str(tmp_path / "balls.yaml"), "-o", str(run)]).exit_code == 0
+    with h5py.File(run, "a") as h5:
+        del h5["events/apex/y"]
+        h5["events/apex/y"] = np.zeros((2, 1, 2))
+    result = runner.invoke(app, ["export", str(run), "--csv", str(tmp_path / "csv")])
+    assert result.exit_code == 2
+    assert "events/apex/y has shape (2, 1, 2), expected (3, 1) first (from 't')" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "csv").exists()

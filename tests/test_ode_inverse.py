@@ -373,7 +373,20 @@ ODE_DAMAGE = {  # what is done to a good checkpoint -> what the error says about
                  "'params/0' holds non-finite values"),
     "inf in an L-BFGS pair": (lambda h5: _replace(h5, "opt/s0/0", h5["opt/s0/0"][...] + np.inf),
                               "'opt/s0/0' holds non-finite values"),
+    # issue 42: damage every named check lets through is caught by the checksum
+    "one bit of x flipped": (lambda h5: _replace(h5, "params/0", _flip_lowest_bit(h5["params/0"][...])),
+                             "its contents do not match its checksum: the file changed after it was written"),
+    "the loss changed": (lambda h5: h5.attrs.__setitem__("f", h5.attrs["f"] * 2),
+                         "its contents do not match its checksum: the file changed after it was written"),
+    "no checksum": (lambda h5: h5.attrs.__delitem__("checksum"),
+                    "missing 'checksum': written by an odecli without checkpoint checksums, or damaged"),
 }
+
+
+def _flip_lowest_bit(values: np.ndarray) -> np.ndarray:
+    flipped = values.copy()
+    flipped.view(np.int64)[0] ^= 1
+    return flipped
 
 
 @pytest.mark.parametrize("damage", ODE_DAMAGE)

@@ -160,3 +160,40 @@ def test_every_rank_rejects_a_bad_function_before_solving(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("system.python: rhs.py:F returned shape (2, 1), expected (2, 2)") == 1, p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "out.h5").exists()
+
+
+LATER = "if bool((t > 0).any()):\n    {bad}\nreturn -p['k'][:, None] * y"  # right on the probe at t = 0
+
+
+@pytest.mark.parametrize("method", ["dopri5", "rodas5"])
+@pytest.mark.parametrize("bad, message", [
+    ("return y[:, :1]", "rhs.py:F returned shape ("),
+    ("return None", "rhs.py:F returned NoneType, expected a torch.Tensor of shape ("),
+    ("return (-y).float()", "rhs.py:F returned float32 on cpu, expected y's float64 on cpu"),
+    ("y.mul_(-1)\n    return y.clone()", "rhs.py:F modified y or a parameter in place"),
+    ("p['k'].add_(1)\n    return -y", "rhs.py:F modified y or a parameter in place"),
+])
+def test_a_function_that_goes_wrong_after_the_probe_is_caught_on_that_call(tmp_path, bad, message, method):
+    """Issue 42: after the first (probed) call, a wrong shape broadcast or an in-place change ran to
+    exit 0 with wrong trajectories, and None was an internal error. Every call is checked now."""
+    spec = _write(tmp_path, LATER.format(bad=bad))
+    result = _solve(spec, "--method", method)
+    assert result.exit_code == 2, result.output
+    assert _one_error_line(result).startswith(f"error: {spec}: system.python: {message}")
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_a_late_wrong_shape_in_a_fit_is_caught_too(tmp_path):
+    spec = _write(tmp_path, LATER.format(bad="return y[:, :1]"), spec=FIT % "direct")
+    result = runner.invoke(app, ["train-inverse", str(spec), "-o", str(tmp_path / "fit.h5"), "-q"])
+    assert result.exit_code == 2, result.output
+    assert "system.python: rhs.py:F returned shape (" in _one_error_line(result)
+
+
+def test_a_late_wrong_shape_on_one_of_two_ranks_ends_both(tmp_path):
+    """Only the second sample's rank sees t > 0.5 with k = 2 ... the error is that rank's alone."""
+    body = "if bool((p['k'] > 1.5).any()) and bool((t > 0.2).any()):\n    return y[:, :1]\n" + GOOD
+    spec = _write(tmp_path, body)
+    p = run_mpi(CLI, 2, ["solve", str(spec), "-o", str(tmp_path / "out.h5")], timeout=90)
+    assert p.returncode == 2, p.stderr
+    assert "system.python: rhs.py:F returned shape (" in p.stderr + p.stdout

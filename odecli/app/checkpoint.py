@@ -10,12 +10,17 @@ checkpoint does not depend on the rank layout; rank 0 writes it and every rank r
 
 A checkpoint is hours of work, so a run never starts over on one silently (:func:`check_start`),
 Ctrl-C says where the work is (:func:`note_on_interrupt`), and a damaged one is one clear error
-(:func:`open_checkpoint`).
+(:func:`open_checkpoint`). Damage that leaves every part present, of its shape and finite (a
+flipped bit in a number) is caught by the ``checksum`` attribute, a SHA-256 of everything else in
+the file (:func:`content_digest`), verified after the parts are read and checked, before the
+fit continues; damage that would loop the HDF5 library is refused before reading
+(:func:`odecli.io.bounded.check_readable`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,6 +34,7 @@ import torch
 from odecli import __version__
 from odecli.errors import InputError
 from odecli.io.atomic import atomic_h5, check_name, check_writable
+from odecli.io.bounded import check_readable
 from odecli.optim import Optimizer, Vector
 from odecli.parallel.comm import Comm
 from odecli.parallel.decomposition import Decomposition
@@ -70,6 +76,7 @@ def open_checkpoint(path: Path, kind: str, spec_text: str) -> Iterator[h5py.File
 
     Whatever else goes wrong while the body reads it (a part missing or of another shape that
     the body's own checks did not name) is reported as :func:`unusable`, not as a traceback."""
+    check_readable(path, f"{path}: not a usable checkpoint: ")
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
@@ -117,6 +124,43 @@ def read_array(f: h5py.File, name: str, shape: tuple[int, ...] | None = None,
         want = tuple(shape) if shape is not None else f"{rows} entries"
         raise unusable(path, f"{name!r} has shape {arr.shape}, expected {want}")
     return arr
+
+
+CHECKSUM = "checksum"
+
+
+def content_digest(h5: h5py.File) -> str:
+    """SHA-256 (hex) of every attribute and dataset of ``h5`` but the root's ``checksum``: names,
+    types, shapes and values, in sorted order, so the same contents give the same digest."""
+    sha = hashlib.sha256()
+
+    def add(label: str, value: Any) -> None:
+        array = np.asarray(value)
+        sha.update(f"{label}\0{array.dtype.str}\0{array.shape}\0".encode())
+        if array.dtype.kind == "O":  # variable-length strings
+            sha.update("\0".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+                                  for v in array.ravel()).encode())
+        else:
+            sha.update(np.ascontiguousarray(array).tobytes())
+
+    names: list[str] = []
+    h5.visit(names.append)
+    for name in ["", *sorted(names)]:
+        node = h5[name] if name else h5
+        for key in sorted(node.attrs):
+            if name or key != CHECKSUM:
+                add(f"{name}@{key}", node.attrs[key])
+        if isinstance(node, h5py.Dataset):
+            add(name, node[...])
+    return sha.hexdigest()
+
+
+def _verify_checksum(f: h5py.File, path: Path) -> None:
+    """Refuse a checkpoint whose contents are not those it was written with."""
+    if CHECKSUM not in f.attrs:
+        raise unusable(path, f"missing {CHECKSUM!r}: written by an odecli without checkpoint checksums, or damaged")
+    if str(f.attrs[CHECKSUM]) != content_digest(f):
+        raise unusable(path, "its contents do not match its checksum: the file changed after it was written")
 
 
 def saved_iteration(path: Path) -> int | None:
@@ -210,6 +254,7 @@ def save(path: Path, layout: Layout, *, kind: str, spec_text: str, iteration: in
                     hist.create_dataset(name, data=_column(values))
                 for name, arr in (arrays or {}).items():
                     h5.create_dataset(name, data=arr)
+                a[CHECKSUM] = content_digest(h5)  # last: of everything written above
         except InputError as exc:
             error = str(exc)
     if comm.size > 1:
@@ -258,7 +303,8 @@ def load(path: Path, layout: Layout, *, kind: str, spec_text: str, opt: Optimize
                 vecs[name] = read_vec(f"opt/{name}")
         history = {k: read_array(f, f"history/{k}", rows=iteration + 1).tolist() for k in history_keys}
         extra = read_extra(f)
-        opt.load(vecs, _Parts(path, "optimizer_scalars.", scalars))
+        opt.load(vecs, _Parts(path, "optimizer_scalars.", scalars))  # names what it misses
+        _verify_checksum(f, path)  # after the named checks (they say more); a failure ends the run
         with torch.no_grad():
             for p, v in zip(params, values):
                 p.copy_(v)

@@ -7,6 +7,15 @@ gradients and the per-sample contributions to shared gradients to every rank *in
 order* and sums them there in that order. The result is therefore the same on every rank and equal
 to the 1-rank run (to round-off, ~1e-12), rather than depending on an all-reduce's summation order.
 
+A spec's ``events:`` take part in every solve of the fit, as in ``odecli solve``: a terminal event
+ends a sample (status 5), its later output times are NaN and are left out of the trajectory
+misfit (on either side). ``inverse.data.events`` makes event times observations: the loss adds,
+per observed event, the weighted mean squared error of each sample's first ``occurrences``
+times, differentiated by the implicit function theorem in the PyTorch loop's direct gradient
+(:mod:`odecli.ode.events`); a sample whose fitted solve has fewer occurrences fails that
+evaluation (inf loss: the line search steps back). The generated C gradient does not
+differentiate event times, so a fit of a spec with events runs in the PyTorch loop.
+
 Shared unknowns are handed to the solver as one copy per row (the spec's right-hand sides broadcast
 per-sample parameters), so their per-sample contributions come out of the same backward pass.
 
@@ -32,17 +41,20 @@ from odecli.app import checkpoint as ckpt
 from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
 from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
 from odecli.io.atomic import atomic_h5
+from odecli.io.ode_observations import read_observations
 from odecli.optim import Box, Optimizer, Space, make_optimizer
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
 from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
+from odecli.ode.status import Status
 from odecli.parallel.comm import Comm, get_comm
 from odecli.app.checkpoint import check_start, note_on_interrupt
 from odecli.app.checkpoint import checkpoint_path  # noqa: F401 - callers import it from here
 from odecli.app.solve import native_unsupported, spec_device
 from odecli.specs import OdeSpec, build_c_equations, build_rhs, param_tensors
+from odecli.specs.events import build_events
 from odecli.specs.inverse import InverseSpec, load_ode_inverse_spec
 from odecli.specs.rhs import python_errors
 
@@ -60,6 +72,8 @@ class FitResult:
     data: np.ndarray | None = None
     status: np.ndarray | None = None
     stats: dict[str, np.ndarray] = field(default_factory=dict)
+    events: dict[str, np.ndarray] = field(default_factory=dict)  # observed event -> fitted times (batch, occurrences)
+    event_data: dict[str, np.ndarray] = field(default_factory=dict)  # observed event -> observed times
     wall_time_s: float = 0.0
     ranks: int = 1
     engine: str = "torch"  # what computed the loss gradients: "native" (generated C) or "torch"
@@ -95,6 +109,7 @@ class Problem:
         self.device = torch.device(spec_device(ode))
         self.dtype = getattr(torch, s.dtype)
         self.rhs = build_rhs(ode, self.device)
+        self.events = build_events(ode.events, ode.states, ode.params, ode.file) if ode.events else None
         self.native_rhs = self._native_rhs()
         self.solve_kwargs = dict(
             method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
@@ -112,9 +127,10 @@ class Problem:
         self.obs_index = [ode.states.index(name) for name in inv.observed]
         self.weights = tensor(inv.weights)
         self.truth: dict[str, np.ndarray] = {}
+        self.event_obs: dict[str, torch.Tensor] = {}  # observed event -> (n_local, occurrences) times
         self.grid, self.obs = self._load_data()
         self.n_eval = self.grid.shape[1]
-        self.norm = float(self.batch * self.n_eval * len(self.obs_index))
+        self.norm = float(max(1, self.batch * self.n_eval * len(self.obs_index)))
         self.sizes = [self.batch if u.per_sample else 1 for u in inv.unknowns]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int)
         self.lower = np.concatenate([np.full(n, u.lower) for n, u in zip(self.sizes, inv.unknowns)])
@@ -128,6 +144,8 @@ class Problem:
         """The C right-hand side when the generated solver runs this fit (its gradient, when the
         fit asks for ``direct`` ones, is generated C too); None for the PyTorch loop."""
         if native_unsupported(self.ode, str(self.device)):  # equations, explicit RK, CPU, float64
+            return None
+        if self.events is not None:  # the generated C gradient does not differentiate event times
             return None
         rhs = NativeRhs(*build_c_equations(self.ode))
         if self.inv.adjoint == "direct" and gradient_unsupported(rhs, self.ode.solver.method):
@@ -145,19 +163,22 @@ class Problem:
                 return solve_native(self.native_rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
             except NativeUnavailable:  # no working C compiler here: the PyTorch loop from now on
                 self.native_rhs = None
+        events = {"events": self.events} if self.events is not None else {}
         if need_grad:
             return odeint(self.rhs, y0, self.t0, self.t1, grid, params=params, adjoint=self.inv.adjoint,
-                          **self.solve_kwargs)
-        return solve(self.rhs, y0, self.t0, self.t1, grid, params=params, **self.solve_kwargs)
+                          **events, **self.solve_kwargs)
+        return solve(self.rhs, y0, self.t0, self.t1, grid, params=params, **events, **self.solve_kwargs)
 
     # ------------------------------------------------------------------------------------ data
     def _load_data(self) -> tuple[torch.Tensor, torch.Tensor]:
         ode, inv, data = self.ode, self.inv, self.inv.data
         sl = slice(self.lo, self.hi)
         if data.file is not None:
-            t_full, y_full = _read_observations(data.file, ode, inv)
+            t_full, y_full, event_times = read_observations(data.file, ode, inv)
             grid = torch.tensor(t_full[sl], dtype=self.dtype, device=self.device)
             clean = torch.tensor(y_full[sl], dtype=self.dtype, device=self.device)
+            self.event_obs = {name: torch.tensor(times[sl], dtype=self.dtype, device=self.device)
+                              for name, times in event_times.items()}
         else:
             grid = torch.tensor(ode.t_eval, dtype=self.dtype, device=self.device)[sl]
             params = dict(self.base_params)
@@ -168,10 +189,19 @@ class Problem:
                 y0[:, ode.states.index(name)] = torch.tensor(values, dtype=self.dtype, device=self.device)[sl]
             with torch.no_grad():
                 sol = self._solve(y0, params, grid, need_grad=False)
-            if bool((sol.status != 0).any()):
-                bad = int(torch.nonzero(sol.status != 0)[0, 0]) + self.lo
+            failed = (sol.status != 0) & (sol.status != Status.EVENT)
+            if bool(failed.any()):
+                bad = int(torch.nonzero(failed)[0, 0]) + self.lo
                 raise InputError(f"{ode.file}: inverse.data.truth: the true system fails to solve for sample {bad}")
             clean = sol.y[:, :, self.obs_index]
+            for observation in inv.data.events:
+                times = _first_occurrences(sol.events[observation.name].t, observation.occurrences)
+                missing = torch.isnan(times).any(dim=1)
+                if bool(missing.any()):
+                    bad = int(torch.nonzero(missing)[0, 0]) + self.lo
+                    raise InputError(f"{ode.file}: inverse.data.events.{observation.name}: the true system has fewer "
+                                     f"than {observation.occurrences} occurrence(s) in sample {bad}")
+                self.event_obs[observation.name] = times
             for u in inv.unknowns:
                 source = data.truth_params if u.kind == "param" else data.truth_initial
                 if u.name in source:
@@ -183,6 +213,12 @@ class Problem:
             noise = torch.randn(full_shape, generator=gen, dtype=torch.float64)[sl].to(self.dtype).to(self.device)
             scale = clean.abs() * data.noise if data.relative else data.noise
             clean = clean + scale * noise
+            for observation in inv.data.events:  # in spec order, after the trajectories' draw
+                times = self.event_obs[observation.name]
+                draw = torch.randn((self.batch, times.shape[1]), generator=gen, dtype=torch.float64)[sl]
+                draw = draw.to(self.dtype).to(self.device)
+                scale = times.abs() * data.noise if data.relative else data.noise
+                self.event_obs[observation.name] = times + scale * draw
         return grid, clean
 
     # ------------------------------------------------------------------------------ evaluation
@@ -206,9 +242,9 @@ class Problem:
         params, y0, leaves = self._inputs(x, need_grad)
         with torch.set_grad_enabled(need_grad):
             sol = self._solve(y0, params, self.grid, need_grad)
-            resid = sol.y[:, :, self.obs_index] - self.obs
-            per_sample = (self.weights * resid**2).sum(dim=(1, 2)) / self.norm
-        local_ok = bool(torch.isfinite(per_sample).all()) and bool((sol.status == 0).all())
+            per_sample = self._misfit(sol)
+        local_ok = bool(torch.isfinite(per_sample).all()) and bool(
+            ((sol.status == 0) | (sol.status == Status.EVENT)).all())
         ok = self.comm.allreduce_scalar(0.0 if local_ok else 1.0, op="max") == 0.0
         losses = _allgather(self.comm, per_sample.detach().cpu().double().numpy())
         if not ok:
@@ -226,6 +262,28 @@ class Problem:
         self.last_backward = {k: v for k, v in back.items() if k in STAT_NAMES}
         return loss, np.concatenate(full)
 
+    def _misfit(self, sol) -> torch.Tensor:
+        """(n_local,) loss terms: the trajectories' weighted squared error over ``norm``, plus each
+        observed event's weighted mean squared error of its first occurrences' times (NaN, hence a
+        failed evaluation, where a sample has fewer occurrences than observed)."""
+        resid = sol.y[:, :, self.obs_index] - self.obs
+        if self.events is not None:  # past a terminal event (fitted or observed) there is nothing to compare
+            resid = torch.where(torch.isnan(resid), torch.zeros_like(resid), resid)
+        per_sample = (self.weights * resid**2).sum(dim=(1, 2)) / self.norm
+        for observation in self.inv.data.events:
+            observed = self.event_obs[observation.name]
+            fitted = _first_occurrences(sol.events[observation.name].t, observation.occurrences)
+            per_sample = per_sample + observation.weight * ((fitted - observed) ** 2).sum(dim=1) / (
+                self.batch * observation.occurrences)
+        return per_sample
+
+    def event_times(self, sol) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Fitted and observed times of the observed events, gathered to full arrays on every rank."""
+        g = lambda v: _allgather(self.comm, v.detach().cpu().numpy())  # noqa: E731
+        fitted = {o.name: g(_first_occurrences(sol.events[o.name].t, o.occurrences)) for o in self.inv.data.events}
+        observed = {name: g(times) for name, times in self.event_obs.items()}
+        return fitted, observed
+
     def final_solution(self, x: np.ndarray):
         """Trajectories, status and counters at ``x``, gathered to full arrays on every rank."""
         params, y0, _ = self._inputs(x, False)
@@ -235,37 +293,15 @@ class Problem:
         stats = {name: g(sol.stats[name]) for name in STAT_NAMES}
         for name, values in self.last_backward.items():
             stats[f"backward_{name}"] = g(values)
-        return g(sol.t), g(sol.y), g(self.obs), g(sol.status), stats
+        return g(sol.t), g(sol.y), g(self.obs), g(sol.status), stats, self.event_times(sol)
 
 
-def _read_observations(path: str, ode: OdeSpec, inv: InverseSpec) -> tuple[np.ndarray, np.ndarray]:
-    """``t`` (B, n_eval) and the observed states of ``y`` from an ``odecli solve`` output."""
-    where = f"{ode.file}: inverse.data.file"
-    if not Path(path).is_file():
-        raise InputError(f"{where}: file not found: {path}")
-    try:
-        with h5py.File(path, "r") as h5:
-            if "t" not in h5 or "y" not in h5:
-                raise InputError(f"{where}: {path} has no 't' and 'y' datasets (expected an odecli solve output)")
-            t, y = h5["t"][...], h5["y"][...]
-            states = [str(s) for s in h5.attrs.get("states", ode.states)]
-    except OSError:
-        raise InputError(f"{where}: {path} is not an HDF5 file") from None
-    if t.ndim != 2 or y.ndim != 3 or y.shape[:2] != t.shape:
-        raise InputError(f"{where}: expected t (batch, n_eval) and y (batch, n_eval, n_states), got {t.shape} and {y.shape}")
-    if t.shape[0] != ode.batch:
-        raise InputError(f"{where}: {path} has {t.shape[0]} samples, the spec has batch={ode.batch}")
-    missing = [name for name in inv.observed if name not in states]
-    if missing:
-        raise InputError(f"{where}: observed state(s) {', '.join(missing)} not in the file's states ({', '.join(states)})")
-    start, end = np.asarray(ode.t_start)[:, None], np.asarray(ode.t_end)[:, None]
-    lo, hi = np.minimum(start, end), np.maximum(start, end)
-    if not np.isfinite(t).all() or (t < lo - 1e-12 * np.abs(lo)).any() or (t > hi + 1e-12 * np.abs(hi)).any():
-        raise InputError(f"{where}: observation times lie outside the spec's time spans")
-    if not np.isfinite(y[..., [states.index(n) for n in inv.observed]]).all():
-        raise InputError(f"{where}: observations contain NaN or inf (failed samples in {path}?)")
-    t = np.clip(t, lo, hi)
-    return t, y[..., [states.index(n) for n in inv.observed]]
+def _first_occurrences(times: torch.Tensor, occurrences: int) -> torch.Tensor:
+    """(A, occurrences): each row's first event times, NaN where it had fewer."""
+    if times.shape[1] >= occurrences:
+        return times[:, :occurrences]
+    pad = torch.full((times.shape[0], occurrences - times.shape[1]), math.nan, dtype=times.dtype, device=times.device)
+    return torch.cat([times, pad], dim=1)
 
 
 # ------------------------------------------------------------------------------------ the fit
@@ -288,11 +324,17 @@ class OdeObjective:
                  checkpoint: Path | None) -> None:
         self.problem, self.ode, self.x, self.opt, self.checkpoint = problem, ode, x, opt, checkpoint
         self.layout = ckpt.Layout(problem.comm, [False])
+        self.evaluated = False  # whether the starting point has been evaluated
 
     def evaluate(self, completed: int) -> tuple[float, list[torch.Tensor] | None]:
         f, g = self.problem.evaluate(self.x.numpy())
-        if completed == 0 and g is None:
-            raise OdecliError("the initial guess does not solve (non-finite loss); change inverse.unknowns init")
+        initial, self.evaluated = not self.evaluated, True
+        # only the starting point's failure is fatal: a failed trial point of the first line
+        # search (completed is still 0 there) makes the line search step back, as later ones do
+        if initial and completed == 0 and g is None:
+            also = (" or misses an observed event (fewer occurrences than inverse.data.events asks)"
+                    if self.problem.inv.data.events else "")
+            raise OdecliError(f"the initial guess does not solve (non-finite loss){also}; change inverse.unknowns init")
         return f, None if g is None else [torch.from_numpy(g)]
 
     def columns(self) -> dict[str, float]:
@@ -346,12 +388,13 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
                                   inv.checkpoint_every if checkpoint is not None else 0),
                       history_columns=HISTORY[len(LOSS_COLUMNS):], resumed=resumed, may_fail=True, log=log)
     xf = x.numpy().copy()
-    t, y, data, status, stats = problem.final_solution(xf)
+    t, y, data, status, stats, (event_fit, event_data) = problem.final_solution(xf)
     split = lambda v: {u.name: v[o:o + n].copy() for u, o, n in zip(inv.unknowns, problem.offsets, problem.sizes)}  # noqa: E731
     return FitResult(
         fitted=split(xf), initial_guess=split(x0), truth=problem.truth, history=outcome.history,
         stop_reason=STOP_REASONS[outcome.stop], iterations=outcome.iterations, t=t, y=y, data=data,
-        status=status, stats=stats, wall_time_s=time.perf_counter() - started, ranks=comm.size,
+        status=status, stats=stats, events=event_fit, event_data=event_data,
+        wall_time_s=time.perf_counter() - started, ranks=comm.size,
         engine=problem.gradient_engine,
     )
 
@@ -369,7 +412,7 @@ def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult, rep
         a["spec_file"] = ode.file
         a["odecli_version"] = __version__
         a["states"] = np.array(ode.states, dtype=object)
-        a["observed"] = np.array(inv.observed, dtype=object)
+        a["observed"] = np.array(inv.observed, dtype=h5py.string_dtype())  # may be empty: event times only
         a["method"] = ode.solver.method
         a["rtol"] = ode.solver.rtol
         a["atol"] = ode.solver.atol
@@ -400,6 +443,11 @@ def write_fit(path: Path, ode: OdeSpec, inv: InverseSpec, result: FitResult, rep
         stats = h5.create_group("stats")
         for name, values in result.stats.items():
             stats.create_dataset(name, data=values)
+        for observation in inv.data.events:  # observed event times: fitted (t) and observed (data)
+            group = h5.create_group(f"events/{observation.name}")
+            group.create_dataset("t", data=result.events[observation.name])
+            group.create_dataset("data", data=result.event_data[observation.name])
+            group.attrs["weight"] = observation.weight
 
 
 def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, resume: bool,
@@ -411,6 +459,9 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
         raise InputError("--iterations must be >= 1")
     output = Path(output) if output is not None else Path(ode.fit_output)
     cpath, replace = check_start(output, resume, force)
+    # No rank runs the user's code (a python: right-hand side may write files) before every rank
+    # has checked the output: else one rank's probe can create it under another's check_start.
+    comm.barrier()
     log = None if quiet or comm.rank != 0 else (lambda line: print(line, flush=True))
     # Outside the try: on one of several ranks, an error of the user's python: function during
     # the fit is that rank's alone, so it must still abort every rank, not wait for them.
@@ -426,7 +477,8 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
             # an OdecliError here is every rank's: they all evaluate the same global values
             end_every_rank(comm, exc, collective=isinstance(exc, OdecliError))
             raise
-    failed = int((np.asarray(result.status) != 0).sum())
+    status = np.asarray(result.status)
+    failed = int(((status != 0) & (status != Status.EVENT)).sum())  # a terminal event is no failure
     if comm.rank == 0 and not quiet:
         print(f"{ode.name}: {result.stop_reason} after {result.iterations} iterations; loss "
               f"{result.history['loss'][0]:.3e} -> {result.history['loss'][-1]:.3e}; "

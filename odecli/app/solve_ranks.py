@@ -257,7 +257,7 @@ def _solve_and_write(
     the temporary file is removed, then every rank is ended (:func:`~odecli.parallel.work_queue.end_job`)."""
     import h5py
 
-    from odecli.io.atomic import atomic_path
+    from odecli.io.atomic import LIBVER, atomic_path
     from odecli.io.ode_run import OdeRunStream, write_ranks
     from odecli.report.failures import FailureTally
 
@@ -266,7 +266,7 @@ def _solve_and_write(
     failures = FailureTally()
     steps_total = steps_max = 0
     try:
-        with atomic_path(target, replace) as tmp, h5py.File(tmp, "w") as h5:
+        with atomic_path(target, replace) as tmp, h5py.File(tmp, "w", libver=LIBVER) as h5:
             writer = OdeRunStream(h5, spec)
 
             def store(chunk: tuple[int, int], part: dict) -> None:

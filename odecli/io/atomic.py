@@ -19,6 +19,12 @@ from odecli.errors import InputError
 from odecli.interrupts import raise_if_interrupted
 
 
+# The file format's 1.8 features (HDF5 1.8, 2008; every h5py, h5netcdf and netCDF-4 reads them):
+# attributes larger than an object header's 64 KiB go to dense storage instead of failing, so a
+# spec of thousands of states (its text, its 'states') cannot lose a finished solve at the write
+# (issue 42); and object headers carry checksums, so more damage is detected as such.
+LIBVER = ("v108", "latest")
+
 NAME_ROOM = 24  # bytes of a file name kept for what is written beside it: ".NAME.ckpt.h5.XXXXXXXX.tmp"
 
 
@@ -137,5 +143,5 @@ def atomic_path(path: Path, replace: bool = True) -> Iterator[Path]:
 def atomic_h5(path: Path, replace: bool = True) -> Iterator[h5py.File]:
     """Open an HDF5 file for writing that appears at ``path`` only when the block succeeds."""
     with atomic_path(path, replace) as tmp:
-        with h5py.File(tmp, "w") as handle:
+        with h5py.File(tmp, "w", libver=LIBVER) as handle:
             yield handle

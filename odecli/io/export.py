@@ -4,13 +4,18 @@ ODE runs (kind ode):
   ``trajectories.csv``  long format, one row per (sample, output time): sample, t, <one column per state>
   ``samples.csv``       one row per sample: sample, status, status_name, the stats counters, t_final,
                         final_<state>, and the parameters (shared ones repeated on every row)
+  ``events.csv``        (a spec with ``events:``) long format, one row per occurrence, every event in one
+                        file: event, sample, occurrence (0, 1, ... in time order), t, <one column per
+                        state>; samples without an occurrence have no row (their counts are 0 in
+                        ``events/NAME/count``)
 Inverse runs (kind pde-inverse, ode-inverse):
   ``history.csv``       one row per iteration: iteration, loss, grad_norm, wall_time_s, then any other
                         per-iteration history (misfit, regularization, model_error, ...)
   pde-inverse also:     ``traces.csv`` (shot, receiver, time, observed, predicted) and
                         ``field_<true|initial|final>.csv`` (the grid, one CSV row per grid row)
   ode-inverse also:     ``trajectories.csv`` (as for ODE runs) and ``params.csv`` (name, index, value:
-                        the fitted values, group ``fit``)
+                        the fitted values, group ``fit``); with observed event times (``inverse.data.events``)
+                        ``events.csv``: event, sample, occurrence, t (fitted), observed
 
 Numbers are written with Python's shortest round-trip representation, so reading a CSV back gives
 exactly the stored float64 values. The files are written as a set: all of them go into a hidden
@@ -29,6 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
+import h5py
 import numpy as np
 
 from odecli.errors import InputError
@@ -38,9 +44,9 @@ HISTORY_FIRST = ("loss", "grad_norm", "wall_time_s")
 
 
 OUTPUTS = {
-    "ode": ("trajectories.csv", "samples.csv"),
+    "ode": ("trajectories.csv", "samples.csv", "events.csv"),
     "pde-inverse": ("history.csv", "traces.csv", "field_true.csv", "field_initial.csv", "field_final.csv"),
-    "ode-inverse": ("history.csv", "trajectories.csv", "params.csv"),
+    "ode-inverse": ("history.csv", "trajectories.csv", "params.csv", "events.csv"),
 }
 # what each kind's export cannot do without, and what else it reads when present
 REQUIRED = {"ode": ("t", "y", "status"), "pde-inverse": ("history/loss",), "ode-inverse": ("history/loss",)}
@@ -72,7 +78,10 @@ def export_csv(run: Path, folder: Path, force: bool = False) -> list[Path]:
 def _write_all(h5, kind: str, folder: Path) -> list[Path]:
     """Every CSV file of a run of ``kind`` into ``folder`` (the staging folder), in the order written."""
     if kind == "ode":
-        return [_trajectories(h5, folder), _samples(h5, folder)]
+        written = [_trajectories(h5, folder), _samples(h5, folder)]
+        if "events" in h5:
+            written.append(_events(h5, folder, "y"))
+        return written
     written = [_history(h5, folder)]
     if kind == "pde-inverse":
         written += _pde_extras(h5, folder)
@@ -81,6 +90,8 @@ def _write_all(h5, kind: str, folder: Path) -> list[Path]:
             written.append(_trajectories(h5, folder))
         if "fit" in h5 or "params" in h5:
             written.append(_params(h5, folder))
+        if "events" in h5:
+            written.append(_events(h5, folder, "data"))
     return written
 
 
@@ -239,3 +250,53 @@ def _params(h5, folder: Path) -> Path:
     for name in group:
         rows += [[name, j, v] for j, v in enumerate(group[name][...].tolist())]  # one value per entry: (unknown,)
     return write_csv(folder / "params.csv", ["name", "index", "value"], rows)
+
+
+def _events(h5, folder: Path, second: str) -> Path:
+    """``events.csv``: one row per occurrence of every event under ``events/``, in time order per sample.
+
+    ``second`` is what each row carries besides the time: ``y`` (an ODE run: the state at the
+    event, one column per state) or ``data`` (an ode-inverse run: the observed time beside the
+    fitted one). Each group is checked before it is read: a damaged one is one line, not a traceback.
+    """
+    group = h5["events"]
+    if not isinstance(group, h5py.Group):
+        raise InputError(f"{h5.filename}: 'events' is not a group")
+    n_samples = int(h5["status"].shape[0]) if "status" in h5 else None
+    tables = []
+    for name in group:
+        times, other = _event_arrays(h5, name, second, n_samples)
+        tables.append((name, times, other))
+    if second == "y":
+        width = next((other.shape[2] for _, _, other in tables if other is not None), 0)
+        columns = _unique(_names(h5, width), ("event", "sample", "occurrence", "t"), "state_") if width else []
+    else:
+        columns = ["observed"]
+
+    def rows():
+        for name, times, other in tables:
+            for i, k in zip(*np.nonzero(np.isfinite(times))):
+                extra = other[i, k].tolist() if second == "y" else [float(other[i, k])]
+                yield [name, int(i), int(k), float(times[i, k]), *extra]
+
+    return write_csv(folder / "events.csv", ["event", "sample", "occurrence", "t", *columns], rows())
+
+
+def _event_arrays(h5, name: str, second: str, n_samples: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``events/NAME/t`` (sample, occurrence) and ``events/NAME/<second>``, their shapes checked."""
+    where = f"{h5.filename}: events/{name}"
+    arrays = {}
+    for key, ndim in (("t", 2), (second, 3 if second == "y" else 2)):
+        node = h5.get(f"events/{name}/{key}")
+        if not isinstance(node, h5py.Dataset) or node.ndim != ndim or node.dtype.kind not in "fiu":
+            got = "missing" if node is None else (f"shape {node.shape}, type {node.dtype}"
+                                                  if isinstance(node, h5py.Dataset) else "not a dataset")
+            raise InputError(f"{where}/{key}: expected a numeric dataset of {ndim} axes "
+                             f"(sample, occurrence{', state' if ndim == 3 else ''}), got {got}")
+        arrays[key] = np.asarray(node[...], dtype=float)
+    times, other = arrays["t"], arrays[second]
+    if n_samples is not None and times.shape[0] != n_samples:
+        raise InputError(f"{where}/t has {times.shape[0]} samples, expected {n_samples} (from 'status')")
+    if other.shape[:2] != times.shape:
+        raise InputError(f"{where}/{second} has shape {other.shape}, expected {times.shape} first (from 't')")
+    return times, other

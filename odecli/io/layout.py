@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 
 from odecli.errors import InputError
+from odecli.io.bounded import check_readable
 
 RUN_KINDS = ("ode", "ode-inverse", "pde-inverse")
 CHECKPOINT_SUFFIX = ".ckpt.h5"
@@ -96,6 +97,7 @@ def open_run(path: Path) -> h5py.File:
         raise InputError(f"{path}: not a regular file (a pipe, a device or a socket is not a run file)")
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: cannot read the file (permission denied)")
+    check_readable(path)  # a damaged file can loop the HDF5 library forever: walked first, with a deadline
     try:
         handle = h5py.File(path, "r")
     except OSError:

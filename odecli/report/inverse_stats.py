@@ -9,6 +9,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from odecli.errors import InputError
 from odecli.io.layout import require
 from odecli.ode.status import STATUS_NAMES
 
@@ -41,6 +42,7 @@ def inverse_summary(h5: h5py.File) -> dict[str, Any]:
         unknowns.append(entry)
     stats = {name: h5["stats"][name][...] for name in h5["stats"]}
     return {
+        "observed_events": _observed_events(h5),
         "kind": "ode-inverse",
         "name": str(a.get("name", "")),
         "samples": int(status.size),
@@ -66,6 +68,25 @@ def inverse_summary(h5: h5py.File) -> dict[str, Any]:
     }
 
 
+def _observed_events(h5: h5py.File) -> dict[str, dict[str, float]]:
+    """Per observed event (``events/NAME/t`` fitted, ``events/NAME/data`` observed): how many
+    times, and the largest and root-mean-square gap between them."""
+    out: dict[str, dict[str, float]] = {}
+    group = h5.get("events")
+    if not isinstance(group, h5py.Group):
+        return out
+    for name in group:
+        fitted, observed = group.get(f"{name}/t"), group.get(f"{name}/data")
+        if not all(isinstance(d, h5py.Dataset) and d.dtype.kind == "f" for d in (fitted, observed)) or \
+                fitted.shape != observed.shape:
+            raise InputError(f"{h5.filename}: events/{name} needs float datasets 't' and 'data' of one shape "
+                             "(sample, occurrence)")
+        gap = np.abs(fitted[...] - observed[...])
+        out[name] = {"times": int(gap.size), "max_gap": float(gap.max(initial=0.0)),
+                     "rms_gap": float(np.sqrt(np.mean(gap**2))) if gap.size else 0.0}
+    return out
+
+
 def render_inverse_summary(summary: dict[str, Any], console: Console) -> None:
     head = Table(title=f"ODE fit {summary['name']}", show_header=False)
     head.add_row("samples", f"{summary['samples']} on {summary['ranks']} rank(s)")
@@ -76,6 +97,9 @@ def render_inverse_summary(summary: dict[str, Any], console: Console) -> None:
                               f"{summary['loss_evaluations']} loss evaluations ({summary['stop_reason']})")
     head.add_row("data", f"{summary['data_source']} (noise {summary['noise']:g})")
     head.add_row("loss", f"{summary['loss_initial']:.4e} -> {summary['loss_final']:.4e}")
+    for name, e in summary.get("observed_events", {}).items():
+        head.add_row(f"event {name}", f"{e['times']} observed times; fitted - observed: max {e['max_gap']:.2e}, "
+                                      f"rms {e['rms_gap']:.2e}")
     head.add_row("final |grad|", f"{summary['grad_norm_final']:.3e}")
     head.add_row("wall time", f"{summary['wall_time_s']:.2f} s")
     for label, key in (("forward steps (mean/max)", "forward_steps"), ("backward steps (mean/max)", "backward_steps"),

@@ -16,7 +16,9 @@ inverse section against it. Every problem is a one-line :class:`SpecError` with 
         noise: 0.01                   # Gaussian noise std (relative: true -> times |y|)
         relative: false
         seed: 0
-      observed: [x]                   # default: every state
+        events:                       # event times as observations (names from events:)
+          ground: {occurrences: 1, weight: 1.0}   # each sample's first N times of this event
+      observed: [x]                   # default: every state (none when data.events is given)
       loss: {type: mse, weights: {x: 1.0}}
       optimizer: {type: lbfgs, learning_rate: 1.0, iterations: 50, tolerance: 1e-10, gtol: 0, history_size: 10}
       adjoint: direct                 # direct | backsolve | checkpoint (default: solver.adjoint)
@@ -27,6 +29,12 @@ check it and give its JSON Schema. The optimizer keys are those of a pde-inverse
 (``learning_rate``, ``tolerance``, ``history_size``); the former ``lr``, ``tol`` and ``history``
 are refused with a did-you-mean naming the new key. The parsed optimizer is an
 :class:`odecli.optim.settings.OptimizerSettings`, as a PDE fit's is.
+
+Event times as observations (``data.events``): each named event of the spec's ``events:``
+contributes its first ``occurrences`` times per sample, taken from the true solve (``truth``) or
+from the file's ``events/NAME/t`` (``file``); the loss adds their weighted mean squared error to
+the trajectories'. Event times are differentiated by the implicit function theorem in the direct
+gradient only, so a spec with ``events:`` fits with ``adjoint: direct``.
 """
 
 from __future__ import annotations
@@ -77,6 +85,15 @@ class TruthValues(Section, frozen=True):
     initial: Annotated[dict[str, PerSample], Meta(description="true initial values (one, or one per sample)")] = {}
 
 
+class ObservedEvent(Section, frozen=True):
+    """an event whose times are observed"""
+
+    null_is_default: ClassVar[bool] = False
+    occurrences: Annotated[int, Meta(ge=1, le=10_000, description=(
+        "each sample's first N occurrences are observed (default 1)"))] = 1
+    weight: Annotated[float, Meta(ge=0, description="weight of these times in the loss (default 1)")] = 1.0
+
+
 class DataSource(Section, frozen=True):
     """the observations: exactly one of file or truth"""
 
@@ -87,6 +104,8 @@ class DataSource(Section, frozen=True):
     noise: Annotated[float, Meta(ge=0, description="Gaussian noise std added to the observations")] = 0.0
     relative: Annotated[bool, Meta(description="true: the noise std is relative to |y|")] = False
     seed: Annotated[int, Meta(ge=0, description="seed of the noise")] = 0
+    events: Annotated[dict[str, ObservedEvent], Meta(description=(
+        "event times as observations: names from events:, each with its occurrences and weight"))] = {}
 
 
 class Loss(Section, frozen=True):
@@ -139,7 +158,8 @@ class InverseSection(Section, frozen=True):
     data: Annotated[DataSource, Meta(extra={"missing": "; give data.file (an odecli solve output) or data.truth"},
                                      extra_json_schema={"oneOf": [_given("file"), _given("truth")]})]
     observed: Union[Annotated[list[str], expected("a non-empty list of state names", min_length=1, extra_json_schema={
-        "uniqueItems": True, "description": "states compared with the data; default (or empty): every state"})],
+        "uniqueItems": True, "description": (
+            "states compared with the data; default: every state, or none when data.events is given")})],
         UnsetType] = UNSET
     loss: Loss = msgspec.field(default_factory=Loss)
     optimizer: Optimizer = msgspec.field(default_factory=Optimizer)
@@ -164,6 +184,7 @@ INVERSE_KEYS = _keys(InverseSection)
 VALUE_GROUPS = _keys(UnknownGroups)  # keys of unknowns and of data.truth
 UNKNOWN_KEYS = _keys(UnknownSettings)
 DATA_KEYS = _keys(DataSource)
+OBSERVED_EVENT_KEYS = _keys(ObservedEvent)
 LOSS_KEYS = _keys(Loss)
 LOSS_TYPES = _choices(Loss, "type")
 OPTIMIZER_KEYS = _keys(Optimizer)
@@ -233,6 +254,15 @@ class UnknownSpec:
 
 
 @dataclass(frozen=True)
+class EventObservation:
+    """An event of the spec whose first ``occurrences`` times per sample are observations."""
+
+    name: str
+    occurrences: int
+    weight: float
+
+
+@dataclass(frozen=True)
 class DataSpec:
     file: str | None  # resolved path of an `odecli solve` output, or None for synthetic data
     truth_params: dict[str, tuple[float, ...]]  # per-sample true values (synthetic), expanded to batch
@@ -240,6 +270,7 @@ class DataSpec:
     noise: float
     relative: bool
     seed: int
+    events: tuple[EventObservation, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -275,8 +306,8 @@ def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
     declared: InverseSection = read(section, InverseSection, "inverse", report)
     unknowns = _unknowns(declared.unknowns, ode, fail)
     data = _data(declared.data, ode, file, fail)
-    observed = _observed(declared.observed, ode, fail)
-    weights = _weights(declared.loss.weights, observed, fail)
+    observed = _observed(declared.observed, ode, fail, bool(data.events))
+    weights = _weights(declared.loss.weights, observed, fail, data.events)
     opt = declared.optimizer
     defaults = OPTIMIZER_DEFAULTS[opt.type]
     optimizer = OptimizerSettings(
@@ -287,6 +318,10 @@ def parse_inverse(section: Any, ode: OdeSpec, file: str) -> InverseSpec:
         betas=tuple(float(b) for b in opt.betas), max_line_search=opt.max_line_search,
     )
     adjoint = ode.solver.adjoint if declared.adjoint is UNSET else declared.adjoint
+    if ode.events and adjoint != "direct":
+        field = "adjoint" if declared.adjoint is not UNSET else ""
+        fail(field, f"a spec with events: fits with adjoint: direct (event times are differentiated in the direct "
+                    f"gradient only), got {adjoint}")
     return InverseSpec(unknowns=unknowns, data=data, observed=observed, weights=weights, optimizer=optimizer,
                        adjoint=adjoint, checkpoint_every=declared.checkpoint.every)
 
@@ -350,12 +385,19 @@ def _data(source: DataSource, ode: OdeSpec, file: str, fail) -> DataSpec:
                 if name not in names:
                     fail(f"data.truth.{group}.{name}", f"not a known {'parameter' if group == 'params' else 'state'}")
                 out[name] = _per_sample(raw, f"data.truth.{group}.{name}", ode.batch, fail)
-    return DataSpec(path, truth_params, truth_initial, float(source.noise), source.relative, source.seed)
+    events = []
+    known = [event.name for event in ode.events]
+    for name, settings in source.events.items():
+        if name not in known:
+            fail(f"data.events.{name}", f"not an event of events: ({', '.join(known) or 'none'})")
+        events.append(EventObservation(name, settings.occurrences, float(settings.weight)))
+    return DataSpec(path, truth_params, truth_initial, float(source.noise), source.relative, source.seed,
+                    tuple(events))
 
 
-def _observed(value: list[str] | UnsetType, ode: OdeSpec, fail) -> tuple[str, ...]:
+def _observed(value: list[str] | UnsetType, ode: OdeSpec, fail, events_observed: bool) -> tuple[str, ...]:
     if value is UNSET:
-        return ode.states
+        return () if events_observed else ode.states
     for i, name in enumerate(value):
         if name not in ode.states:
             fail(f"observed[{i}]", f"{describe(name)} is not a state ({', '.join(ode.states)})")
@@ -364,11 +406,12 @@ def _observed(value: list[str] | UnsetType, ode: OdeSpec, fail) -> tuple[str, ..
     return tuple(value)
 
 
-def _weights(weights: dict[str, float], observed: tuple[str, ...], fail) -> tuple[float, ...]:
+def _weights(weights: dict[str, float], observed: tuple[str, ...], fail,
+             events: tuple[EventObservation, ...]) -> tuple[float, ...]:
     for name in weights:
         if name not in observed:
-            fail(f"loss.weights.{name}", f"not an observed state ({', '.join(observed)})")
+            fail(f"loss.weights.{name}", f"not an observed state ({', '.join(observed) or 'none'})")
     out = tuple(float(weights.get(name, 1.0)) for name in observed)
-    if not any(out):
+    if not any(out) and not any(event.weight for event in events):
         fail("loss.weights", "every weight is zero")
     return out
