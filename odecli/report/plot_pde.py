@@ -9,6 +9,7 @@ m^2/s because ``u_t = div(kappa grad u)`` is written in metres and seconds.
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import numpy as np
@@ -24,6 +25,12 @@ TRACE_SPACING = 2.2  # vertical distance between stacked traces, in units of the
 FIELD_NAMES = {  # equation -> (what the field is, its label with units)
     "acoustic2d": ("wave speed", "wave speed (m/s)"),
     "heat2d": ("conductivity", "conductivity κ (m²/s)"),
+    "poisson2d": ("conductivity", "conductivity κ"),
+}
+PARAMETER_NAMES = {  # a parameter of an equation with several -> (what it is, its label with units)
+    "vp": ("P-wave speed vp", "vp (m/s)"),
+    "vs": ("S-wave speed vs", "vs (m/s)"),
+    "rho": ("density rho", "ρ (kg/m³)"),
 }
 
 
@@ -54,6 +61,8 @@ def _draw_traces(ax, h5, request: PlotRequest) -> list:
     n_shots = observed.shape[0]
     if not 0 <= request.shot < n_shots:
         raise InputError(f"--shot: shot {request.shot} is out of range; the run has {n_shots} shots (0..{n_shots - 1})")
+    if observed.ndim == 2:  # a steady equation: one value per sensor
+        return _draw_sensors(ax, observed[request.shot], predicted[request.shot], request.shot)
     axis, time = _time_axis(h5["data"], observed.shape)
     obs, pred = observed[request.shot], predicted[request.shot]
     if axis == 1:  # (time, receivers) -> (receivers, time)
@@ -77,43 +86,82 @@ def _draw_traces(ax, h5, request: PlotRequest) -> list:
     return [line for line in ax.get_lines() if line.get_label() in ("observed", "predicted")]
 
 
+def _rows(h5) -> list[tuple[str, str, str, dict]]:
+    """One row of fields per parameter: ``(suffix of the dataset names, what, colour label,
+    {kind: array})``; a one-parameter run has one row of ``fields/{true,initial,final}``."""
+    equation = str(h5.attrs.get("equation", ""))
+    stored = h5["fields"] if "fields" in h5 else {}
+    rows = []
+    for name in _parameter_names(h5):
+        found = {k: np.asarray(stored[f"{k}_{name}"][...], dtype=float) for k in ("true", "initial", "final")
+                 if f"{k}_{name}" in stored}
+        if found:
+            what, label = PARAMETER_NAMES.get(name, (name, name))
+            rows.append((f"_{name}", what, label, found))
+    if not rows:
+        what, label = FIELD_NAMES.get(equation, ("field", "field value"))
+        rows.append(("", what, label, {k: np.asarray(stored[k][...], dtype=float)
+                                       for k in ("true", "initial", "final") if k in stored}))
+    return rows
+
+
+def _parameter_names(h5) -> list[str]:
+    try:
+        names = json.loads(h5.attrs.get("parameters", "[]"))
+    except (TypeError, ValueError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) and len(names) > 1 else []
+
+
+def _draw_sensors(ax, observed: np.ndarray, predicted: np.ndarray, experiment: int) -> list:
+    """A steady run's data: observed and predicted value at each sensor of one experiment."""
+    sensors = np.arange(observed.size)
+    ax.plot(sensors, observed, "o", color="black", markersize=4, label="observed")
+    ax.plot(sensors, predicted, "x", color="tab:red", markersize=5, label="predicted")
+    ax.set_xlabel("sensor")
+    ax.set_ylabel("value")
+    ax.set_title(f"experiment {experiment}: observed vs predicted at {observed.size} sensors", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    return [line for line in ax.get_lines() if line.get_label() in ("observed", "predicted")]
+
+
 def plot_pde_inverse(h5, request: PlotRequest, plt):
     # the other panels say on the picture what the run lacks
     require(h5, "history/loss", optional=("fields/", "data/time", "data/observed", "data/predicted",
                                           "geometry/receivers", "geometry/sources", "@grid_spacing"))
-    fig = plt.figure(figsize=figure_size("pde-inverse"), dpi=DPI, layout="constrained")
-    grid = fig.add_gridspec(2, 3, height_ratios=[1.1, 1.0])
+    rows = _rows(h5)
+    fig = plt.figure(figsize=figure_size("pde-inverse", len(rows)), dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(len(rows) + 1, 3, height_ratios=[1.1] * len(rows) + [1.0])
     equation = str(h5.attrs.get("equation", ""))
-    what, colour_label = FIELD_NAMES.get(equation, ("field", "field value"))
-    names = [n for n in ("true", "initial", "final") if "fields" in h5 and n in h5["fields"]]
-    fields = {n: np.asarray(h5["fields"][n][...], dtype=float) for n in names}
-    finite = [f[np.isfinite(f)] for f in fields.values()]
-    finite = [f for f in finite if f.size]
-    vmin = min(float(f.min()) for f in finite) if finite else 0.0
-    vmax = max(float(f.max()) for f in finite) if finite else 1.0
     dy, dx = np.asarray(h5.attrs.get("grid_spacing", (1.0, 1.0)), dtype=float)
-    image = None
-    field_axes = []
     markers = []
-    for column, name in enumerate(("true", "initial", "final")):
-        ax = fig.add_subplot(grid[0, column])
-        field_axes.append(ax)
-        ax.set_title(f"{name} {what}", fontsize="medium")
-        if name not in fields:
-            ax.text(0.5, 0.5, f"no {name} field in this run", ha="center", va="center", transform=ax.transAxes)
-            ax.set_axis_off()
-            continue
-        values = fields[name]
-        ny, nx = values.shape
-        image = ax.imshow(values, vmin=vmin, vmax=vmax, cmap="viridis", origin="upper", aspect="auto",
-                          extent=(0.0, max(nx - 1, 1) * dx, max(ny - 1, 1) * dy, 0.0))
-        markers = _draw_geometry(ax, h5, request.shot, dx, dy) or markers
-        ax.set_xlabel("x (m)")
-        ax.set_ylabel("y (m)")
-    if image is not None:
-        fig.colorbar(image, ax=field_axes, shrink=0.9, label=f"{colour_label}, one scale for all three")
-    draw_loss(fig.add_subplot(grid[1, 0]), h5)
-    legend = markers + _draw_traces(fig.add_subplot(grid[1, 1:]), h5, request)
+    for row, (suffix, what, colour_label, fields) in enumerate(rows):
+        finite = [f[np.isfinite(f)] for f in fields.values()]
+        finite = [f for f in finite if f.size]
+        vmin = min(float(f.min()) for f in finite) if finite else 0.0
+        vmax = max(float(f.max()) for f in finite) if finite else 1.0
+        image = None
+        field_axes = []
+        for column, name in enumerate(("true", "initial", "final")):
+            ax = fig.add_subplot(grid[row, column])
+            field_axes.append(ax)
+            ax.set_title(f"{name} {what}", fontsize="medium")
+            if name not in fields:
+                ax.text(0.5, 0.5, f"no {name} field in this run" if not suffix else f"{name}: not inverted",
+                        ha="center", va="center", transform=ax.transAxes)
+                ax.set_axis_off()
+                continue
+            values = fields[name]
+            ny, nx = values.shape
+            image = ax.imshow(values, vmin=vmin, vmax=vmax, cmap="viridis", origin="upper", aspect="auto",
+                              extent=(0.0, max(nx - 1, 1) * dx, max(ny - 1, 1) * dy, 0.0))
+            markers = _draw_geometry(ax, h5, request.shot, dx, dy) or markers
+            ax.set_xlabel("x (m)")
+            ax.set_ylabel("y (m)")
+        if image is not None:
+            fig.colorbar(image, ax=field_axes, shrink=0.9, label=f"{colour_label}, one scale for all three")
+    draw_loss(fig.add_subplot(grid[len(rows), 0]), h5)
+    legend = markers + _draw_traces(fig.add_subplot(grid[len(rows), 1:]), h5, request)
     if legend:  # one legend below everything: it covers no field and no trace
         fig.legend(handles=legend, loc="outside lower center", ncols=len(legend), fontsize="small")
     title = h5.attrs.get("name", "")
