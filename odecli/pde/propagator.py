@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from odecli.pde.acoustic import equation as acoustic_equation
 from odecli.pde.heat import equation as heat_equation
+from odecli.pde.poisson import equation as poisson_equation
 
 if TYPE_CHECKING:  # torch is imported by the propagators, not by the registry
     import torch
@@ -81,6 +82,8 @@ class Setup:
     timer: CommTimer
     dtype: torch.dtype
     device: torch.device
+    solver: dict | None = None  # linear solves (poisson2d, implicit heat2d): {"rtol", "max_iterations"}
+    time_scheme: str = "explicit"  # heat2d: "explicit" (forward Euler) or "implicit" (backward Euler)
 
 
 class Equation(Protocol):
@@ -109,4 +112,5 @@ class Equation(Protocol):
 EQUATIONS: dict[str, Equation] = {
     "acoustic2d": acoustic_equation,
     "heat2d": heat_equation,
+    "poisson2d": poisson_equation,
 }

@@ -1,15 +1,20 @@
 """The heat equation as the registry sees it (:data:`odecli.pde.propagator.EQUATIONS`): its
-coefficient (the conductivity ``kappa``), the explicit-Euler stability limit and how messages
-state it, and the builder.  Torch-free: ``odecli validate`` reads it."""
+coefficient (the conductivity ``kappa``), the explicit-Euler stability limit (none for the
+implicit scheme) and how messages state it, and the builder.  Torch-free: ``odecli validate``
+reads it."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from odecli.pde.heat.propagator import HeatPropagator
     from odecli.pde.propagator import Setup
 
+PARAMETERS = ("kappa",)
+STEADY = False
+SCHEMES = ("explicit", "implicit")  # forward Euler; backward Euler (one linear solve per step)
 QUANTITY = "conductivity"
 LEAST = ">= 0"
 
@@ -19,8 +24,11 @@ def violates_sign(low: float) -> bool:
     return low < 0
 
 
-def stability_limit(dt: float, dy: float, dx: float) -> float:
-    """Largest stable conductivity for explicit Euler with the 5-point conservative operator."""
+def stability_limit(dt: float, dy: float, dx: float, scheme: str = "explicit") -> float:
+    """Largest stable conductivity for explicit Euler with the 5-point conservative operator;
+    backward Euler (``scheme="implicit"``) is stable for every conductivity."""
+    if scheme == "implicit":
+        return math.inf
     return 1.0 / (2.0 * dt * (1.0 / dx**2 + 1.0 / dy**2))
 
 
