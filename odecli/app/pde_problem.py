@@ -167,6 +167,9 @@ class Problem:
         self.fused = bool(self.prop.fused)
         # a steady equation and an implicit scheme are stable for any step
         solves = spec["time"]["scheme"] in ("steady", "implicit")
+        if spec["time"]["scheme"] == "implicit" and math.isfinite(self.prop.stability_limit()):
+            raise collective(SpecError(file, "time.scheme", f"this build's {spec['equation']} propagator "
+                                                            f"steps explicitly only"))
         self.limit = math.inf if solves else self.prop.stability_limit()
         if self.multi:
             self._build_parameters(spec, base, file)

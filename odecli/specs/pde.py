@@ -24,6 +24,7 @@ import msgspec
 
 from odecli.errors import SpecError
 from odecli.optim.settings import OptimizerSettings
+from odecli.pde.propagator import EQUATIONS as EQUATION_MODULES
 from odecli.specs import pde_inputs as inputs
 from odecli.specs import pde_params as params
 from odecli.specs import pde_sections as sections
@@ -115,6 +116,10 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
             raise V.err("initial_condition", "only used by heat2d")
     else:
         out["boundary"] = _heat_boundary(read(raw.get("boundary"), inputs.HeatBoundary, "boundary", V.problems))
+        rule = getattr(EQUATION_MODULES[eq], "check_boundary", None)  # e.g. poisson2d's all-Neumann
+        problem = rule(out["boundary"]) if rule is not None else None
+        if problem is not None:
+            raise V.err("boundary", problem)
         if steady:
             if "initial_condition" in raw:
                 raise V.err("initial_condition", f"{eq} is steady: it has no initial condition")

@@ -49,7 +49,7 @@ class Solver(Section, frozen=True):
     """the linear solver of a steady equation or an implicit scheme: preconditioned CG to a relative residual"""
 
     rtol: Positive = 1e-10
-    max_iterations: Count = 1000
+    max_iterations: Count = 500
 
 
 class AcousticBoundary(Section, frozen=True):
