@@ -49,4 +49,5 @@ def build(setup: Setup) -> HeatPropagator:
         segments = default_segment_count(setup.nt)
     return HeatPropagator(setup.grid, setup.block, setup.decomp, setup.comm, setup.dt, setup.nt,
                           setup.local, setup.boundary, setup.initial_condition, segments,
-                          setup.timer, setup.dtype, setup.device)
+                          setup.timer, setup.dtype, setup.device,
+                          scheme=setup.time_scheme, solver=setup.solver)
