@@ -22,10 +22,12 @@ def violates_sign(low: float) -> bool:
 
 
 def check_parameters(low: dict, high: dict) -> str | None:
-    if low["b"] <= 0:
+    if "b" in low and low["b"] <= 0:
         return f"b must be > 0, got {low['b']:g}"
-    if high["b"] > 1:
-        return f"b must be <= 1 everywhere (b reaches {high['b']:g}; a falls to {low['a']:g})"
+    if "b" in high and high["b"] > 1:
+        return f"b must be <= 1 everywhere (b reaches {high['b']:g})"
+    if "b - a" in high and high["b - a"] > 1:  # a pointwise rule between the two
+        return f"b must be <= a + 1 everywhere (b - a reaches {high['b - a']:g})"
     return None
 
 

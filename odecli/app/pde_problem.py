@@ -301,6 +301,10 @@ class Problem:
         for field, stacked in sets:
             low = {n: self._global(float(f.min()), "min") for n, f in zip(self.parameters, stacked)}
             high = {n: self._global(float(f.max()), "max") for n, f in zip(self.parameters, stacked)}
+            for (a, fa) in zip(self.parameters, stacked):  # the pointwise differences rules need
+                for (b, fb) in zip(self.parameters, stacked):
+                    if a != b:
+                        high[f"{a} - {b}"] = self._global(float((fa - fb).max()), "max")
             bad = [n for n in self.parameters if not (math.isfinite(low[n]) and math.isfinite(high[n]))]
             bad = self._global(float(bool(bad)), "max") > 0
             problem = (f"a parameter field is not finite everywhere" if bad

@@ -83,13 +83,36 @@ def _check_parameters(V: Any, spec: dict, module: Any) -> None:
         else:
             starts[name] = unk["fixed"][name]
     for field, models in (("true_model", spec["true_models"]), ("unknown", starts)):
-        ranges = {name: _range(m, nodes) for name, m in models.items()}
-        if any(r is None for r in ranges.values()):
-            continue
-        problem = module.check_parameters({n: r[0] for n, r in ranges.items()},
-                                          {n: r[1] for n, r in ranges.items()})
+        ranges = {name: r for name, r in ((n, _range(m, nodes)) for n, m in models.items()) if r is not None}
+        high = {n: r[1] for n, r in ranges.items()}
+        high.update(_largest_differences({n: models[n] for n in ranges}, nodes))
+        problem = module.check_parameters({n: r[0] for n, r in ranges.items()}, high)
         if problem is not None:
             raise V.err(field, problem)
+
+
+def _largest_differences(models: dict[str, dict], nodes: Nodes) -> dict[str, float]:
+    """``{"x - y": the largest of x - y over the nodes}`` for each pair of analytic models
+    (what a rule such as ``vs <= vp`` needs pointwise); the run passes the same of its fields."""
+    names = list(models)
+    ys, xs = nodes
+    values = {n: [_value(models[n], y, x) for y in ys for x in xs] for n in names}
+    return {f"{a} - {b}": max(p - q for p, q in zip(values[a], values[b]))
+            for a in names for b in names if a != b}
+
+
+def _value(m: dict, y: float, x: float) -> float:
+    """An analytic model (constant, layered, gaussian, checkerboard) at one node."""
+    kind = m["type"]
+    if kind == "constant":
+        return m["value"]
+    if kind == "layered":
+        return m["values"][bisect_right(m["interfaces"], y)]
+    if kind == "gaussian":
+        return _gaussian(m, y, x)
+    sy, sx = m["size"]
+    s = math.sin(math.pi * y / sy) * math.sin(math.pi * x / sx)
+    return m["background"] + m["amplitude"] * ((s > 0) - (s < 0))
 
 
 def _range(m: dict | None, nodes: Nodes) -> tuple[float, float] | None:
