@@ -60,10 +60,20 @@ def _time_by_equation() -> list[dict[str, Any]]:
             "then": {"required": ["time"], "properties": {
                 "time": {"not": {"type": "null"}},
                 "sources": {"required": ["wavelet"], "properties": {"wavelet": {"not": {"type": "null"}}}}}}}]
+    no_solves = [eq for eq in timed if "implicit" not in getattr(EQUATIONS[eq], "SCHEMES", ())]
+    null_solver = {"properties": {"solver": {"type": "null"}}}
+    out.append({"if": {"properties": {"equation": {"enum": no_solves}}, "required": ["equation"]},
+                "then": null_solver})
+    implicit = {"properties": {"time": {"type": "object", "required": ["scheme"],
+                                        "properties": {"scheme": {"const": "implicit"}}}}, "required": ["time"]}
+    out.append({"if": {"properties": {"equation": {"enum": [eq for eq in timed if eq not in no_solves]}},
+                       "required": ["equation"]},
+                "then": {"if": implicit, "else": null_solver}})
     if steady:
         out.append({"if": {"properties": {"equation": {"enum": steady}}, "required": ["equation"]},
-                    "then": {"not": {"anyOf": [{"required": ["time"]}, {"required": ["initial_condition"]}]},
-                             "properties": {"sources": {"not": {"required": ["wavelet"]}}}}})
+                    "then": {"not": {"required": ["initial_condition"]},
+                             "properties": {"time": {"type": "null"},
+                                            "sources": {"properties": {"wavelet": {"type": "null"}}}}}})
     return out
 
 
