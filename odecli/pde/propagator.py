@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from odecli.pde.acoustic import equation as acoustic_equation
+from odecli.pde.elastic import equation as elastic_equation
 from odecli.pde.heat import equation as heat_equation
 
 if TYPE_CHECKING:  # torch is imported by the propagators, not by the registry
@@ -81,6 +82,8 @@ class Setup:
     timer: CommTimer
     dtype: torch.dtype
     device: torch.device
+    source_type: str = "pressure"  # elastic2d: "pressure" (explosive), "fy" or "fx" (point force)
+    receiver_components: list[str] | None = None  # elastic2d: per receiver "vy" | "vx" | "pressure"
 
 
 class Equation(Protocol):
@@ -108,5 +111,6 @@ class Equation(Protocol):
 
 EQUATIONS: dict[str, Equation] = {
     "acoustic2d": acoustic_equation,
+    "elastic2d": elastic_equation,
     "heat2d": heat_equation,
 }
