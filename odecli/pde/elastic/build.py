@@ -39,4 +39,4 @@ def build(setup: Setup) -> ElasticPropagator:
         s.grid, s.block, s.decomp, s.comm, s.dt, s.nt, s.local, s.source_type, list(comps),
         bool(b.get("free_surface", False)), int(b.get("absorbing_width", 0) or 0),
         dominant_frequency(s.geometry.wavelet, s.dt), segments, b.get("pml_speed"), s.timer,
-        s.dtype, s.device)
+        s.dtype, s.device, threads=s.threads)

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
+from odecli.pde.elastic.fused import FusedLoop, native_available
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -63,7 +64,7 @@ class _Segment(torch.autograd.Function):
         ctx.save_for_backward(v, s, psi, *[m for m in materials if m is not None])
         ctx.has_surface = materials[-1] is not None
         with torch.no_grad():
-            return prop._run(t0, t1, v, s, psi, *materials)
+            return prop._run_without_graph(t0, t1, v, s, psi, *materials)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -84,21 +85,31 @@ class ElasticPropagator:
     steps under autograd, checkpointed by time segment)."""
 
     halo = HALO
-    fused = False
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, source_type: str, receiver_components: list[str],
                  free_surface: bool, pml_width: int, pml_frequency: float,
                  segments: int, pml_speed: float | None = None, timer: CommTimer | None = None,
-                 dtype=torch.float64, device=None) -> None:
+                 dtype=torch.float64, device=None, fused: bool | None = None,
+                 threads: int = 1) -> None:
         """``receiver_components``: one of :data:`RECEIVER_COMPONENTS` per *global* receiver.
         ``pml_speed``: the speed the CPML's damping is scaled to; None takes the largest ``vp``
         of the first forward (agreed over the ranks) and keeps it, so later models (an
         optimiser's iterates) see the same boundary and the gradient stays that of one
-        function."""
+        function.  ``fused``: None runs the C kernels where they run (CPU, float32/64, a
+        compiler), False never, True or raise.  ``threads``: kernel threads per rank."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom = dt, nt, geom
         self.segments = segment_bounds(nt, segments)
+        self.threads = max(1, threads)
+        like = torch.zeros(0, dtype=dtype, device=device)
+        ok = native_available(like)[0] if fused is not False else False
+        if fused and not ok:
+            raise RuntimeError(f"fused elastic kernels unavailable: {native_available(like)[1]}")
+        # every rank takes the same path (they exchange halos in the same pattern)
+        if comm.size > 1:
+            ok = comm.allreduce_scalar(1.0 if ok else 0.0, op="min") > 0
+        self.fused = ok
         self.timer = timer
         self.dtype, self.device = dtype, device
         self.source_type = source_type
@@ -125,7 +136,11 @@ class ElasticPropagator:
 
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
-        return f"PyTorch reference on {self.device}, {len(self.segments)} time segment(s)"
+        segs = len(self.segments)
+        if self.fused:
+            return (f"fused C kernels ({self.threads} thread(s) per rank) forward, PyTorch "
+                    f"reference adjoint (autograd), {segs} time segment(s)")
+        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
 
     # -------------------------------------------------------------------------- set-up
 
@@ -186,8 +201,9 @@ class ElasticPropagator:
             return v.new_zeros((v.shape[0], 0))
         return torch.cat(cols, dim=1)[:, self.rec_order]
 
-    def _inject(self, f: Tensor, it: int, m: Materials) -> Tensor:
+    def _inject(self, f: Tensor, it: int, m: Materials, in_place: bool = False) -> Tensor:
         g = self.geom
+        put = f.index_put_ if in_place else f.index_put
         if not g.has_sources:
             return f
         scale = self.dt / (self.grid.dy * self.grid.dx)
@@ -195,15 +211,14 @@ class ElasticPropagator:
         if self.source_type == "pressure":
             vals = -vals
             idx = (g.src_shot, g.src_iy, g.src_ix)
-            f = f.index_put((g.src_shot, torch.zeros_like(g.src_iy)) + idx[1:], vals,
-                            accumulate=True)
-            return f.index_put((g.src_shot, torch.ones_like(g.src_iy)) + idx[1:], vals,
-                               accumulate=True)
+            f = put((g.src_shot, torch.zeros_like(g.src_iy)) + idx[1:], vals, accumulate=True)
+            put = f.index_put_ if in_place else f.index_put
+            return put((g.src_shot, torch.ones_like(g.src_iy)) + idx[1:], vals, accumulate=True)
         buoy = m.by if self.source_type == "fy" else m.bx
         chan = 0 if self.source_type == "fy" else 1
         vals = vals * buoy[g.src_iy, g.src_ix]
-        return f.index_put((g.src_shot, torch.full_like(g.src_iy, chan), g.src_iy, g.src_ix),
-                           vals, accumulate=True)
+        return put((g.src_shot, torch.full_like(g.src_iy, chan), g.src_iy, g.src_ix), vals,
+                   accumulate=True)
 
     def _run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, by: Tensor,
              bx: Tensor, lam2mu: Tensor, lam: Tensor, mu_xy: Tensor, surface: Tensor | None):
@@ -226,6 +241,14 @@ class ElasticPropagator:
                   else v.new_zeros((v.shape[0], self.geom.nrec_local, 0)))
         return v, s, psi, traces
 
+    def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
+                           *materials):
+        """:meth:`_run` without a graph: on the fused C kernels where they run."""
+        if not self.fused:
+            return self._run(t0, t1, v, s, psi, *materials)
+        loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
+        return loop.run(t0, t1, v, s, psi)
+
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
         stacked ``(3, ny, nx)``; with ``return_field`` also the final fields
@@ -241,14 +264,16 @@ class ElasticPropagator:
         s = coefficient.new_zeros((b, 3, ny, nx))
         psi = coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
-        use_segments = (torch.is_grad_enabled() and coefficient.requires_grad
-                        and len(self.segments) > 1)
+        graph = torch.is_grad_enabled() and coefficient.requires_grad
         out = []
         for t0, t1 in self.segments:
-            if use_segments:
+            if graph and (len(self.segments) > 1 or self.fused):
                 v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
-            else:
+            elif graph:
                 v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
+            else:
+                with torch.no_grad():
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces

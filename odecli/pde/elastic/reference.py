@@ -25,7 +25,8 @@ A step (leapfrog: velocities at half steps, stresses at whole steps) is
     sxy += dt * mu_xy * (D+y vx + D+x vy)
 
 with the 4th-order staggered differences ``D+ f[i+1/2] = (9/8 (f[i+1] - f[i]) - 1/24 (f[i+2] -
-f[i-1])) / h`` and ``D- f[i] = (9/8 (f[i] - f[i-1]) - 1/24 (f[i+1] - f[i-2])) / h`` (half-node
+f[i-1])) / h`` and ``D- f[i] = (9/8 (f[i] - f[i-1]) - 1/24 (f[i+1] - f[i-2])) / h``
+(computed as a product with ``1/h``) (half-node
 values stored at the index below them), each corrected by its CPML memory variable
 (:mod:`odecli.pde.elastic.pml`; zero outside the layers).  Ghost cells (two per side) hold the
 neighbour ranks' values, zeros outside the grid, and with a free surface on top (row 0, where
@@ -111,20 +112,20 @@ def _shift(fp: Tensor, oy: int, ox: int) -> Tensor:
     return fp[..., RING + oy : RING + oy + ny, RING + ox : RING + ox + nx]
 
 
-def d_plus_y(fp: Tensor, h: float) -> Tensor:
-    return (C1 * (_shift(fp, 1, 0) - _shift(fp, 0, 0)) + C2 * (_shift(fp, 2, 0) - _shift(fp, -1, 0))) / h
+def d_plus_y(fp: Tensor, inv_h: float) -> Tensor:
+    return (C1 * (_shift(fp, 1, 0) - _shift(fp, 0, 0)) + C2 * (_shift(fp, 2, 0) - _shift(fp, -1, 0))) * inv_h
 
 
-def d_minus_y(fp: Tensor, h: float) -> Tensor:
-    return (C1 * (_shift(fp, 0, 0) - _shift(fp, -1, 0)) + C2 * (_shift(fp, 1, 0) - _shift(fp, -2, 0))) / h
+def d_minus_y(fp: Tensor, inv_h: float) -> Tensor:
+    return (C1 * (_shift(fp, 0, 0) - _shift(fp, -1, 0)) + C2 * (_shift(fp, 1, 0) - _shift(fp, -2, 0))) * inv_h
 
 
-def d_plus_x(fp: Tensor, h: float) -> Tensor:
-    return (C1 * (_shift(fp, 0, 1) - _shift(fp, 0, 0)) + C2 * (_shift(fp, 0, 2) - _shift(fp, 0, -1))) / h
+def d_plus_x(fp: Tensor, inv_h: float) -> Tensor:
+    return (C1 * (_shift(fp, 0, 1) - _shift(fp, 0, 0)) + C2 * (_shift(fp, 0, 2) - _shift(fp, 0, -1))) * inv_h
 
 
-def d_minus_x(fp: Tensor, h: float) -> Tensor:
-    return (C1 * (_shift(fp, 0, 0) - _shift(fp, 0, -1)) + C2 * (_shift(fp, 0, 1) - _shift(fp, 0, -2))) / h
+def d_minus_x(fp: Tensor, inv_h: float) -> Tensor:
+    return (C1 * (_shift(fp, 0, 0) - _shift(fp, 0, -1)) + C2 * (_shift(fp, 0, 1) - _shift(fp, 0, -2))) * inv_h
 
 
 def mirror_top(fp: Tensor, rows: tuple[tuple[int, int], ...], signs: tuple[float, ...]) -> Tensor:
@@ -151,7 +152,9 @@ def _cpml(d: Tensor, psi: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]
 def velocity_step(v: Tensor, sp: Tensor, psi: Tensor, m: Materials, p: Profiles, dt: float,
                   dy: float, dx: float) -> tuple[Tensor, Tensor]:
     """New velocities ``(B, 2, ny, nx)`` from the padded stresses ``sp`` and the new memory
-    variables of the four stress derivatives (``psi[:, 0:4]``)."""
+    variables of the four stress derivatives (``psi[:, 0:4]``).  (Differences are multiplied by
+    ``1/h``, not divided by ``h``: the C kernels do the same operations in the same order.)"""
+    dy, dx = 1.0 / dy, 1.0 / dx
     dsyy_dy, p0 = _cpml(d_plus_y(sp[:, SYY], dy), psi[:, 0], p.ay_half, p.by_half)
     dsxy_dx, p1 = _cpml(d_minus_x(sp[:, SXY], dx), psi[:, 1], p.ax_int, p.bx_int)
     dsxx_dx, p2 = _cpml(d_plus_x(sp[:, SXX], dx), psi[:, 2], p.ax_half, p.bx_half)
@@ -166,6 +169,7 @@ def stress_step(s: Tensor, vp_: Tensor, psi: Tensor, m: Materials, p: Profiles, 
     """New stresses ``(B, 3, ny, nx)`` from the padded velocities ``vp_`` and the new memory
     variables of the four velocity derivatives (``psi[:, 4:8]``); with a free surface on this
     block (``m.surface``), row 0 stress-free."""
+    dy, dx = 1.0 / dy, 1.0 / dx
     dvy_dy, p4 = _cpml(d_minus_y(vp_[:, VY], dy), psi[:, 4], p.ay_int, p.by_int)
     dvx_dx, p5 = _cpml(d_minus_x(vp_[:, VX], dx), psi[:, 5], p.ax_int, p.bx_int)
     dvx_dy, p6 = _cpml(d_plus_y(vp_[:, VX], dy), psi[:, 6], p.ay_half, p.by_half)
