@@ -1,0 +1,91 @@
+/* Fused steps of the 2-D velocity-stress elastic equations (odecli.pde.elastic.reference), on
+ * rows [r0, r1) of one shot's block.
+ *
+ * Velocities v are (2, ny+4, nx+4) (vy, vx) and stresses s (3, ny+4, nx+4) (syy, sxx, sxy), each
+ * with a ghost ring of width 2 filled beforehand (halo exchange, free-surface image); the CPML
+ * memory variables psi are (8, ny, nx) without a ring; the parameters (buoyancies by, bx,
+ * lam + 2 mu, lam, mu at sxy) are (ny, nx); the CPML coefficients are per row (y, at integer
+ * and half rows) and per column (x).  Every operation rounds on its own, in the order of the
+ * reference's PyTorch expressions (built with -ffp-contract=off), so one step reproduces the
+ * reference bit for bit.  Where a CPML coefficient a is 0 (outside the layers) the memory
+ * variable stays 0 and d + 0 == d, so its update is skipped there without changing a bit.
+ *
+ * One pass over the grid per half step, against about forty full-size temporaries in eager
+ * PyTorch.
+ */
+#include <stddef.h>
+
+#define C1 (9.0 / 8.0)
+#define C2 (-1.0 / 24.0)
+
+#define DEFINE_KERNELS(real, sfx)                                                                  \
+void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *v, const real *s,           \
+                            real *psi, const real *buy, const real *bux,                           \
+                            const real *ayi, const real *byi, const real *ayh, const real *byh,   \
+                            const real *axi, const real *bxi, const real *axh, const real *bxh,   \
+                            real dt, real idy, real idx)                                           \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    real *vy = v, *vx = v + plane;                                                                 \
+    const real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                   \
+    real *p0 = psi, *p1 = psi + pp, *p2 = psi + 2 * pp, *p3 = psi + 3 * pp;                        \
+    for (long i = r0; i < r1; i++) {                                                               \
+        const long R0 = (i + 2) * NX + 2;                                                          \
+        const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
+        for (long j = 0; j < nx; j++) {                                                            \
+            const long R = R0 + j, P = i * nx + j;                                                 \
+            real dsyy_dy = (c1 * (syy[R + NX] - syy[R]) + c2 * (syy[R + 2 * NX] - syy[R - NX])) * idy; \
+            real dsxy_dx = (c1 * (sxy[R] - sxy[R - 1]) + c2 * (sxy[R + 1] - sxy[R - 2])) * idx;   \
+            real dsxx_dx = (c1 * (sxx[R + 1] - sxx[R]) + c2 * (sxx[R + 2] - sxx[R - 1])) * idx;   \
+            real dsxy_dy = (c1 * (sxy[R] - sxy[R - NX]) + c2 * (sxy[R + NX] - sxy[R - 2 * NX])) * idy; \
+            if (ayh_i != 0) { p0[P] = byh_i * p0[P] + ayh_i * dsyy_dy; dsyy_dy = dsyy_dy + p0[P]; } \
+            if (axi[j] != 0) { p1[P] = bxi[j] * p1[P] + axi[j] * dsxy_dx; dsxy_dx = dsxy_dx + p1[P]; } \
+            if (axh[j] != 0) { p2[P] = bxh[j] * p2[P] + axh[j] * dsxx_dx; dsxx_dx = dsxx_dx + p2[P]; } \
+            if (ayi_i != 0) { p3[P] = byi_i * p3[P] + ayi_i * dsxy_dy; dsxy_dy = dsxy_dy + p3[P]; } \
+            vy[R] = vy[R] + (dt * buy[P]) * (dsyy_dy + dsxy_dx);                                   \
+            vx[R] = vx[R] + (dt * bux[P]) * (dsxx_dx + dsxy_dy);                                   \
+        }                                                                                          \
+    }                                                                                              \
+}                                                                                                  \
+                                                                                                   \
+void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *v, real *s, real *psi,  \
+                          const real *lam2mu, const real *lam, const real *muxy,                   \
+                          const real *surface,                                                     \
+                          const real *ayi, const real *byi, const real *ayh, const real *byh,     \
+                          const real *axi, const real *bxi, const real *axh, const real *bxh,     \
+                          real dt, real idy, real idx)                                             \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    const real *vy = v, *vx = v + plane;                                                           \
+    real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                         \
+    real *p4 = psi + 4 * pp, *p5 = psi + 5 * pp, *p6 = psi + 6 * pp, *p7 = psi + 7 * pp;           \
+    for (long i = r0; i < r1; i++) {                                                               \
+        const long R0 = (i + 2) * NX + 2;                                                          \
+        const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
+        const int top = surface != NULL && i == 0;                                                 \
+        for (long j = 0; j < nx; j++) {                                                            \
+            const long R = R0 + j, P = i * nx + j;                                                 \
+            real dvy_dy = (c1 * (vy[R] - vy[R - NX]) + c2 * (vy[R + NX] - vy[R - 2 * NX])) * idy;  \
+            real dvx_dx = (c1 * (vx[R] - vx[R - 1]) + c2 * (vx[R + 1] - vx[R - 2])) * idx;        \
+            real dvx_dy = (c1 * (vx[R + NX] - vx[R]) + c2 * (vx[R + 2 * NX] - vx[R - NX])) * idy;  \
+            real dvy_dx = (c1 * (vy[R + 1] - vy[R]) + c2 * (vy[R + 2] - vy[R - 1])) * idx;        \
+            if (ayi_i != 0) { p4[P] = byi_i * p4[P] + ayi_i * dvy_dy; dvy_dy = dvy_dy + p4[P]; }   \
+            if (axi[j] != 0) { p5[P] = bxi[j] * p5[P] + axi[j] * dvx_dx; dvx_dx = dvx_dx + p5[P]; } \
+            if (ayh_i != 0) { p6[P] = byh_i * p6[P] + ayh_i * dvx_dy; dvx_dy = dvx_dy + p6[P]; }   \
+            if (axh[j] != 0) { p7[P] = bxh[j] * p7[P] + axh[j] * dvy_dx; dvy_dx = dvy_dx + p7[P]; } \
+            if (top) {                                                                             \
+                syy[R] = 0;                                                                        \
+                sxx[R] = sxx[R] + dt * (surface[j] * dvx_dx);                                      \
+            } else {                                                                               \
+                syy[R] = syy[R] + dt * (lam[P] * dvx_dx + lam2mu[P] * dvy_dy);                     \
+                sxx[R] = sxx[R] + dt * (lam2mu[P] * dvx_dx + lam[P] * dvy_dy);                     \
+            }                                                                                      \
+            sxy[R] = sxy[R] + (dt * muxy[P]) * (dvx_dy + dvy_dx);                                  \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+DEFINE_KERNELS(double, f64)
+DEFINE_KERNELS(float, f32)

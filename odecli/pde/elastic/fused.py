@@ -1,0 +1,138 @@
+"""The elastic time loop on the fused C kernels (``elastic.c``): the reference's steps, bit for
+bit, without a graph.  The propagator runs it wherever no graph is needed -- a forward without
+gradient, and each time segment's first (storing only its end) pass of a forward with gradient
+-- and the backward recomputes a segment under autograd on the reference steps.
+
+Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo
+exchange (:func:`odecli.parallel.ops.fill_ring_`, in place) and the free-surface image write the
+ring and the kernels read it; rows are shared out over the kernel threads
+(:mod:`odecli.threads`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import time
+
+import torch
+from torch import Tensor
+
+from odecli.parallel.ops import fill_ring_
+from odecli.pde import native
+from odecli.pde.elastic.reference import RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials, Profiles
+from odecli.threads import kernel_pool
+
+_SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
+
+
+def native_available(t: Tensor) -> tuple[bool, str]:
+    """Whether the fused kernels can run on tensors like ``t`` (and if not, why)."""
+    if t.device.type != "cpu":
+        return False, f"the fused kernels are CPU-only (tensors on {t.device})"
+    if t.dtype not in _SUFFIX:
+        return False, f"no fused kernel for {t.dtype}"
+    lib, why = native.load("elastic")
+    return lib is not None, why
+
+
+def _ptr(t: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
+
+
+def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
+    threads = max(1, min(threads, rows))
+    cuts = [rows * k // threads for k in range(threads + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _run_pieces(calls: list) -> None:
+    """All but the last call on the kernel pool, the last on this thread."""
+    if len(calls) == 1:
+        calls[0]()
+        return
+    futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
+    try:
+        calls[-1]()
+        for f in futures:
+            f.result()
+    except BaseException:  # the other pieces are inside C, writing into our tensors
+        concurrent.futures.wait(futures)
+        raise
+
+
+def _mirror_top_(fp: Tensor, image) -> None:
+    """The free-surface image (:func:`~odecli.pde.elastic.reference.mirror_top`) in place."""
+    rows, signs = image
+    for c, ((a, b), sign) in enumerate(zip(rows, signs)):
+        fp[:, c, 0] = fp[:, c, a] * sign
+        fp[:, c, 1] = fp[:, c, b] * sign
+
+
+class FusedLoop:
+    """The C kernels bound to one forward's parameters and CPML coefficients."""
+
+    def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
+        self.prop = prop
+        like = m.by
+        name, self.real = _SUFFIX[like.dtype]
+        lib, why = native.load("elastic")
+        if lib is None:
+            raise RuntimeError(f"fused elastic kernels unavailable: {why}")
+        self.velocity = getattr(lib, f"elastic_velocity_{name}")
+        self.stress = getattr(lib, f"elastic_stress_{name}")
+        c = lambda t: t.detach().contiguous()  # noqa: E731
+        self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
+        self.surface = None if m.surface is None else c(m.surface)
+        self.pml = [c(t.reshape(-1)) for t in (p.ay_int, p.by_int, p.ay_half, p.by_half,
+                                                p.ax_int, p.bx_int, p.ax_half, p.bx_half)]
+        self.materials = m
+        g = prop.grid
+        self.scalars = (self.real(prop.dt), self.real(1.0 / g.dy), self.real(1.0 / g.dx))
+        self.ny, self.nx = like.shape
+        self.pieces = _pieces(self.ny, threads)
+
+    def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list) -> list:
+        calls = []
+        for b in range(first.shape[0]):
+            for r0, r1 in self.pieces:
+                args = (ctypes.c_long(self.ny), ctypes.c_long(self.nx), ctypes.c_long(r0),
+                        ctypes.c_long(r1), _ptr(first[b]), _ptr(second[b]), _ptr(psi[b]),
+                        *[_ptr(t) for t in fixed], *[_ptr(t) for t in self.pml], *self.scalars)
+                calls.append(lambda args=args: kernel(*args))
+        return calls
+
+    def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor):
+        """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces."""
+        prop = self.prop
+        vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
+        sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+        psi = psi.clone().contiguous()
+        vel = self._calls(self.velocity, vr, sr, psi, self.mats[:2])
+        st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], self.surface])
+        force = prop.source_type != "pressure"
+        recs = []
+        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        for it in range(t0, t1):
+            self._exchange(sr, STRESS_IMAGE)
+            _run_pieces(vel)
+            if force:
+                prop._inject(vr[inner], it, self.materials, in_place=True)
+            self._exchange(vr, VELOCITY_IMAGE)
+            _run_pieces(st)
+            if not force:
+                prop._inject(sr[inner], it, self.materials, in_place=True)
+            recs.append(prop._record(vr[inner], sr[inner]))
+        traces = (torch.stack(recs, dim=-1) if recs
+                  else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
+        return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+
+    def _exchange(self, fr: Tensor, image) -> None:
+        prop = self.prop
+        if prop.comm.size > 1:
+            start = time.perf_counter()
+            fill_ring_(fr, prop.decomp, prop.comm, RING)
+            if prop.timer is not None:
+                prop.timer.add(time.perf_counter() - start)
+        if prop.free_surface_here:
+            _mirror_top_(fr, image)
