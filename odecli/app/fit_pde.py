@@ -260,7 +260,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
             "inverted": problem.inverted if problem.multi else problem.parameters,
             "final_model_errors": final_each, "steady": problem.steady,
             "observed": observed, "predicted": predicted,
-            "receivers": geom.receivers,
+            "receivers": geom.receivers, "receiver_components": spec["receivers"].get("components"),
             "sources": [(b, iy, ix) for b, shot in enumerate(geom.shots) for iy, ix, _ in shot],
             "timing": timing, "unknown": unknown_out, "final_model_error": final_err,
             "engine": problem.engine(),

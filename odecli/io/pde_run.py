@@ -62,6 +62,8 @@ def write_result(path: Path, r: dict, replace: bool = True) -> None:
         f.attrs["model_error_final"] = float(r["final_model_error"])
         f.attrs["parameters"] = json.dumps(list(r.get("parameters", [])))
         f.attrs["inverted"] = json.dumps(list(r.get("inverted", [])))
+        if r.get("receiver_components") is not None:  # elastic2d: what each receiver records
+            f.attrs["receiver_components"] = json.dumps(list(r["receiver_components"]))
         for name, v in r.get("final_model_errors", {}).items():
             f.attrs[f"model_error_final_{name}"] = float(v)
         h = f.create_group("history")

@@ -69,16 +69,26 @@ def _draw_traces(ax, h5, request: PlotRequest) -> list:
         obs, pred = obs.T, pred.T
     n_rec, n_t = obs.shape
     time = time if time is not None else np.arange(n_t)
-    receivers = sorted({int(round(i)) for i in np.linspace(0, n_rec - 1, min(MAX_TRACES, n_rec))})
+    components = _names_attr(h5, "receiver_components")
+    components = components if len(components) == n_rec else []
+    receivers = _shown_receivers(n_rec, components)
     scale = np.nanmax(np.abs(obs[receivers])) if obs.size else 1.0
     scale = scale if np.isfinite(scale) and scale > 0 else 1.0
+    scales = {r: scale for r in receivers}
+    if components:  # velocities and pressure differ by orders: each component on its own scale
+        for kind in set(components[r] for r in receivers):
+            group = [r for r in receivers if components[r] == kind]
+            most = float(np.nanmax(np.abs(obs[group])))
+            scales.update({r: most if np.isfinite(most) and most > 0 else 1.0 for r in group})
     for k, r in enumerate(receivers):
         offset = -TRACE_SPACING * k
-        ax.plot(time, obs[r] / scale + offset, color="black", linewidth=1.0, label="observed" if k == 0 else None)
-        ax.plot(time, pred[r] / scale + offset, color="tab:red", linestyle="--", linewidth=1.0,
+        ax.plot(time, obs[r] / scales[r] + offset, color="black", linewidth=1.0, label="observed" if k == 0 else None)
+        ax.plot(time, pred[r] / scales[r] + offset, color="tab:red", linestyle="--", linewidth=1.0,
                 label="predicted" if k == 0 else None)
-    ax.set_yticks([-TRACE_SPACING * k for k in range(len(receivers))], [f"rec {r}" for r in receivers])
-    ax.set_ylabel(f"receiver (each trace ÷ {scale:.3g},\nthe largest |observed| shown)", fontsize="small")
+    ax.set_yticks([-TRACE_SPACING * k for k in range(len(receivers))],
+                  [f"rec {r}" + (f" ({components[r]})" if components else "") for r in receivers])
+    ax.set_ylabel("receiver (each component ÷ its\nlargest |observed| shown)" if components else
+                  f"receiver (each trace ÷ {scale:.3g},\nthe largest |observed| shown)", fontsize="small")
     ax.set_xlabel("time (s)" if "time" in h5["data"] else "time step")
     ax.set_title(f"shot {request.shot}: observed vs predicted at {len(receivers)} of {n_rec} receivers",
                  fontsize="medium")
@@ -106,11 +116,31 @@ def _rows(h5) -> list[tuple[str, str, str, dict]]:
 
 
 def _parameter_names(h5) -> list[str]:
+    names = _names_attr(h5, "parameters")
+    return names if len(names) > 1 else []
+
+
+def _shown_receivers(n_rec: int, components: list[str]) -> list[int]:
+    """A few receivers spread over the line; with components (elastic2d), spread over each
+    component's receivers, so every component recorded has a trace shown."""
+    if not components:
+        return sorted({int(round(i)) for i in np.linspace(0, n_rec - 1, min(MAX_TRACES, n_rec))})
+    kinds = list(dict.fromkeys(components))
+    each = max(1, MAX_TRACES // len(kinds))
+    shown = []
+    for kind in kinds:
+        ids = [i for i, c in enumerate(components) if c == kind]
+        shown += [ids[int(round(k))] for k in np.linspace(0, len(ids) - 1, min(each, len(ids)))]
+    return sorted(set(shown))
+
+
+def _names_attr(h5, attr: str) -> list[str]:
+    """A JSON list of names in a root attribute (empty where absent or not such a list)."""
     try:
-        names = json.loads(h5.attrs.get("parameters", "[]"))
+        names = json.loads(h5.attrs.get(attr, "[]"))
     except (TypeError, ValueError):
         return []
-    return [n for n in names if isinstance(n, str)] if isinstance(names, list) and len(names) > 1 else []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
 def _draw_sensors(ax, observed: np.ndarray, predicted: np.ndarray, experiment: int) -> list:
