@@ -25,38 +25,7 @@ from odecli.pde.timing import CommTimer
 from odecli.pde.unknowns import StackedUnknown, make_unknown
 from odecli.app.solve import resolve_device
 from odecli.specs.pde_checks import limited
-
-
-def _not_converged() -> tuple[type[BaseException], ...]:
-    """The linear solver's non-convergence error, where this build has the solver."""
-    try:
-        from odecli.pde.linear import NotConverged
-    except ImportError:
-        return ()
-    return (NotConverged,)
-
-
-def equation_settings(spec: dict) -> dict:
-    """The spec's equation-specific settings, as :class:`odecli.pde.propagator.Setup` fields:
-    elastic2d's source type and receiver components, the linear solver and the time scheme.
-    A setting this build's ``Setup`` lacks is left out where it is the default, and refused
-    where the spec asks for it (a silent explicit run for ``scheme: implicit`` would be wrong)."""
-    wanted = {"source_type": spec["sources"].get("type", "pressure"),
-              "receiver_components": spec["receivers"].get("components"),
-              "solver": spec.get("solver"),
-              "time_scheme": "explicit" if spec["steady"] else spec["time"]["scheme"]}
-    defaults = {"source_type": "pressure", "receiver_components": None, "solver": None, "time_scheme": "explicit"}
-    known = Setup.__dataclass_fields__
-    out = {}
-    for key, value in wanted.items():
-        if key in known:
-            out[key] = value
-        elif value != defaults[key]:
-            raise collective(SpecError(spec["file"], {"time_scheme": "time.scheme", "solver": "solver",
-                                                      "source_type": "sources.type",
-                                                      "receiver_components": "receivers"}[key],
-                                       f"this build's {spec['equation']} propagator does not take it"))
-    return out
+from odecli.app.pde_settings import equation_settings, not_converged
 
 
 def collective(exc: Exception) -> Exception:
@@ -152,13 +121,17 @@ class Problem:
         self.geometry = Geometry(shots, recs, wavelet)
         self.lgeom = self.geometry.local(block, self.device, self.dtype)
         self.equation = EQUATIONS[spec["equation"]]
+        try:
+            settings = equation_settings(spec)
+        except SpecError as exc:  # the same on every rank
+            raise collective(exc) from None
         setup = Setup(grid=grid, block=block, decomp=self.decomp, comm=comm, dt=dt, nt=nt,
                       geometry=self.geometry, local=self.lgeom, boundary=spec["boundary"],
                       initial_condition=spec.get("initial_condition"),
                       time_segments=spec["compute"]["time_segments"],
                       threads=kernel_threads(spec["compute"]["threads"], comm.size),
                       exchange_every=spec["parallel"]["exchange_every"], timer=self.timer,
-                      dtype=self.dtype, device=self.device, **equation_settings(spec))
+                      dtype=self.dtype, device=self.device, **settings)
         try:
             self.prop = self.equation.build(setup)
         except SetupError as exc:  # every rank raises it at the same point
@@ -472,7 +445,7 @@ class Problem:
         decide it. Exit 2, as a loss that turns NaN is."""
         try:
             yield
-        except _not_converged() as exc:
+        except not_converged() as exc:
             rtol = self.spec["solver"]["rtol"] if self.spec.get("solver") else float("nan")
             raise collective(SpecError(
                 self.spec["file"], "solver",
