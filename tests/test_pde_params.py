@@ -229,7 +229,7 @@ def _problem(raw):
     return Problem(spec, get_comm())
 
 
-@pytest.mark.parametrize("kind", ["grid", "mlp"])
+@pytest.mark.parametrize("kind", ["grid", "mlp", "scalars"])
 def test_stacked_gradient_matches_finite_differences(monkeypatch, kind):
     twin.register(monkeypatch)
     raw = copy.deepcopy(TWIN)
@@ -239,15 +239,24 @@ def test_stacked_gradient_matches_finite_differences(monkeypatch, kind):
         raw["unknown"] = {"type": "mlp", "hidden": [6], "seed": 3, "features": "plain",
                           "parameters": {"a": {"base": 0.00035, "scale": 0.0001, "bounds": [0.0001, 0.001]},
                                          "b": {"base": 0.7, "scale": 0.1, "bounds": [0.1, 0.95]}}}
+    if kind == "scalars":
+        raw["unknown"] = {"type": "scalars", "parameters": {
+            "a": {"model": {"type": "gaussian", "background": 0.00035, "amplitude": 0.0002, "center": [0.1, 0.1],
+                            "sigma": 0.04}, "bounds": [0.0001, 0.001]},
+            "b": {"model": 0.7, "bounds": [0.1, 0.95]}}}
     P = _problem(raw)
     with torch.no_grad():
         field = P.unknown.field()
     assert field.shape == (2, 20, 20)
+    if kind == "scalars":
+        assert P.unknown.names == ["a_background", "a_amplitude", "b_value"]
     loss, grads = P.evaluate()
     gen = torch.Generator().manual_seed(0)
-    directions = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in P.unknown.params]
+    # each parameter moved relative to its own size (a is ~1e-4, b ~1, a network's weights ~1)
+    directions = [torch.randn(p.shape, generator=gen, dtype=p.dtype) * (p.detach().abs().max() + 1e-3 * (kind == "mlp"))
+                  for p in P.unknown.params]
     directional = sum(float((g * d).sum()) for g, d in zip(grads, directions))
-    h = 1e-6 * max(float(p.detach().abs().max()) for p in P.unknown.params)
+    h = 1e-6
     values = []
     for sign in (1, -1):
         with torch.no_grad():
