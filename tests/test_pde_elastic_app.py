@@ -70,6 +70,7 @@ BAD = [
      "receivers.line[0].component: expected one of"),
     ("sources.type", "fz", "sources.type: expected one of"),
     ("true_model", 2000, "true_model: elastic2d has parameters vp, vs, rho"),
+    ("unknown.parameters.vs.bounds", [-100, 1400], "unknown.parameters.vs.bounds: vs must be >= 0"),
 ]
 
 

@@ -82,6 +82,12 @@ def _check_parameters(V: Any, spec: dict, module: Any) -> None:
             starts[name] = one.get("initial") if one["type"] == "grid" else one.get("model")
         else:
             starts[name] = unk["fixed"][name]
+    for name, one in unk["parameters"].items():  # each parameter's bounds on its own: vs >= 0 ...
+        if one["bounds"] is not None:
+            lo, hi = one["bounds"]
+            problem = module.check_parameters({name: lo}, {name: hi})
+            if problem is not None:
+                raise V.err(f"unknown.parameters.{name}.bounds", problem)
     for field, models in (("true_model", spec["true_models"]), ("unknown", starts)):
         ranges = {name: r for name, r in ((n, _range(m, nodes)) for n, m in models.items()) if r is not None}
         high = {n: r[1] for n, r in ranges.items()}
