@@ -147,8 +147,8 @@ def darcy_run(tmp_path_factory):
 def test_poisson_fit_writes_steady_data_and_solver_iterations(darcy_run):
     _, out = darcy_run
     with h5py.File(out) as f:
-        assert f["data/observed"].shape == (3, 15) and "time" not in f["data"]
-        assert f["data/predicted"].shape == (3, 15)
+        assert f["data/observed"].shape == (3, 15, 1) and f.attrs["steady"] == 1  # one 'step': the steady state
+        assert f["data/predicted"].shape == (3, 15, 1) and list(f["data/time"][...]) == [0.0]
         its = f["history/solver_iterations_max"][...]
         assert its.shape == (4,) and np.all(its >= 1) and np.all(its <= 500)
         err = f["history/model_error"][...]
@@ -162,7 +162,7 @@ def test_poisson_stats_and_plot(darcy_run, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["equation"] == "poisson2d" and summary["solver_iterations"]["max"] >= 1
-    assert summary["data_shape"] == [3, 15]
+    assert summary["data_shape"] == [3, 15, 1]
     table = CliRunner().invoke(app, ["stats", str(out)])
     assert "solver iterations / solve" in table.output
     png = tmp_path / "d.png"
@@ -250,7 +250,7 @@ def test_stacked_gradient_matches_finite_differences(monkeypatch, kind):
     assert field.shape == (2, 20, 20)
     if kind == "scalars":
         assert P.unknown.names == ["a_background", "a_amplitude", "b_value"]
-    loss, grads = P.evaluate()
+    _, grads = P.evaluate()
     gen = torch.Generator().manual_seed(0)
     # each parameter moved relative to its own size (a is ~1e-4, b ~1, a network's weights ~1)
     directions = [torch.randn(p.shape, generator=gen, dtype=p.dtype) * (p.detach().abs().max() + 1e-3 * (kind == "mlp"))

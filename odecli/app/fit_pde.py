@@ -229,8 +229,6 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     final_err = problem.model_error(final_local)
     final_each = problem.model_errors(final_local) if problem.multi else {}
     observed = problem.observed.cpu().numpy()
-    if problem.steady:  # (experiments, sensors): the time axis of one 'step' was the run's own
-        observed, predicted = observed[..., 0], predicted[..., 0]
     unknown_out = {}
     if not all(unk.distributed):  # the replicated parameters (a grid's blocks are fields/final)
         for name, p, dist in zip(unk.names, unk.params, unk.distributed):
@@ -254,7 +252,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
                               "global_shape": list(problem.grid.shape), "blocks": blocks},
             "equation": spec["equation"], "name": spec["name"], "optimizer": opt.kind,
             "unknown_type": spec["unknown"]["type"], "stop_reason": stop_reason,
-            "spacing": [problem.grid.dy, problem.grid.dx], "dt": problem.dt,
+            "spacing": [problem.grid.dy, problem.grid.dx], "dt": 0.0 if problem.steady else problem.dt,
             "history": history,
             "fields": fields, "parameters": problem.parameters,
             "inverted": problem.inverted if problem.multi else problem.parameters,

@@ -280,7 +280,7 @@ class Problem:
                         high[f"{a} - {b}"] = self._global(float((fa - fb).max()), "max")
             bad = [n for n in self.parameters if not (math.isfinite(low[n]) and math.isfinite(high[n]))]
             bad = self._global(float(bool(bad)), "max") > 0
-            problem = (f"a parameter field is not finite everywhere" if bad
+            problem = ("a parameter field is not finite everywhere" if bad
                        else self.equation.check_parameters(low, high))
             if problem is not None:
                 raise collective(SpecError(self.spec["file"], field, problem))

@@ -3,7 +3,8 @@
 Contract (other tools rely on these names): datasets ``history/loss``, ``history/grad_norm``,
 ``history/wall_time_s`` (one entry per iteration), ``fields/true``, ``fields/initial``,
 ``fields/final`` (global grid, physical units), ``data/observed``, ``data/predicted``
-(shots x receivers x steps; a steady equation's: experiments x sensors, no ``data/time``);
+(shots x receivers x steps; a steady equation's: experiments x sensors x 1, its one 'step' the steady
+state at ``data/time`` = [0], so every reader of traces reads it, with the attribute ``steady`` = 1);
 root attributes ``kind`` = "pde-inverse", ``spec``, ``ranks``,
 ``decomposition``, ``odecli_version``.  Also ``engine`` (what ran the time loop), ``history/misfit``, ``history/regularization``,
 ``history/model_error``, ``timing/{total_s,comm_s,compute_s}`` (one entry per rank),
@@ -37,8 +38,8 @@ PDE_INVERSE_LAYOUT = Layout({
     "timing/*": (("rank",),),
     "fields/*": (("y", "x"),),
     "data/time": (("step",),),
-    "data/observed": (*TRACES, ("shot", "receiver")),
-    "data/predicted": (*TRACES, ("shot", "receiver")),
+    "data/observed": TRACES,
+    "data/predicted": TRACES,
     "geometry/receivers": (("receiver", 2),),
     "geometry/sources": (("source", 3),),
     "@ranks": SCALAR, "@model_error_final": SCALAR, "@grid_spacing": ((2,),),
@@ -76,8 +77,8 @@ def write_result(path: Path, r: dict, replace: bool = True) -> None:
         d = f.create_group("data")
         d.create_dataset("observed", data=np.asarray(r["observed"], dtype=np.float64))
         d.create_dataset("predicted", data=np.asarray(r["predicted"], dtype=np.float64))
-        if not r.get("steady"):
-            d.create_dataset("time", data=np.arange(r["observed"].shape[-1]) * float(r["dt"]))
+        d.create_dataset("time", data=np.arange(r["observed"].shape[-1]) * float(r["dt"]))
+        f.attrs["steady"] = int(bool(r.get("steady")))
         g = f.create_group("geometry")
         g.create_dataset("receivers", data=np.asarray(r["receivers"], dtype=np.int64).reshape(-1, 2))
         g.create_dataset("sources", data=np.asarray(r["sources"], dtype=np.int64).reshape(-1, 3))

@@ -61,8 +61,8 @@ def _draw_traces(ax, h5, request: PlotRequest) -> list:
     n_shots = observed.shape[0]
     if not 0 <= request.shot < n_shots:
         raise InputError(f"--shot: shot {request.shot} is out of range; the run has {n_shots} shots (0..{n_shots - 1})")
-    if observed.ndim == 2:  # a steady equation: one value per sensor
-        return _draw_sensors(ax, observed[request.shot], predicted[request.shot], request.shot)
+    if int(h5.attrs.get("steady", 0)) and observed.ndim == 3 and observed.shape[2] == 1:  # one value per sensor
+        return _draw_sensors(ax, observed[request.shot, :, 0], predicted[request.shot, :, 0], request.shot)
     axis, time = _time_axis(h5["data"], observed.shape)
     obs, pred = observed[request.shot], predicted[request.shot]
     if axis == 1:  # (time, receivers) -> (receivers, time)
