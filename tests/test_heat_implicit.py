@@ -115,3 +115,22 @@ def test_implicit_gradient_equals_finite_differences():
         fd = (loss(k0 + h * v) - loss(k0 - h * v)) / (2 * h)
     exact = float((g * v).sum())
     assert abs(float(fd) - exact) <= 1e-6 * abs(exact), (float(fd), exact)
+
+
+def test_unknown_scheme_and_bad_tolerance_are_refused_naming_the_key():
+    from odecli.pde.propagator import SetupError
+
+    d = decompose(GRID.shape, 1, 0)
+    block = Block.of(d)
+    geometry = Geometry(SHOTS, SENSORS, np.ones(2))
+    base = dict(grid=GRID, block=block, decomp=d, comm=Comm(), dt=0.1, nt=2, geometry=geometry,
+                local=geometry.local(block, None, torch.float64), boundary=MIXED,
+                initial_condition=U0, time_segments=1, threads=1, exchange_every=1,
+                timer=CommTimer(), dtype=torch.float64, device=torch.device("cpu"))
+    with pytest.raises(SetupError) as err:
+        equation.build(Setup(**base, time_scheme="crank"))
+    assert err.value.field == "time.scheme"
+    with pytest.raises(SetupError) as err:
+        equation.build(Setup(**base, time_scheme="implicit", solver={"rtol": 0}))
+    assert err.value.field == "solver.rtol"
+    equation.build(Setup(**base, solver={"rtol": 0}))  # explicit steps solve nothing

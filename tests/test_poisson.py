@@ -103,3 +103,12 @@ def test_a_solve_that_does_not_converge_raises_not_converged():
     with pytest.raises(NotConverged) as err:
         prop.forward(conductivity())
     assert err.value.iterations == 1
+
+
+@pytest.mark.parametrize("solver,field", [({"rtol": 0.0}, "solver.rtol"), ({"rtol": -1e-8}, "solver.rtol"),
+                                          ({"rtol": float("nan")}, "solver.rtol"),
+                                          ({"max_iterations": 0}, "solver.max_iterations")])
+def test_unusable_solver_settings_are_refused_naming_the_key(solver, field):
+    with pytest.raises(SetupError) as err:
+        equation.build(make_setup(solver=solver))
+    assert err.value.field == field

@@ -34,12 +34,8 @@ COARSEST = 256  # cells of the level solved directly (gathered on every rank)
 
 def _pairs_sum(a: torch.Tensor, axis: int) -> torch.Tensor:
     """Sum neighbouring pairs along ``axis`` (-1 or -2); an odd end stays alone."""
-    n = a.shape[axis]
-    if n % 2:
-        pad = [0, 0, 0, 0]
-        pad[0 if axis == -1 else 2] = 0
-        pad[1 if axis == -1 else 3] = 1
-        a = torch.nn.functional.pad(a, pad)
+    if a.shape[axis] % 2:
+        a = torch.nn.functional.pad(a, (0, 1) if axis == -1 else (0, 0, 0, 1))
     if axis == -1:
         return a[..., 0::2] + a[..., 1::2]
     return a[..., 0::2, :] + a[..., 1::2, :]
@@ -115,7 +111,7 @@ def _prolong_axis(c: torch.Tensor, n: int, halo: Exchanger, axis: int,
     both = torch.stack((even, odd), dim=axis)  # (..., m, 2[, nx]) -> interleave
     shape = list(mid.shape)
     shape[axis] = 2 * mid.shape[axis]
-    out = both.reshape(shape) if axis == -1 else both.reshape(shape)
+    out = both.reshape(shape)
     return out[..., :n] if axis == -1 else out[..., :n, :]
 
 
