@@ -12,7 +12,8 @@ true relative residual is printed.  The problem: a permeability with a high-cond
 bottom, a few dozen point wells pumping in and out.  Times are setup + solve, one core (one
 thread per process, set before numpy and torch load), the median of ``--repeats`` runs; pyamg's
 and odecli's ratio is printed per size.  With ``--ranks N`` the driver relaunches itself under
-mpiexec for odecli's solve at the largest size on N ranks and prints the speed-up over 1 rank.
+mpiexec for odecli's solve at the largest size on 1 and on N ranks, alternating ``--rounds``
+times, and prints the speed-up of the medians.
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--spsolve-max", type=int, default=1024, help="largest n for scipy's spsolve")
     p.add_argument("--ranks", type=int, default=2, help="also odecli at the largest size on N ranks (0: no)")
+    p.add_argument("--rounds", type=int, default=2, help="alternating 1-rank / N-rank rounds")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -152,7 +154,6 @@ def main() -> None:
     print(f"one core; rtol {RTOL:g} (relative residual); median of {args.repeats}")
     print(f"{'n':>6} {'odecli s':>9} {'its':>4} {'lvls':>4} {'pyamg s':>9} {'its':>4} "
           f"{'spsolve s':>9} {'odecli/pyamg':>12} {'odecli/spsolve':>14}  residuals odecli, pyamg, spsolve")
-    last_one_rank = None
     for n in args.sizes:
         kappa, f, h = problem(n)
         a, lift = assemble(kappa, h)
@@ -165,7 +166,6 @@ def main() -> None:
         d = decompose((n, n), 1, 0)
         kt, ft = torch.as_tensor(kappa), torch.as_tensor(f)
         t_ours, (u, its, levels) = timed(lambda: odecli_solve(kt, ft, h, d, Comm()), args.repeats)
-        last_one_rank = (t_ours, its)
         history: list[float] = []
 
         def amg():
@@ -183,14 +183,21 @@ def main() -> None:
               f"{res(u.numpy()):.1e}, {res(u_amg):.1e}, {r_sp:.1e}", flush=True)
 
     if args.ranks > 1:
+        # 1 rank and N ranks alternate, each a fresh mpiexec, so that both meet the same load
         mpiexec = Path(sys.executable).parent / "mpiexec"
-        cmd = [str(mpiexec), "-n", str(args.ranks), sys.executable, __file__, "--worker",
-               "--sizes", str(args.sizes[-1]), "--repeats", str(args.repeats)]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
-        _, ranks, secs, its = next(line for line in out.splitlines() if line.startswith("RANKS")).split()
-        print(f"{args.sizes[-1]}^2 on {ranks} ranks: {float(secs):.3f} s, {its} iterations; "
-              f"speed-up over 1 rank {last_one_rank[0] / float(secs):.2f}x")
+        runs: dict[int, list[float]] = {1: [], args.ranks: []}
+        for _ in range(args.rounds):
+            for ranks in runs:
+                cmd = [str(mpiexec), "-n", str(ranks), sys.executable, __file__, "--worker",
+                       "--sizes", str(args.sizes[-1]), "--repeats", "1"]
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+                line = next(x for x in out.splitlines() if x.startswith("RANKS"))
+                runs[ranks].append(float(line.split()[2]))
+                its = line.split()[3]
+        one, many = statistics.median(runs[1]), statistics.median(runs[args.ranks])
+        print(f"{args.sizes[-1]}^2, {its} iterations, medians of {args.rounds} alternating rounds: "
+              f"1 rank {one:.3f} s, {args.ranks} ranks {many:.3f} s, speed-up {one / many:.2f}x")
 
 
 if __name__ == "__main__":
