@@ -244,12 +244,16 @@ class Multigrid:
         if k == len(self.levels) - 1:
             return self.coarse(r)
         a, wd = self.levels[k], self.inv_diag[k]
-        u = wd * r
+
+        def residual(u):
+            return a.apply(u).neg_().add_(r)  # r - A u, in the fresh A u
+
+        u = wd * r  # the first sweep from zero; u stays a fresh temporary, updated in place
         for _ in range(self.sweeps - 1):
-            u = u + wd * (r - a.apply(u))
-        u = u + self.prolong(k, self.cycle(k + 1, self.restrict(k, r - a.apply(u))))
+            u.addcmul_(wd, residual(u))
+        u += self.prolong(k, self.cycle(k + 1, self.restrict(k, residual(u))))
         for _ in range(self.sweeps):
-            u = u + wd * (r - a.apply(u))
+            u.addcmul_(wd, residual(u))
         return u
 
     def __call__(self, r: torch.Tensor) -> torch.Tensor:
