@@ -5,7 +5,7 @@ search (no algebraic aggregation, no sparse matrix products), so building the hi
 tensor sums, and the V-cycle keeps CG's iteration count nearly flat as the grid grows (17, 18, 19
 iterations at 512^2, 1024^2, 2048^2; ``tests/test_linear_solver.py`` checks 64^2 vs 256^2).
 The libraries: pyamg (smoothed aggregation + CG) runs on one process's scipy matrix, not over
-the halo exchange, and in ``benchmarks/poisson_bench.py`` it took 1.5-2x this solver's time,
+the halo exchange, and in ``benchmarks/poisson_bench.py`` it took 1.7-2.4x this solver's time,
 setup included; petsc4py has no binary wheel on PyPI (its sdist builds PETSc from source), too
 slow for CI's fresh 2-core machine.
 
