@@ -115,3 +115,44 @@ def test_implicit_gradient_equals_finite_differences():
         fd = (loss(k0 + h * v) - loss(k0 - h * v)) / (2 * h)
     exact = float((g * v).sum())
     assert abs(float(fd) - exact) <= 1e-6 * abs(exact), (float(fd), exact)
+
+
+def test_unknown_scheme_and_bad_tolerance_are_refused_naming_the_key():
+    from odecli.pde.propagator import SetupError
+
+    d = decompose(GRID.shape, 1, 0)
+    block = Block.of(d)
+    geometry = Geometry(SHOTS, SENSORS, np.ones(2))
+    base = dict(grid=GRID, block=block, decomp=d, comm=Comm(), dt=0.1, nt=2, geometry=geometry,
+                local=geometry.local(block, None, torch.float64), boundary=MIXED,
+                initial_condition=U0, time_segments=1, threads=1, exchange_every=1,
+                timer=CommTimer(), dtype=torch.float64, device=torch.device("cpu"))
+    with pytest.raises(SetupError) as err:
+        equation.build(Setup(**base, time_scheme="crank"))
+    assert err.value.field == "time.scheme"
+    with pytest.raises(SetupError) as err:
+        equation.build(Setup(**base, time_scheme="implicit", solver={"rtol": 0}))
+    assert err.value.field == "solver.rtol"
+    equation.build(Setup(**base, solver={"rtol": 0}))  # explicit steps solve nothing
+
+
+def test_a_recomputed_segment_uses_its_own_forwards_operator():
+    """The backward recomputes time segments; a forward with another conductivity in between
+    (a line search's trial) must not change the first forward's gradient."""
+    dt, nt = 20 * explicit_limit(), 6
+    d = decompose(GRID.shape, 1, 0)
+    block = Block.of(d)
+    geometry = Geometry(SHOTS, SENSORS, np.ones(nt))
+    prop = equation.build(Setup(
+        grid=GRID, block=block, decomp=d, comm=Comm(), dt=dt, nt=nt, geometry=geometry,
+        local=geometry.local(block, None, torch.float64), boundary=MIXED, initial_condition=U0,
+        time_segments=3, threads=1, exchange_every=1, timer=CommTimer(), dtype=torch.float64,
+        device=torch.device("cpu"), solver={"rtol": 1e-13}, time_scheme="implicit"))
+    assert len(prop.segments) == 3
+    k = torch.as_tensor(conductivity()).requires_grad_(True)
+    (alone,) = torch.autograd.grad((prop.forward(k) ** 2).sum(), k)
+    loss = (prop.forward(k) ** 2).sum()
+    with torch.no_grad():
+        prop.forward(2.0 * k)
+    (between,) = torch.autograd.grad(loss, k)
+    assert torch.allclose(alone, between, rtol=1e-9, atol=0)

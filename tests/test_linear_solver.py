@@ -200,13 +200,14 @@ def one_rank_reference():
 # 37x29 splits unevenly on every layout.  Each solve stops at a relative residual of 1e-12, so
 # solutions and gradients of two layouts may differ by (condition number) x 1e-12: the bound
 # 1e-9 leaves the ~1e3 condition number of this grid its room.
-@pytest.mark.parametrize("n,layout", [(2, "1x2"), (2, "2x1"), (4, "2x2")])
+@pytest.mark.parametrize("n,layout", [(2, "1x2"), (4, "2x2")])
 def test_n_ranks_agree_with_one_rank_to_the_solver_tolerance(one_rank_reference, tmp_path, n, layout):
+    """The solve and its gradient, and poisson2d's and implicit heat2d's outputs and gradients."""
     out = tmp_path / "res.npz"
     proc = run_mpi(SCRIPTS / "linear_check.py", n, [str(out), layout], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
-    for key in ("u", "grad"):
+    for key in ("u", "grad", "poisson2d/out", "poisson2d/grad", "heat2d/out", "heat2d/grad"):
         ref = one_rank_reference[key]
         err = float(np.abs(got[key] - ref).max() / np.abs(ref).max())
         assert err <= 1e-9, f"{key} on {layout}: relative difference {err:.3e}"

@@ -28,14 +28,14 @@ SHOTS = [[(5, 6, 2.0)], [(15, 20, -1.0), (3, 18, 0.5)]]
 SENSORS = [(10, 10), (2, 3), (19, 24), (15, 20)]
 
 
-def make_setup(boundary=MIXED, solver=None) -> Setup:
+def make_setup(boundary=MIXED, solver=None, dtype=torch.float64) -> Setup:
     d = decompose(GRID.shape, 1, 0)
     block = Block.of(d)
     geometry = Geometry(SHOTS, SENSORS, np.ones(1))
     return Setup(grid=GRID, block=block, decomp=d, comm=Comm(), dt=1.0, nt=1, geometry=geometry,
-                 local=geometry.local(block, None, torch.float64), boundary=boundary,
+                 local=geometry.local(block, None, dtype), boundary=boundary,
                  initial_condition=None, time_segments=1, threads=1, exchange_every=1,
-                 timer=CommTimer(), dtype=torch.float64, device=torch.device("cpu"),
+                 timer=CommTimer(), dtype=dtype, device=torch.device("cpu"),
                  solver=solver or {"rtol": 1e-12, "max_iterations": 200})
 
 
@@ -103,3 +103,21 @@ def test_a_solve_that_does_not_converge_raises_not_converged():
     with pytest.raises(NotConverged) as err:
         prop.forward(conductivity())
     assert err.value.iterations == 1
+
+
+@pytest.mark.parametrize("solver,field", [({"rtol": 0.0}, "solver.rtol"), ({"rtol": -1e-8}, "solver.rtol"),
+                                          ({"rtol": float("nan")}, "solver.rtol"),
+                                          ({"max_iterations": 0}, "solver.max_iterations")])
+def test_unusable_solver_settings_are_refused_naming_the_key(solver, field):
+    with pytest.raises(SetupError) as err:
+        equation.build(make_setup(solver=solver))
+    assert err.value.field == field
+
+
+def test_a_float32_conductivity_is_solved_in_float64_and_answered_in_float32():
+    want = equation.build(make_setup(solver={"rtol": 1e-10})).forward(conductivity())
+    prop = equation.build(make_setup(solver={"rtol": 1e-10}, dtype=torch.float32))
+    got = prop.forward(conductivity().to(torch.float32).requires_grad_(True))
+    got.sum().backward()  # the adjoint solve, in float64 too
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))

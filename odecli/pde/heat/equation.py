@@ -42,7 +42,16 @@ def build(setup: Setup) -> HeatPropagator:
     """The heat propagator for one rank (imports torch); its segments are ``round(sqrt(nt))``
     when ``auto``."""
     from odecli.pde.heat.propagator import HeatPropagator
+    from odecli.pde.linear.settings import solver_problem
+    from odecli.pde.propagator import SetupError
     from odecli.pde.segments import default_segment_count
+
+    if setup.time_scheme not in SCHEMES:
+        raise SetupError("time.scheme", f"must be one of {', '.join(SCHEMES)}, "
+                                        f"got {setup.time_scheme!r}")
+    bad = solver_problem(setup.solver) if setup.time_scheme == "implicit" else None
+    if bad is not None:
+        raise SetupError(*bad)
 
     segments = setup.time_segments
     if segments == "auto":

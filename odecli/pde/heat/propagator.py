@@ -14,6 +14,8 @@ backward runs one adjoint solve per step (no solver iteration is differentiated)
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -117,15 +119,15 @@ class HeatPropagator:
         traces = torch.stack(recs, dim=-1) if recs else u.new_zeros((u.shape[0], g.nrec_local, 0))
         return u, traces
 
-    def _run_implicit(self, t0, t1, u, k, kxm, kxp, kym, kyp):
-        """Backward Euler steps ``[t0, t1)``: one solve with ``self._system`` each."""
+    def _run_implicit(self, system: DiffusionSystem, t0, t1, u, k, kxm, kxp, kym, kyp):
+        """Backward Euler steps ``[t0, t1)``: one solve with ``system`` each."""
         g = self.geom
         lift = divergence_flux(self.ghost, kxm, kxp, kym, kyp, self.grid.dy, self.grid.dx)
         lift = lift * self.dt
         recs = []
         for it in range(t0, t1):
             rhs = g.inject(u + lift, self.dt, it)
-            u = solve(k, rhs, self._system, self.face_conductivities, x0=u.detach())
+            u = solve(k, rhs, system, self.face_conductivities, x0=u.detach())
             recs.append(g.record(u))
         traces = torch.stack(recs, dim=-1) if recs else u.new_zeros((u.shape[0], g.nrec_local, 0))
         return u, traces
@@ -137,10 +139,12 @@ class HeatPropagator:
         use_ckpt = torch.is_grad_enabled() and k.requires_grad and len(self.segments) > 1
         run, args = self._run, faces
         if self.scheme == "implicit":
-            self._system = DiffusionSystem(faces, self.grid.dy, self.grid.dx, self.decomp,
-                                           self.comm, self.settings, scale=self.dt, shift=1.0)
-            self.last_iterations = self._system.iterations
-            run, args = self._run_implicit, (k,) + tuple(faces)
+            system = DiffusionSystem(faces, self.grid.dy, self.grid.dx, self.decomp, self.comm,
+                                     self.settings, scale=self.dt, shift=1.0)
+            self.last_iterations = system.iterations
+            # bound here, not kept on self: a segment recomputed in a later backward must use
+            # this forward's operator even if other forwards ran in between
+            run, args = functools.partial(self._run_implicit, system), (k,) + tuple(faces)
         out = []
         for t0, t1 in self.segments:
             if use_ckpt:

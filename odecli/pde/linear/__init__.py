@@ -5,6 +5,6 @@ the solve as one differentiable operation (forward: a solve; backward: the adjoi
 Used by the steady ``poisson2d`` equation and by ``heat2d``'s implicit (backward Euler) steps.
 """
 
-from odecli.pde.linear.settings import NotConverged, SolverSettings
+from odecli.pde.linear.settings import NotConverged, SolverSettings, solver_problem
 
-__all__ = ["NotConverged", "SolverSettings"]
+__all__ = ["NotConverged", "SolverSettings", "solver_problem"]

@@ -3,6 +3,7 @@ paths import these without loading torch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -32,4 +33,18 @@ class SolverSettings:
                    int(solver.get("max_iterations", cls.max_iterations)))
 
 
-__all__ = ["NotConverged", "SolverSettings"]
+def solver_problem(solver: dict | None) -> tuple[str, str] | None:
+    """The first unusable value of a ``solver`` section as ``(dotted field, message)``, or None:
+    ``rtol`` must be a number in (0, 1), ``max_iterations`` a whole number >= 1."""
+    solver = solver or {}
+    rtol = solver.get("rtol", SolverSettings.rtol)
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not math.isfinite(rtol) \
+            or not 0 < rtol < 1:
+        return "solver.rtol", f"must be a number between 0 and 1 (exclusive), got {rtol!r}"
+    most = solver.get("max_iterations", SolverSettings.max_iterations)
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        return "solver.max_iterations", f"must be a whole number >= 1, got {most!r}"
+    return None
+
+
+__all__ = ["NotConverged", "SolverSettings", "solver_problem"]

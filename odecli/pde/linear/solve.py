@@ -35,17 +35,22 @@ class DiffusionSystem:
                  settings: SolverSettings, scale: float = 1.0, shift: float = 0.0) -> None:
         self.dy, self.dx, self.decomp, self.comm = dy, dx, decomp, comm
         self.settings, self.scale, self.shift = settings, scale, shift
-        self.stencil = diffusion_stencil(faces, dy, dx, scale, shift, decomp, comm)
+        # float64 whatever the fields' dtype: a float32 residual stalls near 1e-7, above the
+        # tolerances a solve is asked for
+        faces64 = tuple(f.detach().to(torch.float64) for f in faces)
+        self.stencil = diffusion_stencil(faces64, dy, dx, scale, shift, decomp, comm)
         self.preconditioner = Multigrid(self.stencil)
         self.iterations: list[int] = []
 
     def solve(self, b: torch.Tensor, x0: torch.Tensor | None = None) -> torch.Tensor:
-        """``u`` with ``||b - (shift I + scale A) u|| <= rtol ||b||`` (no autograd)."""
+        """``u`` with ``||b - (shift I + scale A) u|| <= rtol ||b||`` (no autograd), solved in
+        float64 and returned in ``b``'s dtype."""
         with torch.no_grad():
-            u, its = conjugate_gradients(self.stencil.apply, self.preconditioner, b,
-                                         self.settings, self.comm, x0)
+            u, its = conjugate_gradients(self.stencil.apply, self.preconditioner,
+                                         b.to(torch.float64), self.settings, self.comm,
+                                         None if x0 is None else x0.to(torch.float64))
         self.iterations.append(its)
-        return u
+        return u.to(b.dtype)
 
     def apply(self, faces: Faces, u: torch.Tensor) -> torch.Tensor:
         """``(shift I + scale A) u`` with the given (differentiable) faces and zero ghosts."""

@@ -99,10 +99,11 @@ class Stencil:
         up = self.halo.padded(u)
         ny, nx = self.shape
         out = self.diag * u
-        out -= self.west * up[..., 1 : 1 + ny, 0:nx]
-        out -= self.east * up[..., 1 : 1 + ny, 2 : 2 + nx]
-        out -= self.north * up[..., 0:ny, 1 : 1 + nx]
-        out -= self.south * up[..., 2 : 2 + ny, 1 : 1 + nx]
+        # fused multiply-subtracts: no temporaries (the operator is most of a solve's time)
+        out.addcmul_(self.west, up[..., 1 : 1 + ny, 0:nx], value=-1.0)
+        out.addcmul_(self.east, up[..., 1 : 1 + ny, 2 : 2 + nx], value=-1.0)
+        out.addcmul_(self.north, up[..., 0:ny, 1 : 1 + nx], value=-1.0)
+        out.addcmul_(self.south, up[..., 2 : 2 + ny, 1 : 1 + nx], value=-1.0)
         return out
 
 

@@ -46,11 +46,15 @@ def check_boundary(boundary: dict) -> str | None:
 
 def build(setup: Setup) -> PoissonPropagator:
     """The Poisson propagator for one rank (imports torch); raises ``SetupError`` naming
-    ``boundary`` for an all-Neumann boundary."""
+    ``boundary`` for an all-Neumann boundary, or the ``solver`` key that cannot be used."""
+    from odecli.pde.linear.settings import solver_problem
     from odecli.pde.poisson.propagator import PoissonPropagator
     from odecli.pde.propagator import SetupError
 
     problem = check_boundary(setup.boundary)
     if problem is not None:
         raise SetupError("boundary", problem)
+    bad = solver_problem(setup.solver)
+    if bad is not None:
+        raise SetupError(*bad)
     return PoissonPropagator(setup)
