@@ -11,7 +11,10 @@
  * variable stays 0 and d + 0 == d, so its update is skipped there without changing a bit.
  *
  * One pass over the grid per half step, against about forty full-size temporaries in eager
- * PyTorch.
+ * PyTorch.  Columns [jlo, jhi) hold no x layer (all four x coefficients 0): there, in rows
+ * outside the y layers (and off a free surface), the loop has no memory variables and no
+ * branch, and vectorises; the 2.8x of Deepwave's time that float32 took with a branch per point
+ * on a 540^2 grid (500^2 + layers) was the scalar loop.
  */
 #include <stddef.h>
 
@@ -19,21 +22,35 @@
 #define C2 (-1.0 / 24.0)
 
 #define DEFINE_KERNELS(real, sfx)                                                                  \
-void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *v, const real *s,           \
-                            real *psi, const real *buy, const real *bux,                           \
+void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v,                 \
+                            const real *restrict s, real *restrict psi,                            \
+                            const real *restrict buy, const real *restrict bux,                    \
                             const real *ayi, const real *byi, const real *ayh, const real *byh,   \
                             const real *axi, const real *bxi, const real *axh, const real *bxh,   \
-                            real dt, real idy, real idx)                                           \
+                            real dt, real idy, real idx, long jlo, long jhi)                       \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    real *vy = v, *vx = v + plane;                                                                 \
-    const real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                   \
+    real *restrict vy = v, *restrict vx = v + plane;                                               \
+    const real *restrict syy = s, *restrict sxx = s + plane, *restrict sxy = s + 2 * plane;        \
     real *p0 = psi, *p1 = psi + pp, *p2 = psi + 2 * pp, *p3 = psi + 3 * pp;                        \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2;                                                          \
         const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
+        const int ypml = ayh_i != 0 || ayi_i != 0;                                                 \
+        /* the interior columns of a row outside the y layers: no memory variables, no branch */  \
+        const long a = ypml ? nx : jlo, b = ypml ? nx : jhi;                                       \
+        for (long j = a; j < b; j++) {                                                             \
+            const long R = R0 + j, P = i * nx + j;                                                 \
+            real dsyy_dy = (c1 * (syy[R + NX] - syy[R]) + c2 * (syy[R + 2 * NX] - syy[R - NX])) * idy; \
+            real dsxy_dx = (c1 * (sxy[R] - sxy[R - 1]) + c2 * (sxy[R + 1] - sxy[R - 2])) * idx;   \
+            real dsxx_dx = (c1 * (sxx[R + 1] - sxx[R]) + c2 * (sxx[R + 2] - sxx[R - 1])) * idx;   \
+            real dsxy_dy = (c1 * (sxy[R] - sxy[R - NX]) + c2 * (sxy[R + NX] - sxy[R - 2 * NX])) * idy; \
+            vy[R] = vy[R] + (dt * buy[P]) * (dsyy_dy + dsxy_dx);                                   \
+            vx[R] = vx[R] + (dt * bux[P]) * (dsxx_dx + dsxy_dy);                                   \
+        }                                                                                          \
         for (long j = 0; j < nx; j++) {                                                            \
+            if (j == a && b > a) { j = b - 1; continue; }                                                \
             const long R = R0 + j, P = i * nx + j;                                                 \
             real dsyy_dy = (c1 * (syy[R + NX] - syy[R]) + c2 * (syy[R + 2 * NX] - syy[R - NX])) * idy; \
             real dsxy_dx = (c1 * (sxy[R] - sxy[R - 1]) + c2 * (sxy[R + 1] - sxy[R - 2])) * idx;   \
@@ -49,23 +66,37 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *v, const r
     }                                                                                              \
 }                                                                                                  \
                                                                                                    \
-void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *v, real *s, real *psi,  \
-                          const real *lam2mu, const real *lam, const real *muxy,                   \
+void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restrict v,             \
+                          real *restrict s, real *restrict psi, const real *restrict lam2mu,       \
+                          const real *restrict lam, const real *restrict muxy,                     \
                           const real *surface,                                                     \
                           const real *ayi, const real *byi, const real *ayh, const real *byh,     \
                           const real *axi, const real *bxi, const real *axh, const real *bxh,     \
-                          real dt, real idy, real idx)                                             \
+                          real dt, real idy, real idx, long jlo, long jhi)                         \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    const real *vy = v, *vx = v + plane;                                                           \
-    real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                         \
+    const real *restrict vy = v, *restrict vx = v + plane;                                         \
+    real *restrict syy = s, *restrict sxx = s + plane, *restrict sxy = s + 2 * plane;              \
     real *p4 = psi + 4 * pp, *p5 = psi + 5 * pp, *p6 = psi + 6 * pp, *p7 = psi + 7 * pp;           \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2;                                                          \
         const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
         const int top = surface != NULL && i == 0;                                                 \
+        const int ypml = ayh_i != 0 || ayi_i != 0;                                                 \
+        const long a = (ypml || top) ? nx : jlo, b = (ypml || top) ? nx : jhi;                     \
+        for (long j = a; j < b; j++) {                                                             \
+            const long R = R0 + j, P = i * nx + j;                                                 \
+            real dvy_dy = (c1 * (vy[R] - vy[R - NX]) + c2 * (vy[R + NX] - vy[R - 2 * NX])) * idy;  \
+            real dvx_dx = (c1 * (vx[R] - vx[R - 1]) + c2 * (vx[R + 1] - vx[R - 2])) * idx;        \
+            real dvx_dy = (c1 * (vx[R + NX] - vx[R]) + c2 * (vx[R + 2 * NX] - vx[R - NX])) * idy;  \
+            real dvy_dx = (c1 * (vy[R + 1] - vy[R]) + c2 * (vy[R + 2] - vy[R - 1])) * idx;        \
+            syy[R] = syy[R] + dt * (lam[P] * dvx_dx + lam2mu[P] * dvy_dy);                         \
+            sxx[R] = sxx[R] + dt * (lam2mu[P] * dvx_dx + lam[P] * dvy_dy);                         \
+            sxy[R] = sxy[R] + (dt * muxy[P]) * (dvx_dy + dvy_dx);                                  \
+        }                                                                                          \
         for (long j = 0; j < nx; j++) {                                                            \
+            if (j == a && b > a) { j = b - 1; continue; }                                                \
             const long R = R0 + j, P = i * nx + j;                                                 \
             real dvy_dy = (c1 * (vy[R] - vy[R - NX]) + c2 * (vy[R + NX] - vy[R - 2 * NX])) * idy;  \
             real dvx_dx = (c1 * (vx[R] - vx[R - 1]) + c2 * (vx[R + 1] - vx[R - 2])) * idx;        \

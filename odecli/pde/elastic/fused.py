@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import itertools
 import time
 
 import torch
@@ -20,7 +21,13 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_
 from odecli.pde import native
-from odecli.pde.elastic.reference import RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials, Profiles
+from odecli.pde.elastic.reference import (
+    RING,
+    STRESS_IMAGE,
+    VELOCITY_IMAGE,
+    Materials,
+    Profiles,
+)
 from odecli.threads import kernel_pool
 
 _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
@@ -43,7 +50,7 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
 def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
     threads = max(1, min(threads, rows))
     cuts = [rows * k // threads for k in range(threads + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
+    return list(itertools.pairwise(cuts))
 
 
 def _run_pieces(calls: list) -> None:
@@ -69,6 +76,16 @@ def _mirror_top_(fp: Tensor, image) -> None:
         fp[:, c, 1] = fp[:, c, b] * sign
 
 
+def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ctypes.c_long]:
+    """``[jlo, jhi)``: the one run of columns outside the x layers (both coefficients 0),
+    where the kernels take their branch-free loop; ``(nx, nx)`` if there is none."""
+    nx = ax_int.numel()
+    free = ((ax_int == 0) & (ax_half == 0)).nonzero().flatten().tolist()
+    if not free or free[-1] - free[0] + 1 != len(free):
+        return ctypes.c_long(nx), ctypes.c_long(nx)
+    return ctypes.c_long(free[0]), ctypes.c_long(free[-1] + 1)
+
+
 class FusedLoop:
     """The C kernels bound to one forward's parameters and CPML coefficients."""
 
@@ -81,14 +98,15 @@ class FusedLoop:
             raise RuntimeError(f"fused elastic kernels unavailable: {why}")
         self.velocity = getattr(lib, f"elastic_velocity_{name}")
         self.stress = getattr(lib, f"elastic_stress_{name}")
-        c = lambda t: t.detach().contiguous()  # noqa: E731
+        c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
         self.pml = [c(t.reshape(-1)) for t in (p.ay_int, p.by_int, p.ay_half, p.by_half,
                                                 p.ax_int, p.bx_int, p.ax_half, p.bx_half)]
         self.materials = m
         g = prop.grid
-        self.scalars = (self.real(prop.dt), self.real(1.0 / g.dy), self.real(1.0 / g.dx))
+        self.scalars = (self.real(prop.dt), self.real(1.0 / g.dy), self.real(1.0 / g.dx),
+                        *interior_columns(p.ax_int.reshape(-1), p.ax_half.reshape(-1)))
         self.ny, self.nx = like.shape
         self.pieces = _pieces(self.ny, threads)
 
@@ -102,12 +120,46 @@ class FusedLoop:
                 calls.append(lambda args=args: kernel(*args))
         return calls
 
-    def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor):
-        """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces."""
+    def _receivers(self, vr: Tensor) -> None:
+        """Flat indices into a shot's ringed fields of each local receiver's component(s), in
+        the groups' order (:meth:`ElasticPropagator._record`'s): one gather per step instead
+        of advanced indexing of strided views (1.3 ms per step for 100 receivers at 540^2)."""
+        ny2, nx2 = vr.shape[-2:]
+        plane = ny2 * nx2
+        v_idx, p_idx = [], []
+        for c, iy, ix in self.prop.rec_groups:
+            flat = (iy + RING) * nx2 + (ix + RING)
+            if c == "pressure":
+                p_idx.append(flat)
+                v_idx.append(None)
+            else:
+                v_idx.append(flat + (0 if c == "vy" else plane))
+        self.rec_plan = (v_idx, p_idx, plane)
+
+    def _record(self, vr: Tensor, sr: Tensor) -> Tensor:
+        v_idx, p_idx, plane = self.rec_plan
+        b = vr.shape[0]
+        vf, sf = vr.view(b, -1), sr.view(b, -1)
+        cols, k = [], 0
+        for idx in v_idx:
+            if idx is None:
+                flat = p_idx[k]
+                k += 1
+                cols.append(-0.5 * (sf[:, flat] + sf[:, flat + plane]))
+            else:
+                cols.append(vf[:, idx])
+        if not cols:
+            return vr.new_zeros((b, 0))
+        return torch.cat(cols, dim=1)[:, self.prop.rec_order]
+
+    def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False):
+        """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
+        ``own``: ``psi`` may be overwritten (no graph keeps it)."""
         prop = self.prop
         vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
         sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
-        psi = psi.clone().contiguous()
+        psi = psi.contiguous() if own else psi.clone().contiguous()
+        self._receivers(vr)
         vel = self._calls(self.velocity, vr, sr, psi, self.mats[:2])
         st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], self.surface])
         force = prop.source_type != "pressure"
@@ -122,7 +174,7 @@ class FusedLoop:
             _run_pieces(st)
             if not force:
                 prop._inject(sr[inner], it, self.materials, in_place=True)
-            recs.append(prop._record(vr[inner], sr[inner]))
+            recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces

@@ -242,12 +242,13 @@ class ElasticPropagator:
         return v, s, psi, traces
 
     def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
-                           *materials):
-        """:meth:`_run` without a graph: on the fused C kernels where they run."""
+                           *materials, own: bool = False):
+        """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
+        memory variables ``psi`` may be updated in place)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
         loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
-        return loop.run(t0, t1, v, s, psi)
+        return loop.run(t0, t1, v, s, psi, own=own)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
@@ -273,7 +274,7 @@ class ElasticPropagator:
                 v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
             else:
                 with torch.no_grad():
-                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args)
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces
