@@ -25,6 +25,7 @@
 void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v,                 \
                             const real *restrict s, real *restrict psi,                            \
                             const real *restrict buy, const real *restrict bux,                    \
+                            real *restrict store,                                                  \
                             const real *ayi, const real *byi, const real *ayh, const real *byh,   \
                             const real *axi, const real *bxi, const real *axh, const real *bxh,   \
                             real dt, real idy, real idx, long jlo, long jhi)                       \
@@ -48,6 +49,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
             real dsxy_dy = (c1 * (sxy[R] - sxy[R - NX]) + c2 * (sxy[R + NX] - sxy[R - 2 * NX])) * idy; \
             vy[R] = vy[R] + (dt * buy[P]) * (dsyy_dy + dsxy_dx);                                   \
             vx[R] = vx[R] + (dt * bux[P]) * (dsxx_dx + dsxy_dy);                                   \
+            if (store) { store[P] = dsyy_dy + dsxy_dx; store[pp + P] = dsxx_dx + dsxy_dy; }       \
         }                                                                                          \
         for (long j = 0; j < nx; j++) {                                                            \
             if (j == a && b > a) { j = b - 1; continue; }                                                \
@@ -62,6 +64,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
             if (ayi_i != 0) { p3[P] = byi_i * p3[P] + ayi_i * dsxy_dy; dsxy_dy = dsxy_dy + p3[P]; } \
             vy[R] = vy[R] + (dt * buy[P]) * (dsyy_dy + dsxy_dx);                                   \
             vx[R] = vx[R] + (dt * bux[P]) * (dsxx_dx + dsxy_dy);                                   \
+            if (store) { store[P] = dsyy_dy + dsxy_dx; store[pp + P] = dsxx_dx + dsxy_dy; }       \
         }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
@@ -69,6 +72,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
 void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restrict v,             \
                           real *restrict s, real *restrict psi, const real *restrict lam2mu,       \
                           const real *restrict lam, const real *restrict muxy,                     \
+                          real *restrict store,                                                    \
                           const real *surface,                                                     \
                           const real *ayi, const real *byi, const real *ayh, const real *byh,     \
                           const real *axi, const real *bxi, const real *axh, const real *bxh,     \
@@ -94,6 +98,9 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
             syy[R] = syy[R] + dt * (lam[P] * dvx_dx + lam2mu[P] * dvy_dy);                         \
             sxx[R] = sxx[R] + dt * (lam2mu[P] * dvx_dx + lam[P] * dvy_dy);                         \
             sxy[R] = sxy[R] + (dt * muxy[P]) * (dvx_dy + dvy_dx);                                  \
+            if (store) {                                                                           \
+                store[P] = dvx_dx; store[pp + P] = dvy_dy; store[2 * pp + P] = dvx_dy + dvy_dx;   \
+            }                                                                                      \
         }                                                                                          \
         for (long j = 0; j < nx; j++) {                                                            \
             if (j == a && b > a) { j = b - 1; continue; }                                                \
@@ -114,9 +121,102 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
                 sxx[R] = sxx[R] + dt * (lam2mu[P] * dvx_dx + lam[P] * dvy_dy);                     \
             }                                                                                      \
             sxy[R] = sxy[R] + (dt * muxy[P]) * (dvx_dy + dvy_dx);                                  \
+            if (store) {                                                                           \
+                store[P] = dvx_dx; store[pp + P] = dvy_dy; store[2 * pp + P] = dvx_dy + dvy_dx;   \
+            }                                                                                      \
         }                                                                                          \
     }                                                                                              \
 }
 
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
+
+/* The adjoint steps, in scatter form: each forward difference's adjoint adds into the ringed
+ * adjoint field at the four points the difference read, so the ring collects what belongs to the
+ * neighbours (sent by fill_ring_adjoint_) and to the free-surface image (folded back by the
+ * caller).  Rows [r0, r1) of one shot; they write two rows past their own, so the caller runs
+ * them one piece per shot.  la_* are the adjoints of the fields after the step (in), of those
+ * before it (out, in place); lp the CPML memory variables' adjoints; store the forward's
+ * corrected derivatives of this step (see the forward kernels); g_* the parameter gradients,
+ * summed into. */
+#define SCATTER_PLUS(f, R, S, w)  do { f[(R) + (S)] += c1 * (w); f[R] -= c1 * (w);                 \
+                                       f[(R) + 2 * (S)] += c2 * (w); f[(R) - (S)] -= c2 * (w); } while (0)
+#define SCATTER_MINUS(f, R, S, w) do { f[R] += c1 * (w); f[(R) - (S)] -= c1 * (w);                 \
+                                       f[(R) + (S)] += c2 * (w); f[(R) - 2 * (S)] -= c2 * (w); } while (0)
+#define CPML_ADJOINT(k, a, b, e) do { if ((a) != 0) { __typeof__(lp[0]) pb = lp[(k) * pp + P] + (e);          \
+                                      lp[(k) * pp + P] = (b) * pb; (e) = (e) + (a) * pb; } } while (0)
+
+#define DEFINE_ADJOINT(real, sfx)                                                                  \
+void elastic_stress_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv, real *ls,         \
+                                  real *lp, const real *lam2mu, const real *lam,                  \
+                                  const real *muxy, const real *surface, const real *store,       \
+                                  real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface,     \
+                                  const real *ayi, const real *byi, const real *ayh,              \
+                                  const real *byh, const real *axi, const real *bxi,              \
+                                  const real *axh, const real *bxh, real dt, real idy, real idx)  \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    real *lvy = lv, *lvx = lv + plane, *lyy = ls, *lxx = ls + plane, *lxy = ls + 2 * plane;        \
+    for (long i = r0; i < r1; i++) {                                                               \
+        const int top = surface != NULL && i == 0;                                                 \
+        for (long j = 0; j < nx; j++) {                                                            \
+            const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
+            const real Lyy = lyy[R], Lxx = lxx[R], Lxy = lxy[R];                                   \
+            const real dvx_dx = store[P], dvy_dy = store[pp + P], shear = store[2 * pp + P];       \
+            real e_xx, e_yy, e_xy = (dt * muxy[P]) * Lxy, e_yx;                                    \
+            g_muxy[P] += dt * Lxy * shear;                                                         \
+            if (top) {                                                                             \
+                e_xx = dt * surface[j] * Lxx; e_yy = 0;                                            \
+                g_surface[j] += dt * Lxx * dvx_dx;                                                 \
+                lyy[R] = 0;                                                                        \
+            } else {                                                                               \
+                e_xx = dt * (lam[P] * Lyy + lam2mu[P] * Lxx);                                      \
+                e_yy = dt * (lam2mu[P] * Lyy + lam[P] * Lxx);                                      \
+                g_lam[P] += dt * (Lyy * dvx_dx + Lxx * dvy_dy);                                    \
+                g_lam2mu[P] += dt * (Lyy * dvy_dy + Lxx * dvx_dx);                                 \
+            }                                                                                      \
+            e_yx = e_xy;                                                                           \
+            CPML_ADJOINT(4, ayi[i], byi[i], e_yy);                                                 \
+            CPML_ADJOINT(5, axi[j], bxi[j], e_xx);                                                 \
+            CPML_ADJOINT(6, ayh[i], byh[i], e_xy);                                                 \
+            CPML_ADJOINT(7, axh[j], bxh[j], e_yx);                                                 \
+            SCATTER_MINUS(lvy, R, NX, e_yy * idy);   /* dvy/dy = D-y vy */                         \
+            SCATTER_MINUS(lvx, R, 1, e_xx * idx);    /* dvx/dx = D-x vx */                         \
+            SCATTER_PLUS(lvx, R, NX, e_xy * idy);    /* dvx/dy = D+y vx */                         \
+            SCATTER_PLUS(lvy, R, 1, e_yx * idx);     /* dvy/dx = D+x vy */                         \
+        }                                                                                          \
+    }                                                                                              \
+}                                                                                                  \
+                                                                                                   \
+void elastic_velocity_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv, real *ls,       \
+                                    real *lp, const real *buy, const real *bux,                   \
+                                    const real *store, real *g_by, real *g_bx,                    \
+                                    const real *ayi, const real *byi, const real *ayh,            \
+                                    const real *byh, const real *axi, const real *bxi,            \
+                                    const real *axh, const real *bxh, real dt, real idy, real idx) \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    real *lvy = lv, *lvx = lv + plane, *lyy = ls, *lxx = ls + plane, *lxy = ls + 2 * plane;        \
+    for (long i = r0; i < r1; i++) {                                                               \
+        for (long j = 0; j < nx; j++) {                                                            \
+            const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
+            const real Ly = lvy[R], Lx = lvx[R];                                                   \
+            g_by[P] += dt * Ly * store[P];                                                         \
+            g_bx[P] += dt * Lx * store[pp + P];                                                    \
+            real e0 = (dt * buy[P]) * Ly, e1 = e0, e2 = (dt * bux[P]) * Lx, e3 = e2;               \
+            CPML_ADJOINT(0, ayh[i], byh[i], e0);                                                   \
+            CPML_ADJOINT(1, axi[j], bxi[j], e1);                                                   \
+            CPML_ADJOINT(2, axh[j], bxh[j], e2);                                                   \
+            CPML_ADJOINT(3, ayi[i], byi[i], e3);                                                   \
+            SCATTER_PLUS(lyy, R, NX, e0 * idy);      /* dsyy/dy = D+y syy */                       \
+            SCATTER_MINUS(lxy, R, 1, e1 * idx);      /* dsxy/dx = D-x sxy */                       \
+            SCATTER_PLUS(lxx, R, 1, e2 * idx);       /* dsxx/dx = D+x sxx */                       \
+            SCATTER_MINUS(lxy, R, NX, e3 * idy);     /* dsxy/dy = D-y sxy */                       \
+        }                                                                                          \
+    }                                                                                              \
+}
+
+DEFINE_ADJOINT(double, f64)
+DEFINE_ADJOINT(float, f32)

@@ -48,8 +48,9 @@ FIELDS = ("vy", "vx", "syy", "sxx", "sxy")  # the channels of ``forward(..., ret
 
 
 class _Segment(torch.autograd.Function):
-    """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them under autograd and
-    backpropagates through that graph alone.
+    """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them and runs the
+    hand-written adjoint on the C kernels (:meth:`FusedLoop.adjoint`), or, off the fused path,
+    recomputes them under autograd and backpropagates through that graph alone.
 
     Why not ``torch.utils.checkpoint`` (as heat2d uses): its recomputation starts when the
     backward first unpacks a tensor the segment saved, and autograd's order of ready nodes
@@ -68,6 +69,13 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        prop = ctx.prop
+        if prop.fused:
+            v, s, psi, *mats = ctx.saved_tensors
+            if not ctx.has_surface:
+                mats.append(None)
+            loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
+            return (None, None, None, *loop.adjoint(*ctx.span, v, s, psi, grads))
         saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         inputs = saved + ([] if ctx.has_surface else [None])
         with torch.enable_grad():
