@@ -272,6 +272,25 @@ def test_hand_written_adjoint_gives_autograds_gradient(source, free_surface):
         assert scale > 0 and err <= 1e-12, f"{name}: {err:.3e}"
 
 
+def test_two_kernel_threads_give_one_threads_results(monkeypatch):
+    """Rows shared over two threads: the forward bit for bit, the gradient (whose boundary rows
+    sum the pieces' contributions in another order) to 1e-12."""
+    import odecli.pde.elastic.propagator as elastic_propagator
+
+    monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    prop, model, observed = taylor_problem()
+    results = []
+    for threads in (1, 2):
+        prop.threads = threads
+        m = model.clone().requires_grad_(True)
+        traces = prop.forward(m)
+        ((traces - observed) ** 2).sum().backward()
+        results.append((traces.detach(), m.grad))
+    (t1, g1), (t2, g2) = results
+    assert torch.equal(t1, t2)
+    assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
+
+
 def test_the_discrete_adjoint_passes_the_dot_product_test():
     """<F x, y> = <x, F^T y> for the map F from a segment's starting velocities and stresses to
     its traces and final fields (no sources: linear), F^T the hand-written adjoint, with a free

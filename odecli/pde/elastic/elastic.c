@@ -12,14 +12,58 @@
  *
  * One pass over the grid per half step, against about forty full-size temporaries in eager
  * PyTorch.  Columns [jlo, jhi) hold no x layer (all four x coefficients 0): there, in rows
- * outside the y layers (and off a free surface), the loop has no memory variables and no
- * branch, and vectorises; the 2.8x of Deepwave's time that float32 took with a branch per point
- * on a 540^2 grid (500^2 + layers) was the scalar loop.
+ * outside the y layers (and off a free surface), a row function with one restrict pointer per
+ * array and no memory variables runs, which GCC vectorises (the same loop inline in the
+ * kernel, with pointers derived from one restrict base, stayed scalar: -fopt-info-vec showed
+ * no vectorised loop).  Measured as CPU time of a 540^2, 50-step forward on one thread (wall
+ * time was mostly waiting on a loaded 2-core VM): float32 0.156 -> 0.079 s, float64 0.167 ->
+ * 0.126 s.
  */
 #include <stddef.h>
 
 #define C1 (9.0 / 8.0)
 #define C2 (-1.0 / 24.0)
+
+
+#define DEFINE_ROWS(real, sfx)                                                                     \
+static void velocity_row_##sfx(long n, long NX, real *restrict vy, real *restrict vx,             \
+                               const real *restrict syy, const real *restrict sxx,                \
+                               const real *restrict sxy, const real *restrict buy,                \
+                               const real *restrict bux, real *restrict st0,                      \
+                               real *restrict st1, real dt, real idy, real idx)                    \
+{                                                                                                  \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    for (long j = 0; j < n; j++) {                                                                 \
+        real dsyy_dy = (c1 * (syy[j + NX] - syy[j]) + c2 * (syy[j + 2 * NX] - syy[j - NX])) * idy; \
+        real dsxy_dx = (c1 * (sxy[j] - sxy[j - 1]) + c2 * (sxy[j + 1] - sxy[j - 2])) * idx;       \
+        real dsxx_dx = (c1 * (sxx[j + 1] - sxx[j]) + c2 * (sxx[j + 2] - sxx[j - 1])) * idx;       \
+        real dsxy_dy = (c1 * (sxy[j] - sxy[j - NX]) + c2 * (sxy[j + NX] - sxy[j - 2 * NX])) * idy; \
+        vy[j] = vy[j] + (dt * buy[j]) * (dsyy_dy + dsxy_dx);                                       \
+        vx[j] = vx[j] + (dt * bux[j]) * (dsxx_dx + dsxy_dy);                                       \
+        if (st0) { st0[j] = dsyy_dy + dsxy_dx; st1[j] = dsxx_dx + dsxy_dy; }                       \
+    }                                                                                              \
+}                                                                                                  \
+static void stress_row_##sfx(long n, long NX, const real *restrict vy, const real *restrict vx,   \
+                             real *restrict syy, real *restrict sxx, real *restrict sxy,          \
+                             const real *restrict lam2mu, const real *restrict lam,               \
+                             const real *restrict muxy, real *restrict st0, real *restrict st1,   \
+                             real *restrict st2, real dt, real idy, real idx)                      \
+{                                                                                                  \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    for (long j = 0; j < n; j++) {                                                                 \
+        real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;      \
+        real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;            \
+        real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;      \
+        real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;            \
+        syy[j] = syy[j] + dt * (lam[j] * dvx_dx + lam2mu[j] * dvy_dy);                             \
+        sxx[j] = sxx[j] + dt * (lam2mu[j] * dvx_dx + lam[j] * dvy_dy);                             \
+        sxy[j] = sxy[j] + (dt * muxy[j]) * (dvx_dy + dvy_dx);                                      \
+        if (st0) { st0[j] = dvx_dx; st1[j] = dvy_dy; st2[j] = dvx_dy + dvy_dx; }                   \
+    }                                                                                              \
+}
+
+DEFINE_ROWS(double, f64)
+DEFINE_ROWS(float, f32)
 
 #define DEFINE_KERNELS(real, sfx)                                                                  \
 void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v,                 \
@@ -41,16 +85,11 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
         const int ypml = ayh_i != 0 || ayi_i != 0;                                                 \
         /* the interior columns of a row outside the y layers: no memory variables, no branch */  \
         const long a = ypml ? nx : jlo, b = ypml ? nx : jhi;                                       \
-        for (long j = a; j < b; j++) {                                                             \
-            const long R = R0 + j, P = i * nx + j;                                                 \
-            real dsyy_dy = (c1 * (syy[R + NX] - syy[R]) + c2 * (syy[R + 2 * NX] - syy[R - NX])) * idy; \
-            real dsxy_dx = (c1 * (sxy[R] - sxy[R - 1]) + c2 * (sxy[R + 1] - sxy[R - 2])) * idx;   \
-            real dsxx_dx = (c1 * (sxx[R + 1] - sxx[R]) + c2 * (sxx[R + 2] - sxx[R - 1])) * idx;   \
-            real dsxy_dy = (c1 * (sxy[R] - sxy[R - NX]) + c2 * (sxy[R + NX] - sxy[R - 2 * NX])) * idy; \
-            vy[R] = vy[R] + (dt * buy[P]) * (dsyy_dy + dsxy_dx);                                   \
-            vx[R] = vx[R] + (dt * bux[P]) * (dsxx_dx + dsxy_dy);                                   \
-            if (store) { store[P] = dsyy_dy + dsxy_dx; store[pp + P] = dsxx_dx + dsxy_dy; }       \
-        }                                                                                          \
+        if (b > a)                                                                                 \
+            velocity_row_##sfx(b - a, NX, vy + R0 + a, vx + R0 + a, syy + R0 + a, sxx + R0 + a,    \
+                               sxy + R0 + a, buy + i * nx + a, bux + i * nx + a,                   \
+                               store ? store + i * nx + a : NULL,                                  \
+                               store ? store + pp + i * nx + a : NULL, dt, idy, idx);              \
         for (long j = 0; j < nx; j++) {                                                            \
             if (j == a && b > a) { j = b - 1; continue; }                                                \
             const long R = R0 + j, P = i * nx + j;                                                 \
@@ -89,19 +128,12 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
         const int top = surface != NULL && i == 0;                                                 \
         const int ypml = ayh_i != 0 || ayi_i != 0;                                                 \
         const long a = (ypml || top) ? nx : jlo, b = (ypml || top) ? nx : jhi;                     \
-        for (long j = a; j < b; j++) {                                                             \
-            const long R = R0 + j, P = i * nx + j;                                                 \
-            real dvy_dy = (c1 * (vy[R] - vy[R - NX]) + c2 * (vy[R + NX] - vy[R - 2 * NX])) * idy;  \
-            real dvx_dx = (c1 * (vx[R] - vx[R - 1]) + c2 * (vx[R + 1] - vx[R - 2])) * idx;        \
-            real dvx_dy = (c1 * (vx[R + NX] - vx[R]) + c2 * (vx[R + 2 * NX] - vx[R - NX])) * idy;  \
-            real dvy_dx = (c1 * (vy[R + 1] - vy[R]) + c2 * (vy[R + 2] - vy[R - 1])) * idx;        \
-            syy[R] = syy[R] + dt * (lam[P] * dvx_dx + lam2mu[P] * dvy_dy);                         \
-            sxx[R] = sxx[R] + dt * (lam2mu[P] * dvx_dx + lam[P] * dvy_dy);                         \
-            sxy[R] = sxy[R] + (dt * muxy[P]) * (dvx_dy + dvy_dx);                                  \
-            if (store) {                                                                           \
-                store[P] = dvx_dx; store[pp + P] = dvy_dy; store[2 * pp + P] = dvx_dy + dvy_dx;   \
-            }                                                                                      \
-        }                                                                                          \
+        if (b > a)                                                                                 \
+            stress_row_##sfx(b - a, NX, vy + R0 + a, vx + R0 + a, syy + R0 + a, sxx + R0 + a,      \
+                             sxy + R0 + a, lam2mu + i * nx + a, lam + i * nx + a,                  \
+                             muxy + i * nx + a, store ? store + i * nx + a : NULL,                 \
+                             store ? store + pp + i * nx + a : NULL,                               \
+                             store ? store + 2 * pp + i * nx + a : NULL, dt, idy, idx);            \
         for (long j = 0; j < nx; j++) {                                                            \
             if (j == a && b > a) { j = b - 1; continue; }                                                \
             const long R = R0 + j, P = i * nx + j;                                                 \

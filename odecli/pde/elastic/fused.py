@@ -111,6 +111,10 @@ class FusedLoop:
                         *interior_columns(p.ax_int.reshape(-1), p.ax_half.reshape(-1)))
         self.ny, self.nx = like.shape
         self.pieces = _pieces(self.ny, threads)
+        # The adjoint kernels scatter two rows past their own: pieces of >= 5 rows, every other
+        # one at a time, never write the same row at once.
+        self.adjoint_pieces = (_pieces(self.ny, 2 * threads)
+                               if threads > 1 and self.ny >= 10 * threads else [(0, self.ny)])
 
     def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list,
                store: Tensor | None = None, at: int = 0) -> list:
@@ -219,17 +223,28 @@ class FusedLoop:
         force = prop.source_type != "pressure"
         geom = prop.geom
         pml = [_ptr(t) for t in self.pml]
-        dims = (ctypes.c_long(ny), ctypes.c_long(nx), ctypes.c_long(0), ctypes.c_long(ny))
         sc = self.scalars[:3]
+
+        def in_phases(kernel, per_shot) -> None:
+            """``kernel(ny, nx, r0, r1, *per_shot(shot))`` over the row pieces, the even
+            pieces at once, then the odd ones (the shots in turn: they share the gradients)."""
+            def call(r0, r1):
+                for shot in range(b):
+                    kernel(ctypes.c_long(ny), ctypes.c_long(nx), ctypes.c_long(r0),
+                           ctypes.c_long(r1), *per_shot(shot))
+            pieces = self.adjoint_pieces
+            for phase in (pieces[0::2], pieces[1::2]):
+                if phase:
+                    _run_pieces([lambda r=r: call(*r) for r in phase])
+
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
-            for shot in range(b):
-                self.stress_adjoint(*dims, _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                                    *[_ptr(t) for t in self.mats[2:]], _ptr(self.surface),
-                                    _ptr(store_s[k, shot]), _ptr(gm[2]), _ptr(gm[3]),
-                                    _ptr(gm[4]), _ptr(g_surface), *pml, *sc)
+            in_phases(self.stress_adjoint, lambda shot, k=k: (
+                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
+                *[_ptr(t) for t in self.mats[2:]], _ptr(self.surface), _ptr(store_s[k, shot]),
+                _ptr(gm[2]), _ptr(gm[3]), _ptr(gm[4]), _ptr(g_surface), *pml, *sc))
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             if force and geom.has_sources:
                 chan = 0 if prop.source_type == "fy" else 1
@@ -237,10 +252,10 @@ class FusedLoop:
                 vals = geom.src_amp * (geom.wavelet[it] * scale)
                 lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
                 gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
-            for shot in range(b):
-                self.velocity_adjoint(*dims, _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                                      *[_ptr(t) for t in self.mats[:2]], _ptr(store_v[k, shot]),
-                                      _ptr(gm[0]), _ptr(gm[1]), *pml, *sc)
+            in_phases(self.velocity_adjoint, lambda shot, k=k: (
+                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
+                *[_ptr(t) for t in self.mats[:2]], _ptr(store_v[k, shot]),
+                _ptr(gm[0]), _ptr(gm[1]), *pml, *sc))
             self._exchange_adjoint(ls, STRESS_IMAGE)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         return (lv[inner].contiguous(), ls[inner].contiguous(), lp, *gm, g_surface)

@@ -44,7 +44,8 @@ from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
-FIELDS = ("vy", "vx", "syy", "sxx", "sxy")  # the channels of ``forward(..., return_field=True)``
+FIELDS = ("vy", "vx", "syy", "sxx", "sxy")
+MIN_POINTS_PER_THREAD = 50_000  # the channels of ``forward(..., return_field=True)``
 
 
 class _Segment(torch.autograd.Function):
@@ -109,7 +110,10 @@ class ElasticPropagator:
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom = dt, nt, geom
         self.segments = segment_bounds(nt, segments)
-        self.threads = max(1, threads)
+        # below ~50k points a piece costs less than handing it to another thread (acoustic's
+        # measurement; the elastic step does more per point, so this is on the safe side)
+        points = geom.nshots * block.shape[0] * block.shape[1]
+        self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
         like = torch.zeros(0, dtype=dtype, device=device)
         ok = native_available(like)[0] if fused is not False else False
         if fused and not ok:
