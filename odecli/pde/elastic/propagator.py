@@ -6,9 +6,12 @@ exchanges a two-cell halo of the stresses before the velocity update and of the 
 the stress update (out of place and differentiable, :func:`odecli.parallel.ops.halo_exchange`);
 the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
-bit for bit.  Gradients: autograd through the steps, the time loop split into segments that the
-backward recomputes (:class:`_Segment`), so memory grows like the segment length plus one state
-(13 fields) per segment, not like ``nt``.
+bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
+bit the reference's) and the gradient on their hand-written adjoint; elsewhere (CUDA, no
+compiler) autograd differentiates the PyTorch reference steps.  Either way the time loop is
+split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
+state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
+not like ``nt``.
 
 Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
 (dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
@@ -150,8 +153,8 @@ class ElasticPropagator:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.segments)
         if self.fused:
-            return (f"fused C kernels ({self.threads} thread(s) per rank) forward, PyTorch "
-                    f"reference adjoint (autograd), {segs} time segment(s)")
+            return (f"fused C kernels and hand-written adjoint, {self.threads} thread(s) per "
+                    f"rank, {segs} time segment(s)")
         return f"PyTorch reference on {self.device}, {segs} time segment(s)"
 
     # -------------------------------------------------------------------------- set-up
