@@ -1,7 +1,10 @@
 """The elastic time loop on the fused C kernels (``elastic.c``): the reference's steps, bit for
-bit, without a graph.  The propagator runs it wherever no graph is needed -- a forward without
-gradient, and each time segment's first (storing only its end) pass of a forward with gradient
--- and the backward recomputes a segment under autograd on the reference steps.
+bit, without a graph, and their hand-written adjoint.  The propagator runs the steps for a
+forward without gradient and for each time segment's first pass of a forward with gradient;
+a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
+per step, then runs the adjoint steps back to the segment's start.  The adjoint's gradient
+equals autograd's through the reference to round-off (tests: 1e-15 measured) and passes the
+dot-product test.
 
 Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo
 exchange (:func:`odecli.parallel.ops.fill_ring_`, in place) and the free-surface image write the
