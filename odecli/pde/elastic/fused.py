@@ -219,7 +219,7 @@ class FusedLoop:
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv = torch.nn.functional.pad(pad(gv, v), (RING,) * 4).contiguous()
         ls = torch.nn.functional.pad(pad(gs, s), (RING,) * 4).contiguous()
-        lp = pad(gpsi, psi).clone().contiguous()
+        lp = torch.zeros_like(psi) if gpsi is None else gpsi.clone().contiguous()
         gm = [torch.zeros_like(t) for t in self.mats]  # by, bx, lam2mu, lam, mu_xy
         g_surface = None if self.surface is None else torch.zeros_like(self.surface)
         self._receivers(lv)
