@@ -2,8 +2,12 @@
 
 - ``equation``: what the registry knows without torch (parameters, stability limit, messages,
   parameter rules, the builder).
-- ``reference``: one time step in plain PyTorch (autograd differentiates it).
-- ``pml``: the convolutional PML's damping profiles.
+- ``build``: a propagator from a :class:`~odecli.pde.propagator.Setup`.
+- ``reference``: one time step in plain PyTorch (autograd differentiates it; CUDA's path and
+  the tests' oracle).
+- ``pml``: the convolutional PML's coefficients.
+- ``fused`` + ``elastic.c``: the steps on C kernels (bit for bit the reference's) and their
+  hand-written adjoint.
 - ``propagator``: :class:`~odecli.pde.elastic.propagator.ElasticPropagator`, the time loop over
-  ranks with checkpointed time segments.
+  ranks with recomputed time segments.
 """

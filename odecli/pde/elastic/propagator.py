@@ -6,9 +6,12 @@ exchanges a two-cell halo of the stresses before the velocity update and of the 
 the stress update (out of place and differentiable, :func:`odecli.parallel.ops.halo_exchange`);
 the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
-bit for bit.  Gradients: autograd through the steps, the time loop split into segments that the
-backward recomputes (:class:`_Segment`), so memory grows like the segment length plus one state
-(13 fields) per segment, not like ``nt``.
+bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
+bit the reference's) and the gradient on their hand-written adjoint; elsewhere (CUDA, no
+compiler) autograd differentiates the PyTorch reference steps.  Either way the time loop is
+split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
+state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
+not like ``nt``.
 
 Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
 (dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
@@ -44,12 +47,14 @@ from odecli.pde.sources import LocalGeometry
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = RING
-FIELDS = ("vy", "vx", "syy", "sxx", "sxy")  # the channels of ``forward(..., return_field=True)``
+FIELDS = ("vy", "vx", "syy", "sxx", "sxy")
+MIN_POINTS_PER_THREAD = 50_000  # the channels of ``forward(..., return_field=True)``
 
 
 class _Segment(torch.autograd.Function):
-    """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them under autograd and
-    backpropagates through that graph alone.
+    """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them and runs the
+    hand-written adjoint on the C kernels (:meth:`FusedLoop.adjoint`), or, off the fused path,
+    recomputes them under autograd and backpropagates through that graph alone.
 
     Why not ``torch.utils.checkpoint`` (as heat2d uses): its recomputation starts when the
     backward first unpacks a tensor the segment saved, and autograd's order of ready nodes
@@ -68,6 +73,13 @@ class _Segment(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        prop = ctx.prop
+        if prop.fused:
+            v, s, psi, *mats = ctx.saved_tensors
+            if not ctx.has_surface:
+                mats.append(None)
+            loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
+            return (None, None, None, *loop.adjoint(*ctx.span, v, s, psi, grads))
         saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         inputs = saved + ([] if ctx.has_surface else [None])
         with torch.enable_grad():
@@ -101,7 +113,10 @@ class ElasticPropagator:
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom = dt, nt, geom
         self.segments = segment_bounds(nt, segments)
-        self.threads = max(1, threads)
+        # below ~50k points a piece costs less than handing it to another thread (acoustic's
+        # measurement; the elastic step does more per point, so this is on the safe side)
+        points = geom.nshots * block.shape[0] * block.shape[1]
+        self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
         like = torch.zeros(0, dtype=dtype, device=device)
         ok = native_available(like)[0] if fused is not False else False
         if fused and not ok:
@@ -138,8 +153,8 @@ class ElasticPropagator:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.segments)
         if self.fused:
-            return (f"fused C kernels ({self.threads} thread(s) per rank) forward, PyTorch "
-                    f"reference adjoint (autograd), {segs} time segment(s)")
+            return (f"fused C kernels and hand-written adjoint, {self.threads} thread(s) per "
+                    f"rank, {segs} time segment(s)")
         return f"PyTorch reference on {self.device}, {segs} time segment(s)"
 
     # -------------------------------------------------------------------------- set-up
@@ -242,12 +257,13 @@ class ElasticPropagator:
         return v, s, psi, traces
 
     def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
-                           *materials):
-        """:meth:`_run` without a graph: on the fused C kernels where they run."""
+                           *materials, own: bool = False):
+        """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
+        memory variables ``psi`` may be updated in place)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
         loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
-        return loop.run(t0, t1, v, s, psi)
+        return loop.run(t0, t1, v, s, psi, own=own)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
@@ -273,7 +289,7 @@ class ElasticPropagator:
                 v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
             else:
                 with torch.no_grad():
-                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args)
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces

@@ -92,7 +92,8 @@ def materials(padded: Tensor, free_surface_here: bool) -> Materials:
     def at(f: Tensor, oy: int, ox: int) -> Tensor:
         return f[1 + oy : 1 + oy + ny, 1 + ox : 1 + ox + nx]
 
-    lam2mu_c, mu_c = at(lam2mu, 0, 0), at(mu, 0, 0)
+    # contiguous: the C kernels read it, and each segment would copy a view
+    lam2mu_c, mu_c = at(lam2mu, 0, 0).contiguous(), at(mu, 0, 0)
     lam = lam2mu_c - 2.0 * mu_c
     surface = None
     if free_surface_here:
