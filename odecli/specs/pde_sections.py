@@ -48,7 +48,7 @@ class Time(Section, frozen=True):
 class Solver(Section, frozen=True):
     """the linear solver of a steady equation or an implicit scheme: preconditioned CG to a relative residual"""
 
-    rtol: Positive = 1e-10
+    rtol: Annotated[float, Meta(gt=0, lt=1)] = 1e-10  # a relative residual: between 0 and 1
     max_iterations: Count = 500
 
 
