@@ -46,7 +46,8 @@ def _per_parameter(node: dict[str, Any]) -> dict[str, Any]:
     models = dict(node)
     branch = {"description": "one model per parameter, e.g. {vp: MODEL, vs: MODEL, rho: MODEL}",
               "not": {"required": ["type"]}, "minProperties": 1,
-              "additionalProperties": {key: v for key, v in node.items() if key in ("oneOf", "anyOf")}}
+              "additionalProperties": {key: [b for b in v if b != {"type": "null"}]
+                                       for key, v in node.items() if key in ("oneOf", "anyOf")}}
     key = "oneOf" if "oneOf" in models else "anyOf"
     models[key] = [*models.get(key, []), branch]
     return models
@@ -90,7 +91,10 @@ def pde_inverse_schema() -> dict[str, Any]:
                                                                   "minItems": 1}],
                                            "description": "which parameters are inverted (default: all), "
                                                           "each with its own keys, or a list of names"}
-    unknown["allOf"] = [_given_for("type", kind, needed) for kind, needed in inputs.Unknown.needs.items()]
+    # a type's keys at the unknown's top level, unless parameters give them each (not followed here)
+    per_parameter = {"required": ["parameters"], "properties": {"parameters": {"type": "object"}}}
+    unknown["allOf"] = [{**rule, "if": {**rule["if"], "not": per_parameter}}
+                        for rule in (_given_for("type", kind, needed) for kind, needed in inputs.Unknown.needs.items())]
     properties["sources"]["anyOf"] = _any_given("positions", "line", "shots")
     wavelet = properties["sources"]["properties"]["wavelet"]
     wavelet["allOf"] = [_given_for("type", kind, needed, default=kind == inputs.Wavelet().type)
