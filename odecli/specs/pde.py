@@ -100,8 +100,10 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
         out["time"] = {"dt": 1.0, "steps": 1, "scheme": "steady"}  # one 'step': the solve
     else:
         out["time"] = V.section(raw, "time", sections.Time, required=True)
-        if out["time"]["scheme"] == "implicit" and eq != "heat2d":
-            raise V.err("time.scheme", f"only heat2d has an implicit scheme; {eq} steps explicitly")
+        schemes = getattr(EQUATION_MODULES[eq], "SCHEMES", ("explicit",))  # heat2d: explicit, implicit
+        if out["time"]["scheme"] not in schemes:
+            having = [name for name, m in EQUATION_MODULES.items() if "implicit" in getattr(m, "SCHEMES", ())]
+            raise V.err("time.scheme", f"only {', '.join(having)} has an implicit scheme; {eq} steps explicitly")
     solves = steady or out["time"]["scheme"] == "implicit"
     if raw.get("solver") is not None and not solves:
         raise V.err("solver", "only used by steady equations and time.scheme: implicit")
