@@ -282,7 +282,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
 def _pretrain(unk, problem: Problem, comm) -> None:
     """An MLP unknown with an ``initial`` model is fitted to it first; rank 0's weights are then
     everyone's (the ranks' arithmetic may round differently on different thread counts)."""
-    if not hasattr(unk, "pretrain"):
+    if not hasattr(unk, "pretrain") or all(unk.distributed):  # grid unknowns: nothing to fit or share
         return
     if problem.multi:  # one network, an output per parameter
         initial = [one.get("initial") for one in problem.spec["unknown"]["parameters"].values()]
@@ -293,9 +293,10 @@ def _pretrain(unk, problem: Problem, comm) -> None:
             initial = with_model_arrays(initial, problem.spec["base_dir"])
     unk.pretrain(initial)
     if comm.size > 1:
-        with torch.no_grad():
-            for p in unk.params:
-                p.copy_(broadcast(p.detach(), comm, root=0))
+        with torch.no_grad():  # only the replicated ones: a grid's blocks differ from rank to rank
+            for p, distributed in zip(unk.params, unk.distributed):
+                if not distributed:
+                    p.copy_(broadcast(p.detach(), comm, root=0))
 
 
 def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dict:
