@@ -2,6 +2,10 @@
 
 The physics comes from the spec's equation through :data:`odecli.pde.propagator.EQUATIONS`:
 its module builds the propagator and words the stability limit and the coefficient's sign rule.
+An equation with several parameters (elastic2d) gets them stacked ``(P, ny, nx)`` in its
+``PARAMETERS`` order (:meth:`Problem.coefficient`: the inverted ones from the unknown, the others
+fixed); a steady one's data ``(experiments, sensors)`` are held with a time axis of one, so the
+misfit, the all-reduces and the files treat every equation alike.
 """
 
 from __future__ import annotations
