@@ -138,3 +138,22 @@ def test_two_ranks_equal_one_rank(elastic_run, tmp_path):
         np.testing.assert_allclose(b["history/loss"][...], a["history/loss"][...], rtol=1e-10)
         for name in ("final_vp", "final_vs"):
             np.testing.assert_allclose(b[f"fields/{name}"][...], a[f"fields/{name}"][...], rtol=1e-10)
+
+
+def test_kill_after_checkpoint_then_resume_is_identical(tmp_path, monkeypatch):
+    """A several-parameter fit's checkpoint holds both grid parameters and their history columns."""
+    raw = {**copy.deepcopy(SMALL), "checkpoint": {"every": 2}, "optimizer": {"type": "lbfgs", "iterations": 4}}
+    spec = tmp_path / "e.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    script = Path(__file__).parent / "mpi_scripts" / "pde_train.py"
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    assert run_mpi(script, 2, [str(spec), str(full)], timeout=300).returncode == 0
+    monkeypatch.setenv("ODECLI_PDE_EXIT_AFTER_CHECKPOINT", "2")
+    assert run_mpi(script, 2, [str(spec), str(part)], timeout=300).returncode != 0
+    assert part.with_name("part.ckpt.h5").exists() and not part.exists()
+    monkeypatch.delenv("ODECLI_PDE_EXIT_AFTER_CHECKPOINT")
+    proc = run_mpi(script, 2, [str(spec), str(part), "--resume"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with h5py.File(full) as a, h5py.File(part) as b:
+        for name in ("fields/final_vp", "fields/final_vs", "history/loss", "history/model_error_vs"):
+            np.testing.assert_array_equal(a[name][...], b[name][...])
