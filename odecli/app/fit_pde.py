@@ -58,6 +58,31 @@ def train_inverse(spec_path: Path, output: Path | None, iterations: int | None, 
         raise
 
 
+def history_keys(problem: Problem) -> tuple[str, ...]:
+    """The run's history columns: the loss columns, misfit, regularisation and model error; with
+    several parameters each inverted one's model error; with linear solves their iterations (the
+    mean and the largest count of a solve in each evaluation)."""
+    keys = list(HISTORY_KEYS)
+    if problem.multi:
+        keys += [f"model_error_{name}" for name in problem.inverted]
+    if problem.limit == math.inf:  # a steady equation or an implicit scheme: linear solves
+        keys += list(SOLVER_KEYS)
+    return tuple(keys)
+
+
+SOLVER_KEYS = ("solver_iterations_mean", "solver_iterations_max")
+
+
+def _fields(local: torch.Tensor | None, problem: Problem, comm, kind: str, names: list[str]) -> dict:
+    """``{kind: array}``, or with several parameters ``{kind_NAME: array}`` for each (rank 0's;
+    None elsewhere)."""
+    if local is None:
+        return {}
+    if not problem.multi:
+        return {kind: _gather_np(local, problem, comm)}
+    return {f"{kind}_{name}": _gather_np(f, problem, comm) for name, f in zip(names, local.unbind(0))}
+
+
 def _gather_np(local: torch.Tensor, problem: Problem, comm):
     if comm.size == 1:
         return local.detach().cpu().numpy()
@@ -75,19 +100,30 @@ class PdeObjective:
         self.timer, self.prior_total, self.prior_comm = timer, prior_total, prior_comm
         self.loop_t0 = time.perf_counter()
         self.model_error = float("nan")
+        self.keys = history_keys(problem)
 
     def evaluate(self, completed: int):
         return self.problem.evaluate(completed)
 
     def columns(self) -> dict[str, float]:
+        problem = self.problem
         with torch.no_grad():
-            self.model_error = self.problem.model_error(self.problem.unknown.field())
-        last = self.problem.last
-        return {"misfit": last["misfit"], "regularization": last["regularization"],
-                "model_error": self.model_error}
+            field = problem.unknown.field()
+            self.model_error = problem.model_error(field)
+            each = problem.model_errors(field) if problem.multi else {}
+        last = problem.last
+        out = {"misfit": last["misfit"], "regularization": last["regularization"],
+               "model_error": self.model_error, **{f"model_error_{n}": v for n, v in each.items()}}
+        if SOLVER_KEYS[0] in self.keys:
+            its = problem.iterations or [0]
+            out.update({SOLVER_KEYS[0]: float(np.mean(its)), SOLVER_KEYS[1]: float(max(its))})
+        return out
 
     def progress(self) -> str:
-        return f"  model err {self.model_error:.4g}" if math.isfinite(self.model_error) else ""
+        text = f"  model err {self.model_error:.4g}" if math.isfinite(self.model_error) else ""
+        if SOLVER_KEYS[0] in self.keys and self.problem.iterations:
+            text += f"  cg its {max(self.problem.iterations)}"
+        return text
 
     def timing(self) -> dict:
         """Collective: the ranks' total and communication seconds, this run's and the resumed ones'."""
@@ -134,8 +170,9 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
                          iterations=n_iter, precondition=smoother)
 
+    names = problem.inverted if problem.multi else []
     with torch.no_grad():
-        initial_field = _gather_np(unk.field(), problem, comm)
+        initial_fields = _fields(unk.field(), problem, comm, "initial", names)
     prior_total = np.zeros(comm.size)
     prior_comm = np.zeros(comm.size)
     console = None
@@ -148,7 +185,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         if cpath.exists():
             try:  # every rank reads the same file
                 resumed = ckpt.load(cpath, layout, kind=CHECKPOINT_KIND, spec_text=spec["text"],
-                                    opt=opt, history_keys=HISTORY_KEYS, read_extra=_read_timing)
+                                    opt=opt, history_keys=history_keys(problem), read_extra=_read_timing)
             except OdecliError as exc:
                 raise collective(exc)
             if resumed.extra["ranks"] == comm.size:
@@ -170,7 +207,7 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         objective, opt, space,
         FitSettings(n_iter, settings.tolerance, settings.gtol, spec["checkpoint"]["every"],
                     record_final=False),
-        history_columns=HISTORY_KEYS[len(LOSS_COLUMNS):], resumed=resumed,
+        history_columns=objective.keys[len(LOSS_COLUMNS):], resumed=resumed,
         log=(lambda line: console.print(line, highlight=False)) if console else None,
         extra_log=objective.progress)
     history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
@@ -181,16 +218,23 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     timing = objective.timing()
     with torch.no_grad():
         final_local = unk.field()
-        final_field = _gather_np(final_local, problem, comm)
-        true_field = (_gather_np(problem.true_local, problem, comm)
-                      if problem.true_local is not None else None)
+        fields = {**_fields(final_local, problem, comm, "final", names), **initial_fields}
+        if problem.multi:  # every parameter's true field that is known, inverted or not
+            for name, truth in problem.true_fields.items():
+                if truth is not None:
+                    fields[f"true_{name}"] = _gather_np(truth, problem, comm)
+        else:
+            fields.update(_fields(problem.true_local, problem, comm, "true", names))
     predicted = problem.predict_full().cpu().numpy()
     final_err = problem.model_error(final_local)
+    final_each = problem.model_errors(final_local) if problem.multi else {}
+    observed = problem.observed.cpu().numpy()
     unknown_out = {}
-    if unk.distributed != [True]:
-        for name, p in zip(unk.names, unk.params):
-            unknown_out[name] = p.detach().cpu().numpy()
-        if spec["unknown"]["type"] == "scalars":
+    if not all(unk.distributed):  # the replicated parameters (a grid's blocks are fields/final)
+        for name, p, dist in zip(unk.names, unk.params, unk.distributed):
+            if not dist:
+                unknown_out[name] = p.detach().cpu().numpy()
+        if spec["unknown"]["type"] == "scalars" and unk.values():
             for name, v in unk.values().items():
                 unknown_out[f"value_{name}"] = v.detach().cpu().numpy()
     if comm.rank == 0:
@@ -208,11 +252,13 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
                               "global_shape": list(problem.grid.shape), "blocks": blocks},
             "equation": spec["equation"], "name": spec["name"], "optimizer": opt.kind,
             "unknown_type": spec["unknown"]["type"], "stop_reason": stop_reason,
-            "spacing": [problem.grid.dy, problem.grid.dx], "dt": problem.dt,
+            "spacing": [problem.grid.dy, problem.grid.dx], "dt": 0.0 if problem.steady else problem.dt,
             "history": history,
-            "fields": {"true": true_field, "initial": initial_field, "final": final_field},
-            "observed": problem.observed.cpu().numpy(), "predicted": predicted,
-            "receivers": geom.receivers,
+            "fields": fields, "parameters": problem.parameters,
+            "inverted": problem.inverted if problem.multi else problem.parameters,
+            "final_model_errors": final_each, "steady": problem.steady,
+            "observed": observed, "predicted": predicted,
+            "receivers": geom.receivers, "receiver_components": spec["receivers"].get("components"),
             "sources": [(b, iy, ix) for b, shot in enumerate(geom.shots) for iy, ix, _ in shot],
             "timing": timing, "unknown": unknown_out, "final_model_error": final_err,
             "engine": problem.engine(),
@@ -224,6 +270,9 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
             msg = f"wrote {output} ({len(history['loss'])} iterations, stop: {stop_reason}"
             if math.isfinite(final_err) and history["model_error"]:
                 msg += f", model error {history['model_error'][0]:.4g} -> {final_err:.4g}"
+                for name, v in final_each.items():
+                    first = history[f"model_error_{name}"][0]
+                    msg += f"; {name} {first:.4g} -> {v:.4g}"
             console.print(msg + ")")
     if comm.size > 1:
         comm.barrier()
@@ -233,16 +282,21 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
 def _pretrain(unk, problem: Problem, comm) -> None:
     """An MLP unknown with an ``initial`` model is fitted to it first; rank 0's weights are then
     everyone's (the ranks' arithmetic may round differently on different thread counts)."""
-    if not hasattr(unk, "pretrain"):
+    if not hasattr(unk, "pretrain") or all(unk.distributed):  # grid unknowns: nothing to fit or share
         return
-    initial = unk.spec.get("initial")
-    if initial is not None:
-        initial = with_model_arrays(initial, problem.spec["base_dir"])
+    if problem.multi:  # one network, an output per parameter
+        initial = [one.get("initial") for one in problem.spec["unknown"]["parameters"].values()]
+        initial = [None if m is None else with_model_arrays(m, problem.spec["base_dir"]) for m in initial]
+    else:
+        initial = unk.spec.get("initial")
+        if initial is not None:
+            initial = with_model_arrays(initial, problem.spec["base_dir"])
     unk.pretrain(initial)
     if comm.size > 1:
-        with torch.no_grad():
-            for p in unk.params:
-                p.copy_(broadcast(p.detach(), comm, root=0))
+        with torch.no_grad():  # only the replicated ones: a grid's blocks differ from rank to rank
+            for p, distributed in zip(unk.params, unk.distributed):
+                if not distributed:
+                    p.copy_(broadcast(p.detach(), comm, root=0))
 
 
 def _timing(comm, prior_total, prior_comm, elapsed: float, comm_s: float) -> dict:

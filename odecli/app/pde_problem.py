@@ -2,11 +2,16 @@
 
 The physics comes from the spec's equation through :data:`odecli.pde.propagator.EQUATIONS`:
 its module builds the propagator and words the stability limit and the coefficient's sign rule.
+An equation with several parameters (elastic2d) gets them stacked ``(P, ny, nx)`` in its
+``PARAMETERS`` order (:meth:`Problem.coefficient`: the inverted ones from the unknown, the others
+fixed); a steady one's data ``(experiments, sensors)`` are held with a time axis of one, so the
+misfit, the all-reduces and the files treat every equation alike.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +26,10 @@ from odecli.pde.grid import Block, Grid
 from odecli.pde.propagator import EQUATIONS, Setup, SetupError
 from odecli.pde.sources import Geometry, ricker
 from odecli.pde.timing import CommTimer
-from odecli.pde.unknowns import make_unknown
+from odecli.pde.unknowns import StackedUnknown, make_unknown
 from odecli.app.solve import resolve_device
+from odecli.specs.pde_checks import limited
+from odecli.app.pde_settings import equation_settings, not_converged
 
 
 def collective(exc: Exception) -> Exception:
@@ -107,6 +114,9 @@ class Problem:
                                        f"{block.shape[0]}x{block.shape[1]} nodes; need >= 2x2)"))
         dt, nt = spec["time"]["dt"], spec["time"]["steps"]
         self.dt, self.nt = dt, nt
+        self.parameters = list(spec["parameters"])
+        self.multi = len(self.parameters) > 1  # coefficient (P, ny, nx) in the equation's order
+        self.steady = spec["steady"]  # traces (shots, receivers): held here with a time axis of 1
         base = spec["base_dir"]
         wavelet = build_wavelet(spec, nt, dt, base, file)
         amp = spec["sources"]["amplitude"]
@@ -115,32 +125,40 @@ class Problem:
         self.geometry = Geometry(shots, recs, wavelet)
         self.lgeom = self.geometry.local(block, self.device, self.dtype)
         self.equation = EQUATIONS[spec["equation"]]
+        try:
+            settings = equation_settings(spec)
+        except SpecError as exc:  # the same on every rank
+            raise collective(exc) from None
         setup = Setup(grid=grid, block=block, decomp=self.decomp, comm=comm, dt=dt, nt=nt,
                       geometry=self.geometry, local=self.lgeom, boundary=spec["boundary"],
                       initial_condition=spec.get("initial_condition"),
                       time_segments=spec["compute"]["time_segments"],
                       threads=kernel_threads(spec["compute"]["threads"], comm.size),
                       exchange_every=spec["parallel"]["exchange_every"], timer=self.timer,
-                      dtype=self.dtype, device=self.device)
+                      dtype=self.dtype, device=self.device, **settings)
         try:
             self.prop = self.equation.build(setup)
         except SetupError as exc:  # every rank raises it at the same point
             raise collective(SpecError(file, exc.field, str(exc))) from None
         # Whether the time loop runs on compiled kernels: the same on every rank.
         self.fused = bool(self.prop.fused)
-        self.limit = self.prop.stability_limit()
-        unknown = dict(spec["unknown"])
-        for key in ("initial", "model"):
-            if key in unknown:
-                unknown[key] = with_model_arrays(unknown[key], base, file=file, field=f"unknown.{key}")
-        self.unknown = make_unknown(unknown, grid, block, self.dtype, self.device, base)
-        self.true_local = None
-        if spec["true_model"] is not None:
-            try:
-                self.true_local = models.evaluate(with_model_arrays(spec["true_model"], base, file=file, field="true_model"), grid, block, self.dtype,
-                                                  self.device, base_dir=base)
-            except (OSError, ValueError, KeyError) as exc:
-                raise collective(SpecError(file, "true_model", str(exc))) from None
+        # a steady equation and an implicit scheme are stable for any step
+        solves = spec["time"]["scheme"] in ("steady", "implicit")
+        if spec["time"]["scheme"] == "implicit" and math.isfinite(self.prop.stability_limit()):
+            raise collective(SpecError(file, "time.scheme", f"this build's {spec['equation']} propagator "
+                                                            f"steps explicitly only"))
+        self.limit = math.inf if solves else self.prop.stability_limit()
+        if self.multi:
+            self._build_parameters(spec, base, file)
+        else:
+            unknown = dict(spec["unknown"])
+            for key in ("initial", "model"):
+                if key in unknown:
+                    unknown[key] = with_model_arrays(unknown[key], base, file=file, field=f"unknown.{key}")
+            self.unknown = make_unknown(unknown, grid, block, self.dtype, self.device, base)
+            self.true_local = None
+            if spec["true_model"] is not None:
+                self.true_local = self._evaluate(spec["true_model"], "true_model")
         self._check_stability()
         self.observed = self._observed()  # (shots, nrec, nt), identical on every rank
         obs_local = self.observed[:, self.lgeom.rec_ids, :]
@@ -148,6 +166,49 @@ class Problem:
         norm = float((self.observed * self.observed).sum()) if spec["loss"]["normalize"] else 1.0
         self.norm = norm if norm > 0 else 1.0
         self.last: dict = {}
+        self.iterations: list[int] = []  # the linear solves' iterations in the last evaluation
+
+    def _evaluate(self, model: dict, field: str) -> torch.Tensor:
+        """A model on this rank's block (a file's array read first); a bad file is the spec's error."""
+        base, file = self.spec["base_dir"], self.spec["file"]
+        try:
+            return models.evaluate(with_model_arrays(model, base, file=file, field=field), self.grid, self.block,
+                                   self.dtype, self.device, base_dir=base)
+        except (OSError, ValueError, KeyError) as exc:
+            raise collective(SpecError(file, field, str(exc))) from None
+
+    def _build_parameters(self, spec: dict, base: Path, file: str) -> None:
+        """Several parameters: the inverted ones one :class:`StackedUnknown`, the others fixed
+        fields, the true models stacked ``(P, ny, nx)`` where every one is known."""
+        per = {}
+        for name, one in spec["unknown"]["parameters"].items():
+            one = dict(one)
+            for key in ("initial", "model"):
+                if one.get(key) is not None:
+                    one[key] = with_model_arrays(one[key], base, file=file, field=f"unknown.parameters.{name}.{key}")
+            per[name] = one
+        self.inverted = list(per)
+        self.unknown = StackedUnknown(per, self.grid, self.block, self.dtype, self.device, base)
+        self.fixed_local = {name: self._evaluate(m, f"unknown.fixed.{name}")
+                            for name, m in spec["unknown"]["fixed"].items()}
+        truths = spec["true_models"]
+        self.true_fields = {name: None if m is None else self._evaluate(m, f"true_model.{name}")
+                            for name, m in truths.items()}
+        known = all(v is not None for v in self.true_fields.values())
+        self.true_local = torch.stack([self.true_fields[n] for n in self.parameters]) if known else None
+
+    def coefficient(self, field: torch.Tensor) -> torch.Tensor:
+        """What the propagator takes: the unknown's field, or (several parameters) every
+        parameter stacked ``(P, ny, nx)`` in the equation's order, the fixed ones as they are."""
+        if not self.multi:
+            return field
+        inverted = dict(zip(self.inverted, field.unbind(0)))
+        return torch.stack([inverted[n] if n in inverted else self.fixed_local[n] for n in self.parameters])
+
+    def forward(self, coefficient: torch.Tensor) -> torch.Tensor:
+        """The propagator's traces with a time axis (a steady equation's: one 'step')."""
+        traces = self.prop.forward(coefficient)
+        return traces.unsqueeze(-1) if self.steady else traces
 
     def _agreed_device(self, name: str, file: str) -> torch.device:
         """The rank's device; if any rank lacks it, every rank raises (none waits for another)."""
@@ -183,21 +244,53 @@ class Problem:
 
     def _check_stability(self) -> None:
         file = self.spec["file"]
+        if self.multi:
+            self._check_parameters()
         with torch.no_grad():
-            fields = [("true_model", self.true_local),
-                      (_UNKNOWN_FIELD[self.spec["unknown"]["type"]], self.unknown.field())]
-        self._check_sign([(name, f) for name, f in fields if f is not None])
+            start = self.coefficient(self.unknown.field())
+            if not self.multi:
+                fields = [("true_model", self.true_local), (_UNKNOWN_FIELD[self.spec["unknown"]["type"]], start)]
+                self._check_sign([(name, f) for name, f in fields if f is not None])
+        true_field, unknown_field, bounds_field = limited(self.spec)
         checks = []
-        if self.true_local is not None:
-            checks.append(("true_model", self.global_max(self.true_local)))
-        checks.append(("unknown", self.global_max(fields[1][1])))
-        hi = self.unknown.transform.max_value
+        first = self.parameters[0]
+        truth = self.true_local if not self.multi else self.true_fields[first]
+        if truth is not None:
+            checks.append((true_field, self.global_max(truth)))
+        checks.append((unknown_field, self.global_max(start[0] if self.multi else start)))
+        hi = self.unknown.transform.max_value if not self.multi or first in self.inverted else None
         if hi is not None:
-            checks.append(("unknown.bounds", float(hi)))
+            checks.append((bounds_field, float(hi)))
         for field, v in checks:
             if v > self.limit:
                 raise collective(SpecError(file, "time.dt", stability.unstable(
                     self.spec["equation"], field, v, self.limit, self.dt)))
+
+    def _check_parameters(self) -> None:
+        """Several parameters: the equation's rules between them (``check_parameters`` of each
+        parameter's global smallest and largest value) on the true and the starting fields, which
+        the spec's check cannot see inside files or an MLP; a NaN anywhere is refused too."""
+        with torch.no_grad():
+            start = self.coefficient(self.unknown.field())
+        sets = [("unknown", start)]
+        if self.true_local is not None:
+            sets.insert(0, ("true_model", self.true_local))
+        for field, stacked in sets:
+            low = {n: self._global(float(f.min()), "min") for n, f in zip(self.parameters, stacked)}
+            high = {n: self._global(float(f.max()), "max") for n, f in zip(self.parameters, stacked)}
+            for (a, fa) in zip(self.parameters, stacked):  # the pointwise differences rules need
+                for (b, fb) in zip(self.parameters, stacked):
+                    if a != b:
+                        high[f"{a} - {b}"] = self._global(float((fa - fb).max()), "max")
+            bad = [n for n in self.parameters if not (math.isfinite(low[n]) and math.isfinite(high[n]))]
+            bad = self._global(float(bool(bad)), "max") > 0
+            problem = ("a parameter field is not finite everywhere" if bad
+                       else self.equation.check_parameters(low, high))
+            if problem is not None:
+                raise collective(SpecError(self.spec["file"], field, problem))
+
+    def _global(self, v: float, op: str) -> float:
+        return self.comm.allreduce_scalar(v, op=op) if self.comm.size > 1 else v
 
     def _check_sign(self, fields: list[tuple[str, torch.Tensor]]) -> None:
         """The equation's sign rule (wave speed > 0, conductivity >= 0) over the evaluated
@@ -219,18 +312,19 @@ class Problem:
         spec = self.spec
         o = spec["observed"]
         g = self.geometry
-        shape = (g.nshots, g.nrec, self.nt)
+        shape = (g.nshots, g.nrec) if self.steady else (g.nshots, g.nrec, self.nt)
         if o["file"] is not None:
             path = Path(o["file"])
             path = path if path.is_absolute() else spec["base_dir"] / path
             arr = read_array(path, o["dataset"], file=spec["file"], field="observed.file")
             if arr.shape != shape:
+                axes = "(experiments, sensors)" if self.steady else "(shots, receivers, steps)"
                 raise collective(SpecError(spec["file"], "observed.dataset",
-                                           f"shape {arr.shape} does not match (shots, receivers, "
-                                           f"steps) = {shape}"))
+                                           f"shape {arr.shape} does not match {axes} = {shape}"))
+            arr = arr[..., None] if self.steady else arr
             return torch.as_tensor(arr, dtype=self.dtype, device=self.device)
-        with torch.no_grad():
-            full = self.full_traces(self.prop.forward(self.true_local))
+        with torch.no_grad(), self.solves():
+            full = self.full_traces(self.forward(self.true_local))
         if o["noise"] > 0:
             arr = full.cpu().numpy().astype(np.float64)
             rms = float(np.sqrt(np.mean(arr**2)))
@@ -256,6 +350,12 @@ class Problem:
         return full
 
     def regularization(self, field: torch.Tensor) -> torch.Tensor:
+        """The penalties on the unknown field; several parameters: the sum of each one's."""
+        if field.dim() == 3:
+            return sum((self._regularization(f) for f in field.unbind(0)), field.new_zeros(()))
+        return self._regularization(field)
+
+    def _regularization(self, field: torch.Tensor) -> torch.Tensor:
         r = self.spec["regularization"]
         if r["tikhonov"] == 0 and r["tv"] == 0:
             return field.new_zeros(())
@@ -281,12 +381,26 @@ class Problem:
         return self.comm.bcast_object(self.comm.allreduce_scalar(v, op="sum"), root=0)
 
     def model_error(self, field: torch.Tensor) -> float:
-        """||m - m_true|| / ||m_true|| over the global grid (nan if the true model is unknown)."""
+        """||m - m_true|| / ||m_true|| over the global grid (nan if the true model is unknown);
+        several parameters: over the inverted ones together, each relative to its own size
+        (the root of the mean of their squared relative errors)."""
+        if self.multi:
+            each = self.model_errors(field)
+            return math.sqrt(sum(v * v for v in each.values()) / len(each))
         if self.true_local is None:
             return float("nan")
-        d = field.detach() - self.true_local
+        return self._relative_error(field, self.true_local)
+
+    def model_errors(self, field: torch.Tensor) -> dict[str, float]:
+        """Several parameters: each inverted parameter's relative error (nan where its true
+        model is unknown)."""
+        return {n: float("nan") if self.true_fields[n] is None else self._relative_error(f, self.true_fields[n])
+                for n, f in zip(self.inverted, field.unbind(0))}
+
+    def _relative_error(self, field: torch.Tensor, truth: torch.Tensor) -> float:
+        d = field.detach() - truth
         num = self.gsum(float((d * d).sum()))
-        den = self.gsum(float((self.true_local * self.true_local).sum()))
+        den = self.gsum(float((truth * truth).sum()))
         return math.sqrt(num / den) if den > 0 else float("nan")
 
     # ------------------------------------------------------------------ objective
@@ -300,15 +414,19 @@ class Problem:
         faults.maybe_fail(self.comm.rank, iteration)
         field = unk.field()
         fmax = self.global_max(field)
+        if self.multi and math.isfinite(fmax):  # the limit bounds the first parameter
+            fmax = self.global_max(field[0]) if self.parameters[0] in self.inverted else -math.inf
         if not math.isfinite(fmax) or fmax > self.limit:
             raise collective(InputError(
                 f"{self.spec['file']}: {self._what()} reached {fmax:.6g} during the inversion; "
                 f"{self._limit_text()}; set unknown.bounds"))
-        traces = self.prop.forward(field)
-        res = traces - self.obs_local
-        mis = (res * res).sum(dim=-1) * (0.5 / self.norm)  # (shots, nrec_local)
-        reg = self.regularization(field)
-        (mis.sum() + reg).backward()
+        with self.solves():
+            traces = self.forward(self.coefficient(field))
+            res = traces - self.obs_local
+            mis = (res * res).sum(dim=-1) * (0.5 / self.norm)  # (shots, nrec_local)
+            reg = self.regularization(field)
+            (mis.sum() + reg).backward()
+        self.iterations = list(getattr(self.prop, "last_iterations", None) or [])
         grads = []
         for p, dist in zip(unk.params, unk.distributed):
             gr = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -324,6 +442,21 @@ class Problem:
         self.last = {"misfit": misfit, "regularization": regv, "field": field.detach()}
         return loss, grads
 
+    @contextmanager
+    def solves(self):
+        """A linear solve that does not converge (``odecli.pde.linear.NotConverged``, raised on
+        every rank alike) becomes the spec's one-line error on ``solver``: the settings that
+        decide it. Exit 2, as a loss that turns NaN is."""
+        try:
+            yield
+        except not_converged() as exc:
+            rtol = self.spec["solver"]["rtol"] if self.spec.get("solver") else float("nan")
+            raise collective(SpecError(
+                self.spec["file"], "solver",
+                f"the linear solve did not converge: relative residual {exc.residual:.3g} after "
+                f"{exc.iterations} iterations (rtol {rtol:g}); raise solver.max_iterations or "
+                f"solver.rtol, or bound the coefficient (unknown.bounds)")) from None
+
     def predict_full(self) -> torch.Tensor:
-        with torch.no_grad():
-            return self.full_traces(self.prop.forward(self.unknown.field()))
+        with torch.no_grad(), self.solves():
+            return self.full_traces(self.forward(self.coefficient(self.unknown.field())))

@@ -3,10 +3,18 @@
 Contract (other tools rely on these names): datasets ``history/loss``, ``history/grad_norm``,
 ``history/wall_time_s`` (one entry per iteration), ``fields/true``, ``fields/initial``,
 ``fields/final`` (global grid, physical units), ``data/observed``, ``data/predicted``
-(shots x receivers x steps); root attributes ``kind`` = "pde-inverse", ``spec``, ``ranks``,
+(shots x receivers x steps; a steady equation's: experiments x sensors x 1, its one 'step' the steady
+state at ``data/time`` = [0], so every reader of traces reads it, with the attribute ``steady`` = 1);
+root attributes ``kind`` = "pde-inverse", ``spec``, ``ranks``,
 ``decomposition``, ``odecli_version``.  Also ``engine`` (what ran the time loop), ``history/misfit``, ``history/regularization``,
 ``history/model_error``, ``timing/{total_s,comm_s,compute_s}`` (one entry per rank),
 ``geometry/{sources,receivers}`` (node indices), ``data/time``, ``unknown/*``.
+An equation with several parameters (elastic2d) writes ``fields/{true,initial,final}_NAME`` for
+each (``true_`` for every parameter whose true model is known, the others for the inverted ones),
+``history/model_error_NAME`` and the attributes ``parameters`` and ``inverted`` (JSON lists) and
+``model_error_final_NAME``; ``model_error`` is then the root mean square of the inverted
+parameters' relative errors. Linear solves (a steady equation, an implicit scheme) add
+``history/solver_iterations_{mean,max}``.
 
 :data:`PDE_INVERSE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``):
 change it with the writer.
@@ -53,17 +61,24 @@ def write_result(path: Path, r: dict, replace: bool = True) -> None:
         f.attrs["grid_spacing"] = np.asarray(r["spacing"], dtype=np.float64)
         f.attrs["dt"] = float(r["dt"])
         f.attrs["model_error_final"] = float(r["final_model_error"])
+        f.attrs["parameters"] = json.dumps(list(r.get("parameters", [])))
+        f.attrs["inverted"] = json.dumps(list(r.get("inverted", [])))
+        if r.get("receiver_components") is not None:  # elastic2d: what each receiver records
+            f.attrs["receiver_components"] = json.dumps(list(r["receiver_components"]))
+        for name, v in r.get("final_model_errors", {}).items():
+            f.attrs[f"model_error_final_{name}"] = float(v)
         h = f.create_group("history")
         for k, v in r["history"].items():
             h.create_dataset(k, data=np.asarray(v, dtype=np.float64))
         fl = f.create_group("fields")
-        for k in ("true", "initial", "final"):
-            if r["fields"].get(k) is not None:
-                fl.create_dataset(k, data=np.asarray(r["fields"][k], dtype=np.float64))
+        for k, v in r["fields"].items():
+            if v is not None:
+                fl.create_dataset(k, data=np.asarray(v, dtype=np.float64))
         d = f.create_group("data")
         d.create_dataset("observed", data=np.asarray(r["observed"], dtype=np.float64))
         d.create_dataset("predicted", data=np.asarray(r["predicted"], dtype=np.float64))
         d.create_dataset("time", data=np.arange(r["observed"].shape[-1]) * float(r["dt"]))
+        f.attrs["steady"] = int(bool(r.get("steady")))
         g = f.create_group("geometry")
         g.create_dataset("receivers", data=np.asarray(r["receivers"], dtype=np.int64).reshape(-1, 2))
         g.create_dataset("sources", data=np.asarray(r["sources"], dtype=np.int64).reshape(-1, 3))

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from odecli.pde.acoustic import equation as acoustic_equation
+from odecli.pde.elastic import equation as elastic_equation
 from odecli.pde.heat import equation as heat_equation
+from odecli.pde.poisson import equation as poisson_equation
 
 if TYPE_CHECKING:  # torch is imported by the propagators, not by the registry
     import torch
@@ -81,6 +83,10 @@ class Setup:
     timer: CommTimer
     dtype: torch.dtype
     device: torch.device
+    solver: dict | None = None  # linear solves (poisson2d, implicit heat2d): {"rtol", "max_iterations"}
+    time_scheme: str = "explicit"  # heat2d: "explicit" (forward Euler) or "implicit" (backward Euler)
+    source_type: str = "pressure"  # elastic2d: "pressure" (explosive), "fy" or "fx" (point force)
+    receiver_components: list[str] | None = None  # elastic2d: per receiver "vy" | "vx" | "pressure"
 
 
 class Equation(Protocol):
@@ -108,5 +114,7 @@ class Equation(Protocol):
 
 EQUATIONS: dict[str, Equation] = {
     "acoustic2d": acoustic_equation,
+    "elastic2d": elastic_equation,
     "heat2d": heat_equation,
+    "poisson2d": poisson_equation,
 }

@@ -150,7 +150,7 @@ class MLPUnknown(Unknown):
             self.fourier_b = (torch.pi * b).to(dtype=dtype, device=device)
             n_in = 2 * nf
         self.omega = torch.pi * freq if self.features == "siren" else 1.0
-        sizes = [n_in] + list(spec["hidden"]) + [1]
+        sizes = [n_in] + list(spec["hidden"]) + [self._out_size()]
         self.params, self.names = [], []
         last = len(sizes) - 2
         for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -173,6 +173,10 @@ class MLPUnknown(Unknown):
         self.base_p = float(base_p.detach())
         self.out_scale = float(spec["scale"]) * (slope if math.isfinite(slope) and slope > 0 else 1.0)
         self.act = torch.sin if self.features == "siren" else _ACT[spec["activation"]]
+
+    def _out_size(self) -> int:
+        """The network's outputs: one field (:class:`MultiMLPUnknown`: one per parameter)."""
+        return 1
 
     def _inputs(self, block: Block) -> torch.Tensor:
         """The network's inputs at ``block``'s nodes: coordinates in [-1, 1] over the grid."""
@@ -255,4 +259,108 @@ def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) 
     return cls(spec, grid, block, dtype, device, base_dir)
 
 
-__all__ = ["Transform", "Unknown", "make_unknown"]
+class StackedUnknown:
+    """Several named parameters inverted together, ``field()`` stacked ``(P, ny, nx)`` in the order
+    of ``specs`` (name -> that parameter's unknown keys). Grid and scalars unknowns are one
+    :class:`Unknown` per parameter, their parameters concatenated; an MLP is one network with an
+    output per parameter (:class:`MultiMLPUnknown`), each through its own transform."""
+
+    def __init__(self, specs: dict[str, dict], grid: Grid, block: Block, dtype, device, base_dir) -> None:
+        self.parameter_names = list(specs)
+        first = next(iter(specs.values()))
+        self.spec = first
+        if first["type"] == "mlp":
+            self.parts: list = []
+            self.net = MultiMLPUnknown(list(specs.values()), grid, block, dtype, device, base_dir)
+            self.params, self.distributed, self.names = self.net.params, self.net.distributed, self.net.names
+            self.transforms = self.net.transforms
+            return
+        self.net = None
+        self.parts = [make_unknown(s, grid, block, dtype, device, base_dir) for s in specs.values()]
+        self.params, self.distributed, self.names = [], [], []
+        for name, part in zip(self.parameter_names, self.parts):
+            self.params += part.params
+            self.distributed += part.distributed
+            self.names += [f"{name}_{n}" for n in part.names]
+        self.transforms = [part.transform for part in self.parts]
+
+    @property
+    def transform(self) -> Transform:
+        """The first parameter's (the one the stability limit bounds)."""
+        return self.transforms[0]
+
+    def field(self) -> torch.Tensor:
+        if self.net is not None:
+            return self.net.field()
+        return torch.stack([part.field() for part in self.parts])
+
+    def scales(self, global_max) -> list[float]:
+        if self.net is not None:
+            return self.net.scales(global_max)
+        return [s for part in self.parts for s in part.scales(global_max)]
+
+    def values(self) -> dict:
+        """The scalars unknowns' numbers, ``parameter_number``."""
+        return {f"{name}_{k}": v for name, part in zip(self.parameter_names, self.parts)
+                if isinstance(part, ScalarsUnknown) for k, v in part.values().items()}
+
+    def pretrain(self, initial: list[dict | None]) -> float:
+        return self.net.pretrain(initial) if self.net is not None else 0.0
+
+
+class MultiMLPUnknown(MLPUnknown):
+    """One network of the coordinates with an output per parameter: output ``k`` is
+    ``T_k(T_k^-1(base_k) + s_k * NN_k(y, x))`` (each parameter's own base, scale and transform;
+    the layers, features and seed are shared, read from the first parameter's keys)."""
+
+    def __init__(self, specs: list[dict], grid, block, dtype, device, base_dir) -> None:
+        self.outputs = len(specs)
+        super().__init__(specs[0], grid, block, dtype, device, base_dir)
+        self.transforms = [Transform(s["transform"], s["bounds"]) for s in specs]
+        self.base_ps, self.out_scales = [], []
+        for s, transform in zip(specs, self.transforms):
+            base = torch.tensor(float(s["base"]), dtype=torch.float64, requires_grad=True)
+            base_p = transform.inverse(base)
+            slope = float(torch.autograd.grad(base_p, base)[0]) if base_p.requires_grad else 1.0
+            self.base_ps.append(float(base_p.detach()))
+            self.out_scales.append(float(s["scale"]) * (slope if math.isfinite(slope) and slope > 0 else 1.0))
+
+    def _out_size(self) -> int:
+        return self.outputs
+
+    def raw_field(self):
+        out = self.network(self.inputs)  # (nodes, P)
+        fields = [t.forward(b + s * out[:, k].reshape(self.block.shape))
+                  for k, (t, b, s) in enumerate(zip(self.transforms, self.base_ps, self.out_scales))]
+        return torch.stack(fields)
+
+    def pretrain(self, initial) -> float:
+        """Fit every output to its parameter's ``initial`` model (an output without one to its
+        base) on the whole grid; returns the relative RMS misfit left."""
+        if initial is None or all(m is None for m in initial):
+            return 0.0
+        from odecli.optim.adam import Adam
+
+        whole = Block(0, self.grid.ny, 0, self.grid.nx)
+        columns = []
+        for m, t, b, s in zip(initial, self.transforms, self.base_ps, self.out_scales):
+            if m is None:
+                columns.append(torch.zeros(self.grid.ny * self.grid.nx, dtype=self.dtype, device=self.device))
+                continue
+            f = models.evaluate(m, self.grid, whole, self.dtype, self.device, base_dir=self.base_dir)
+            columns.append(((t.inverse(f) - b) / s).reshape(-1))
+        target = torch.stack(columns, dim=-1)
+        x = self._inputs(whole)
+        opt = Adam(self.params, PRETRAIN_LR)
+        denom = float((target * target).mean()) or 1.0
+        loss = torch.zeros(())
+        for _ in range(PRETRAIN_ITERATIONS):
+            for p in self.params:
+                p.grad = None
+            loss = ((self.network(x) - target) ** 2).mean()
+            loss.backward()
+            opt.step(float(loss.detach()), [p.grad for p in self.params], lambda: (0.0, None))
+        return float(loss.detach()) ** 0.5 / denom**0.5
+
+
+__all__ = ["MultiMLPUnknown", "StackedUnknown", "Transform", "Unknown", "make_unknown"]

@@ -72,9 +72,31 @@ def pde_summary(h5: h5py.File) -> dict:
                               "final": _f(h5.attrs.get("model_error_final", me[-1]))}
         if out["model_error"]["initial"] and out["model_error"]["final"] is not None:
             out["model_error"]["ratio"] = _f(out["model_error"]["final"] / out["model_error"]["initial"])
+    for name in _names(h5, "inverted"):  # several parameters: each one's model error
+        each = hist.get(f"model_error_{name}")
+        if each is None or not each.size or not math.isfinite(float(each[0])):
+            continue
+        first, last = _f(each[0]), _f(h5.attrs.get(f"model_error_final_{name}", each[-1]))
+        out.setdefault("model_errors", {})[name] = {
+            "initial": first, "final": last, "ratio": _f(last / first) if first and last is not None else None}
+    if "solver_iterations_max" in hist:  # linear solves: iterations per solve over the fit
+        means = np.asarray(hist["solver_iterations_mean"][...], dtype=float)
+        most = np.asarray(hist["solver_iterations_max"][...], dtype=float)
+        out["solver_iterations"] = {"mean": _f(means.mean()) if means.size else None,
+                                    "max": _f(most.max()) if most.size else None,
+                                    "last_max": _f(most[-1]) if most.size else None}
     if isinstance(h5.get("data"), h5py.Group) and "observed" in h5["data"]:
         out["data_shape"] = list(h5["data/observed"].shape)
     return out
+
+
+def _names(h5: h5py.File, attr: str) -> list[str]:
+    """A JSON list of names in a root attribute (empty where absent or not such a list)."""
+    try:
+        value = json.loads(h5.attrs.get(attr, "[]"))
+    except (TypeError, ValueError):
+        return []
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _decomposition(h5: h5py.File) -> dict:
@@ -126,6 +148,12 @@ def render_pde_summary(summary: dict, console) -> None:
     if me:
         rows.append(("model error initial -> final",
                      f"{_fmt(me['initial'])} -> {_fmt(me['final'])} (x{_fmt(me.get('ratio'))})"))
+    for name, each in (summary.get("model_errors") or {}).items():
+        rows.append((f"  {name} model error",
+                     f"{_fmt(each['initial'])} -> {_fmt(each['final'])} (x{_fmt(each.get('ratio'))})"))
+    solver = summary.get("solver_iterations")
+    if solver:
+        rows.append(("solver iterations / solve", f"mean {_fmt(solver['mean'])}, max {_fmt(solver['max'])}"))
     for k, v in rows:
         t.add_row(k, _fmt(v))
     console.print(t)

@@ -51,8 +51,8 @@ def figure_size(kind: str, n_panels: int = 1) -> tuple[float, float]:
         return (8.0, 2.0 * max(n_panels, 1) + 1.0)
     if kind == "phase":
         return (7.0, 6.0)
-    if kind == "pde-inverse":
-        return (13.0, 8.0)
+    if kind == "pde-inverse":  # n_panels: rows of fields (one per parameter)
+        return (13.0, 8.0 + 3.6 * (max(n_panels, 1) - 1))
     if kind == "ode-inverse":
         return (8.0, 2.0 * (max(n_panels, 1) + 1) + 1.0)
     raise ValueError(kind)

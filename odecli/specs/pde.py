@@ -24,7 +24,9 @@ import msgspec
 
 from odecli.errors import SpecError
 from odecli.optim.settings import OptimizerSettings
+from odecli.pde.propagator import EQUATIONS as EQUATION_MODULES
 from odecli.specs import pde_inputs as inputs
+from odecli.specs import pde_params as params
 from odecli.specs import pde_sections as sections
 from odecli.specs.declare import Problems, Section, check_keys, fields, read, read_value
 from odecli.specs.loader import load_yaml
@@ -90,9 +92,24 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     out["grid"] = {"shape": grid["shape"], "spacing": spacing}
     ny, nx = grid["shape"]
     depth, width = (ny - 1) * spacing[0], (nx - 1) * spacing[1]
-    out["time"] = V.section(raw, "time", sections.Time, required=True)
+    out["steady"] = steady = params.steady(eq)
+    out["parameters"] = list(params.parameters(eq))
+    if steady:
+        if raw.get("time") is not None:
+            raise V.err("time", f"{eq} is steady: it has no time axis (remove time)")
+        out["time"] = {"dt": 1.0, "steps": 1, "scheme": "steady"}  # one 'step': the solve
+    else:
+        out["time"] = V.section(raw, "time", sections.Time, required=True)
+        schemes = getattr(EQUATION_MODULES[eq], "SCHEMES", ("explicit",))  # heat2d: explicit, implicit
+        if out["time"]["scheme"] not in schemes:
+            having = [name for name, m in EQUATION_MODULES.items() if "implicit" in getattr(m, "SCHEMES", ())]
+            raise V.err("time.scheme", f"only {', '.join(having)} has an implicit scheme; {eq} steps explicitly")
+    solves = steady or out["time"]["scheme"] == "implicit"
+    if raw.get("solver") is not None and not solves:
+        raise V.err("solver", "only used by steady equations and time.scheme: implicit")
+    out["solver"] = V.section(raw, "solver", sections.Solver) if solves else None
 
-    if eq == "acoustic2d":
+    if eq in ("acoustic2d", "elastic2d"):
         out["boundary"] = V.section(raw, "boundary", sections.AcousticBoundary)
         aw = out["boundary"]["absorbing_width"]
         if 2 * aw >= min(ny, nx):
@@ -101,17 +118,34 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
             raise V.err("initial_condition", "only used by heat2d")
     else:
         out["boundary"] = _heat_boundary(read(raw.get("boundary"), inputs.HeatBoundary, "boundary", V.problems))
-        initial = V.key(raw, "initial_condition")
-        out["initial_condition"] = 0.0 if initial is None else initial
+        rule = getattr(EQUATION_MODULES[eq], "check_boundary", None)  # e.g. poisson2d's all-Neumann
+        problem = rule(out["boundary"]) if rule is not None else None
+        if problem is not None:
+            raise V.err("boundary", problem)
+        if steady:
+            if "initial_condition" in raw:
+                raise V.err("initial_condition", f"{eq} is steady: it has no initial condition")
+        else:
+            initial = V.key(raw, "initial_condition")
+            out["initial_condition"] = 0.0 if initial is None else initial
 
-    out["sources"] = _sources(V, V.key(raw, "sources"), depth, width)
-    out["receivers"] = _receivers(V, V.key(raw, "receivers"), depth, width)
-    out["true_model"] = _model(V, V.key(raw, "true_model"), "true_model")
+    out["sources"] = _sources(V, V.key(raw, "sources"), depth, width, eq, steady)
+    out["receivers"] = _receivers(V, V.key(raw, "receivers"), depth, width, eq)
+    out["true_models"] = params.true_models(V, raw.get("true_model"), eq)
+    given = [m for m in out["true_models"].values() if m is not None]
+    # one-parameter equations: the model itself, as always; several: the mapping
+    out["true_model"] = (out["true_models"][out["parameters"][0]] if len(out["parameters"]) == 1
+                         else out["true_models"] if given else None)
     out["observed"] = V.section(raw, "observed", sections.Observed)
-    if out["observed"]["file"] is None and out["true_model"] is None:
-        raise V.err("true_model", "required unless observed.file gives the data")
+    if out["observed"]["file"] is None:
+        for name, m in out["true_models"].items():
+            if m is None:
+                field = "true_model" if len(out["parameters"]) == 1 or not given else f"true_model.{name}"
+                raise V.err(field, "required unless observed.file gives the data")
 
-    out["unknown"] = _unknown(V, V.key(raw, "unknown"))
+    if raw.get("unknown") is None:
+        raise V.err("unknown", "required key is missing")
+    out["unknown"] = params.unknown(V, raw["unknown"], eq, out["true_models"])
     out["regularization"] = V.section(raw, "regularization", sections.Regularization)
     optimizer = V.section(raw, "optimizer", sections.Optimizer, required=True)
     out["optimizer"] = OptimizerSettings(**{**optimizer, "betas": tuple(optimizer["betas"])})
@@ -189,7 +223,7 @@ def _wavelet(V: _V, w: inputs.Wavelet, f: str) -> dict:
     return out
 
 
-def _sources(V: _V, d: inputs.Sources, depth, width) -> dict:
+def _sources(V: _V, d: inputs.Sources, depth, width, equation: str, steady: bool) -> dict:
     f = "sources"
     shots = [[p] for p in _points(V, d, f, depth, width)]
     for i, s in enumerate(d.shots or []):
@@ -198,86 +232,42 @@ def _sources(V: _V, d: inputs.Sources, depth, width) -> dict:
         shots.append(sub)
     if not shots:
         raise V.err(f, "no sources: give positions, line or shots")
-    return {"wavelet": _wavelet(V, d.wavelet, f"{f}.wavelet"), "amplitude": d.amplitude, "shots": shots}
-
-
-def _receivers(V: _V, d: inputs.Receivers, depth, width) -> dict:
-    pts = _points(V, d, "receivers", depth, width)
-    if not pts:
-        raise V.err("receivers", "no receivers: give positions or line")
-    return {"points": pts}
-
-
-def _check_model(V: _V, m: dict | None, f: str) -> None:
-    """What a model's declaration cannot state: a layered model's value count and order."""
-    if m is None:
-        return
-    if m["type"] == "layered":
-        for key in ("interfaces", "values"):
-            m[key] = m[key] if isinstance(m[key], list) else [m[key]]
-        if len(m["values"]) != len(m["interfaces"]) + 1:
-            raise V.err(f"{f}.values", "need one more value than interfaces")
-        if m["interfaces"] != sorted(m["interfaces"]):
-            raise V.err(f"{f}.interfaces", "must be increasing depths")
-    elif m["type"] in ("gaussian", "checkerboard"):
-        key = "sigma" if m["type"] == "gaussian" else "size"
-        if not isinstance(m[key], list):
-            m[key] = [m[key]] * 2
-    elif m["type"] == "smoothed":
-        _check_model(V, m["of"], f"{f}.of")
-
-
-def _model(V: _V, value: Any, f: str) -> dict | None:
-    m = inputs.model(value)
-    _check_model(V, m, f)
-    return m
-
-
-def _unknown(V: _V, d: inputs.Unknown) -> dict:
-    f = "unknown"
-    kind = d.type
-    out: dict = {"type": kind}
-    out["bounds"] = None if d.bounds is None else list(d.bounds)
-    if out["bounds"] is not None and out["bounds"][0] >= out["bounds"][1]:
-        raise V.err(f"{f}.bounds", "lower bound must be below the upper bound")
-    # an MLP's output is mapped into its bounds smoothly (clamp would stop the gradient at them)
-    out["transform"] = d.transform or (("sigmoid" if kind == "mlp" else "clamp") if d.bounds is not None
-                                       else "none")
-    if out["transform"] in ("sigmoid", "clamp") and out["bounds"] is None:
-        raise V.err(f"{f}.transform", f"{out['transform']} needs bounds: [low, high]")
-    if out["transform"] == "softplus" and out["bounds"] is None:
-        raise V.err(f"{f}.transform", "softplus needs bounds: [low, high] (only low is used)")
-    out["fixed_border"] = d.fixed_border
-    for key in inputs.Unknown.needs[kind]:
-        if getattr(d, key) is None:
-            raise V.err(f"{f}.{key}", "required key is missing")
-    if kind == "grid":
-        out["initial"] = _model(V, d.initial, f"{f}.initial")
-    elif kind == "mlp":
-        hidden = [20, 20] if d.hidden is None else d.hidden
-        out["hidden"] = list(hidden) if isinstance(hidden, list) else [hidden]
-        out["activation"] = d.activation
-        out["base"] = d.base
-        out["scale"] = d.scale
-        out["seed"] = d.seed
-        out["features"] = d.features
-        out["frequency"] = d.frequency
-        out["fourier_features"] = d.fourier_features
-        out["initial"] = _model(V, d.initial, f"{f}.initial") if d.initial is not None else None
+    if d.type is not None and equation != "elastic2d":
+        raise V.err(f"{f}.type", f"only elastic2d has source types; {equation}'s sources are its field's")
+    if steady:  # a steady source is its amplitude: a wavelet of one 'step' of 1
+        if d.wavelet is not None:
+            raise V.err(f"{f}.wavelet", f"{equation} is steady: a source is its amplitude (remove wavelet)")
+        wavelet: dict = {"type": "constant", "value": 1.0}
+    elif d.wavelet is None:
+        raise V.err(f"{f}.wavelet", "required key is missing")
     else:
-        out["model"] = _model(V, d.model, f"{f}.model")
-        tr = d.trainable
-        mk = out["model"]["type"]
-        numeric = {"constant": ["value"], "layered": ["values"],
-                   "gaussian": ["background", "amplitude"],
-                   "checkerboard": ["background", "amplitude"]}.get(mk)
-        if numeric is None:
-            raise V.err(f"{f}.model.type", f"scalars unknowns need a constant, layered, gaussian "
-                                          f"or checkerboard model, got {mk}")
-        tr = numeric if tr is None else ([tr] if isinstance(tr, str) else tr)
-        for k in tr:
-            if k not in numeric:
-                raise V.err(f"{f}.trainable", f"{k!r} is not a numeric parameter of a {mk} model "
-                                             f"(choose from {', '.join(numeric)})")
-        out["trainable"] = list(tr)
+        wavelet = _wavelet(V, d.wavelet, f"{f}.wavelet")
+    return {"wavelet": wavelet, "amplitude": d.amplitude, "shots": shots,
+            "type": d.type or "pressure"}
+
+
+def _receivers(V: _V, d: inputs.Receivers, depth, width, equation: str) -> dict:
+    """Receiver points; elastic2d's each with its component (positions take the receivers', lines
+    their own or the receivers', vy by default)."""
+    f = "receivers"
+    pts: list = [list(p) for p in d.positions or []]
+    default = d.component or "vy"
+    components = [default] * len(pts)
+    lines = d.line
+    written = [] if lines is None else lines if isinstance(lines, list) else [lines]
+    for i, ln in enumerate(written):
+        here = line_points(getattr(ln, "from"), ln.to, ln.count)
+        pts.extend([list(p) for p in here])
+        components.extend([ln.component or default] * len(here))
+        if ln.component is not None and equation != "elastic2d":
+            raise V.err(f"{f}.line{'' if not isinstance(lines, list) else f'[{i}]'}.component",
+                        f"only elastic2d receivers record a component; {equation}'s record its field")
+    _inside(V, pts, f, depth, width)
+    if not pts:
+        raise V.err(f, "no receivers: give positions or line")
+    if d.component is not None and equation != "elastic2d":
+        raise V.err(f"{f}.component", f"only elastic2d receivers record a component; {equation}'s record its field")
+    out: dict = {"points": pts}
+    if equation == "elastic2d":
+        out["components"] = components
     return out

@@ -13,21 +13,27 @@ from typing import Any
 
 from odecli.optim.transforms import TRANSFORM_EDGE
 from odecli.pde import stability
+from odecli.pde.propagator import EQUATIONS
 
 
 def check_physical(V: Any, spec: dict, raw: dict) -> None:
-    """Wave speeds must be > 0 and conductivities >= 0 wherever the spec writes one down.
+    """Each parameter's sign rule wherever the spec writes a value down (wave speed > 0,
+    conductivity >= 0; the equation module's ``violates_sign``), and, for an equation with
+    several parameters, the rules between them (``check_parameters``: elastic2d's vs <= vp).
 
     A negative speed would otherwise run (the wave equation only sees c^2) and fit nonsense, and a
     negative conductivity makes the heat equation ill-posed. Fields known only once evaluated
     (files) are checked by the run on the evaluated field (``odecli.app.pde_problem``).
     """
-    acoustic = spec["equation"] == "acoustic2d"
-    what = "wave speed" if acoustic else "conductivity"
-    least = "> 0" if acoustic else ">= 0"
+    module = EQUATIONS[spec["equation"]]
+    what, least = module.QUANTITY, module.LEAST
+    names = spec["parameters"]
+    if len(names) > 1:
+        _check_parameters(V, spec, module)
+        return
 
     def check(v: float, field: str, text: str = "") -> None:
-        if (v <= 0) if acoustic else (v < 0):
+        if module.violates_sign(v):
             raise V.err(field, f"{what}{text} must be {least}, got {v:g}")
 
     def model(m: dict | None, written: Any, f: str) -> None:
@@ -50,7 +56,10 @@ def check_physical(V: Any, spec: dict, raw: dict) -> None:
         elif kind == "smoothed":
             model(m["of"], written["of"], f"{f}.of")  # a Gaussian filter of a valid field stays valid
 
-    model(spec["true_model"], raw.get("true_model"), "true_model")
+    written_true = raw.get("true_model")
+    if isinstance(written_true, dict) and "type" not in written_true:  # {c: MODEL}
+        written_true = next(iter(written_true.values()))
+    model(spec["true_model"], written_true, "true_model")
     unk, written = spec["unknown"], raw["unknown"]
     model(unk.get("initial"), written.get("initial"), "unknown.initial")
     model(unk.get("model"), written.get("model"), "unknown.model")
@@ -58,6 +67,80 @@ def check_physical(V: Any, spec: dict, raw: dict) -> None:
         check(unk["base"], "unknown.base")
     if unk["bounds"] is not None and unk["bounds"][0] < 0:
         raise V.err("unknown.bounds[0]", f"a {what} bound must be >= 0, got {unk['bounds'][0]:g}")
+
+
+def _check_parameters(V: Any, spec: dict, module: Any) -> None:
+    """An equation with several parameters: its module's ``check_parameters(low, high)`` on the
+    true models and on the unknown's starting models, each parameter's smallest and largest value
+    on the grid; where one is known only once evaluated (a file, an MLP) the run checks it."""
+    nodes = _nodes(spec)
+    unk = spec["unknown"]
+    starts = {}
+    for name in spec["parameters"]:
+        if name in unk["parameters"]:
+            one = unk["parameters"][name]
+            starts[name] = one.get("initial") if one["type"] == "grid" else one.get("model")
+        else:
+            starts[name] = unk["fixed"][name]
+    for name, one in unk["parameters"].items():  # each parameter's bounds on its own: vs >= 0 ...
+        if one["bounds"] is not None:
+            lo, hi = one["bounds"]
+            problem = module.check_parameters({name: lo}, {name: hi})
+            if problem is not None:
+                raise V.err(f"unknown.parameters.{name}.bounds", problem)
+    for field, models in (("true_model", spec["true_models"]), ("unknown", starts)):
+        ranges = {name: r for name, r in ((n, _range(m, nodes)) for n, m in models.items()) if r is not None}
+        high = {n: r[1] for n, r in ranges.items()}
+        high.update(_largest_differences({n: models[n] for n in ranges}, nodes))
+        problem = module.check_parameters({n: r[0] for n, r in ranges.items()}, high)
+        if problem is not None:
+            raise V.err(field, problem)
+
+
+def _largest_differences(models: dict[str, dict], nodes: Nodes) -> dict[str, float]:
+    """``{"x - y": the largest of x - y over the nodes}`` for each pair of analytic models
+    (what a rule such as ``vs <= vp`` needs pointwise); the run passes the same of its fields."""
+    names = list(models)
+    ys, xs = nodes
+    values = {n: [_value(models[n], y, x) for y in ys for x in xs] for n in names}
+    return {f"{a} - {b}": max(p - q for p, q in zip(values[a], values[b]))
+            for a in names for b in names if a != b}
+
+
+def _value(m: dict, y: float, x: float) -> float:
+    """An analytic model (constant, layered, gaussian, checkerboard) at one node."""
+    kind = m["type"]
+    if kind == "constant":
+        return m["value"]
+    if kind == "layered":
+        return m["values"][bisect_right(m["interfaces"], y)]
+    if kind == "gaussian":
+        return _gaussian(m, y, x)
+    sy, sx = m["size"]
+    s = math.sin(math.pi * y / sy) * math.sin(math.pi * x / sx)
+    return m["background"] + m["amplitude"] * ((s > 0) - (s < 0))
+
+
+def _range(m: dict | None, nodes: Nodes) -> tuple[float, float] | None:
+    """A model's smallest and largest value on the grid's nodes (None where the run must evaluate it)."""
+    if m is None:
+        return None
+    high = _largest(m, nodes)
+    low = _largest(_negated(m), nodes) if m["type"] in _NEGATED else None
+    return None if high is None or low is None else (-low, high)
+
+
+_NEGATED = {"constant": ("value",), "layered": ("values",), "gaussian": ("background", "amplitude"),
+            "checkerboard": ("background", "amplitude")}
+
+
+def _negated(m: dict) -> dict:
+    """The model of the negated field (its largest value is minus the smallest)."""
+    out = dict(m)
+    for key in _NEGATED[m["type"]]:
+        v = m[key]
+        out[key] = [-x for x in v] if isinstance(v, list) else -v
+    return out
 
 
 # The node coordinates ``(y values, x values)`` of the grid, in metres.
@@ -77,7 +160,11 @@ def check_stability(V: Any, spec: dict) -> None:
     (a constant, layer or checkerboard value is then exactly the run's); a Gaussian's exp and a
     sigmoid or softplus unknown's start (taken as the initial value itself) differ from the run's
     field by rounding only, which can matter within rounding of the limit.
+    The limit bounds the equation's first parameter (elastic2d: vp). A steady equation and an
+    implicit scheme have none.
     """
+    if spec["time"]["scheme"] in ("steady", "implicit"):
+        return
     eq, dt = spec["equation"], spec["time"]["dt"]
     dy, dx = spec["grid"]["spacing"]
     most = stability.limit(eq, dt, dy, dx)
@@ -86,24 +173,44 @@ def check_stability(V: Any, spec: dict) -> None:
             raise V.err("time.dt", stability.unstable(eq, field, value, most, dt))
 
 
-def _largest_values(spec: dict) -> list[tuple[str, float]]:
-    """``(field as the run names it, its largest value)`` for each field the spec pins down."""
+def limited(spec: dict) -> tuple[str, str, str]:
+    """The names the stability messages give the limited parameter's true model, unknown and
+    bounds (one-parameter equations: true_model, unknown, unknown.bounds, as always)."""
+    name = spec["parameters"][0]
+    if len(spec["parameters"]) == 1:
+        return "true_model", "unknown", "unknown.bounds"
+    if name in spec["unknown"]["parameters"]:
+        return f"true_model.{name}", f"unknown.parameters.{name}", f"unknown.parameters.{name}.bounds"
+    return f"true_model.{name}", f"unknown.fixed.{name}", ""
+
+
+def _nodes(spec: dict) -> Nodes:
     (ny, nx), (dy, dx) = spec["grid"]["shape"], spec["grid"]["spacing"]
+    if spec["compute"]["dtype"] == "float32":  # Block.coords: iy.to(float32) * dy, in float32
+        return ([_float32(float(iy) * _float32(dy)) for iy in range(ny)],
+                [_float32(float(ix) * _float32(dx)) for ix in range(nx)])
+    return [iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)]  # Block.coords
+
+
+def _largest_values(spec: dict) -> list[tuple[str, float]]:
+    """``(field as the run names it, its largest value)`` for each field of the limited parameter
+    the spec pins down."""
     single = spec["compute"]["dtype"] == "float32"  # the run holds its fields in float32 (not the bound)
-    if single:  # Block.coords: iy.to(float32) * dy, in float32
-        nodes: Nodes = ([_float32(float(iy) * _float32(dy)) for iy in range(ny)],
-                        [_float32(float(ix) * _float32(dx)) for ix in range(nx)])
-    else:
-        nodes = ([iy * dy for iy in range(ny)], [ix * dx for ix in range(nx)])  # Block.coords
-    unk = spec["unknown"]
+    nodes = _nodes(spec)
+    name = spec["parameters"][0]
+    true_field, unknown_field, bounds_field = limited(spec)
+    unk = spec["unknown"]["parameters"].get(name)
     found = []
-    if spec["true_model"] is not None:
-        found.append(("true_model", _largest(spec["true_model"], nodes, single)))
-    found.append(("unknown", _unknown_largest(unk, nodes, single)))
+    if spec["true_models"][name] is not None:
+        found.append((true_field, _largest(spec["true_models"][name], nodes, single)))
+    if unk is None:
+        found.append((unknown_field, _largest(spec["unknown"]["fixed"][name], nodes, single)))
+    else:
+        found.append((unknown_field, _unknown_largest(unk, nodes, single)))
     if single:
         found = [(field, None if v is None else _float32(v)) for field, v in found]
-    if unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value, a Python float in the run too
-        found.append(("unknown.bounds", unk["bounds"][1]))
+    if unk is not None and unk["transform"] in ("clamp", "sigmoid"):  # Transform.max_value, a Python float in the run too
+        found.append((bounds_field, unk["bounds"][1]))
     return [(field, v) for field, v in found if v is not None]
 
 

@@ -99,6 +99,22 @@ MODEL_TYPES = tuple(m.__struct_config__.tag for m in typing.get_args(typing.get_
                     and issubclass(m, ModelSection))
 
 
+class ParameterUnknown(Section, frozen=True):
+    """one inverted parameter's own keys (unknown.parameters.NAME); a key left out takes the unknown's"""
+
+    initial: Optional[Model] = None
+    bounds: Optional[Annotated[tuple[float, float], expected("[low, high], two numbers")]] = None
+    transform: Optional[Literal["clamp", "sigmoid", "softplus", "none"]] = None
+    base: Optional[float] = None
+    scale: Optional[Positive] = None
+    model: Optional[Model] = None
+    trainable: Optional[Union[str, list[str]]] = None
+
+
+# the keys a parameter may set for itself; the others (type, hidden, ...) are the unknown's, shared
+PER_PARAMETER = tuple(ParameterUnknown.__struct_fields__)
+
+
 class Unknown(Section, frozen=True):
     """what the fit inverts for: a grid of values, an MLP of the coordinates, or a model's scalars"""
 
@@ -121,6 +137,11 @@ class Unknown(Section, frozen=True):
     model: Optional[Model] = None
     trainable: Optional[Union[str, list[str]]] = None
     fixed_border: Annotated[int, Meta(ge=0)] = 0
+    # which of the equation's parameters are inverted (default: all), each with its own keys;
+    # a list of names is the same as names with no keys of their own (odecli.specs.pde_params)
+    parameters: Optional[dict[str, ParameterUnknown]] = None
+    # the parameters not inverted: their model (default: their true_model's)
+    fixed: Optional[dict[str, Model]] = None
 
 
 # ``from`` is a Python keyword: the field is declared by name, before ``to`` as specs write it
@@ -148,21 +169,36 @@ class Wavelet(Section, frozen=True):
     value: float = 1.0
 
 
-class Sources(Section, frozen=True, kw_only=True):
-    """the shots: each point of positions or line is a shot of its own, each entry of shots one with several sources"""
+SourceType = Literal["pressure", "fy", "fx"]
+Component = Literal["vy", "vx", "pressure"]
 
-    wavelet: Wavelet
+
+class Sources(Section, frozen=True, kw_only=True):
+    """the shots: each point of positions or line is a shot of its own, each entry of shots one with several sources
+    (a steady equation's shots are its experiments, each source of strength amplitude)"""
+
+    wavelet: Optional[Wavelet] = None  # required by the time-dependent equations
+    # elastic2d: an explosive source on the normal stresses (pressure) or a point force
+    type: Optional[SourceType] = None
     amplitude: float = 1.0
     positions: Optional[Positions] = None
     line: Optional[Lines] = None
     shots: Optional[Shots] = None
 
 
+ReceiverLine = msgspec.defstruct("ReceiverLine", [("from", Point), ("to", Point), ("count", LineCount),
+                                                  ("component", Optional[Component], None)],
+                                  bases=(Section,), frozen=True, module=__name__)
+ReceiverLine.__doc__ = ("``count`` evenly spaced receivers from ``from`` to ``to`` (both included); elastic2d: "
+                        "the component they record (default: the receivers')")
+
+
 class Receivers(Section, frozen=True):
-    """where the data is recorded"""
+    """where the data is recorded; elastic2d: each receiver records a component (vy, vx or pressure)"""
 
     positions: Optional[Positions] = None
-    line: Optional[Lines] = None
+    line: Optional[Union[ReceiverLine, list[ReceiverLine]]] = None
+    component: Optional[Component] = None  # elastic2d: positions' component, and lines' default (vy)
 
 
 BoundaryType = Literal["dirichlet", "neumann"]

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from odecli.pde.propagator import EQUATIONS
 from odecli.specs import pde_inputs as inputs
+from odecli.specs import pde_params as params
 from odecli.specs import pde_sections as sections
 from odecli.specs.declare import nullable
 from odecli.specs.declare import schema as declared
@@ -39,14 +41,60 @@ def _per_equation(equation: str, boundary: type[inputs.Section], initial_conditi
     return {"if": {"properties": {"equation": {"const": equation}}, "required": ["equation"]}, "then": then}
 
 
+def _per_parameter(node: dict[str, Any]) -> dict[str, Any]:
+    """A model, or a mapping of parameter names to models (no ``type`` key: odecli.specs.pde_params)."""
+    models = dict(node)
+    branch = {"description": "one model per parameter, e.g. {vp: MODEL, vs: MODEL, rho: MODEL}",
+              "not": {"required": ["type"]}, "minProperties": 1,
+              "additionalProperties": {key: [b for b in v if b != {"type": "null"}]
+                                       for key, v in node.items() if key in ("oneOf", "anyOf")}}
+    key = "oneOf" if "oneOf" in models else "anyOf"
+    models[key] = [*models.get(key, []), branch]
+    return models
+
+
+def _time_by_equation() -> list[dict[str, Any]]:
+    """Steady equations refuse ``time`` and a wavelet; the others require them."""
+    steady = [eq for eq in EQUATIONS if params.steady(eq)]
+    timed = [eq for eq in EQUATIONS if not params.steady(eq)]
+    out = [{"if": {"properties": {"equation": {"enum": timed}}, "required": ["equation"]},
+            "then": {"required": ["time"], "properties": {
+                "time": {"not": {"type": "null"}},
+                "sources": {"required": ["wavelet"], "properties": {"wavelet": {"not": {"type": "null"}}}}}}}]
+    no_solves = [eq for eq in timed if "implicit" not in getattr(EQUATIONS[eq], "SCHEMES", ())]
+    null_solver = {"properties": {"solver": {"type": "null"}}}
+    out.append({"if": {"properties": {"equation": {"enum": no_solves}}, "required": ["equation"]},
+                "then": null_solver})
+    implicit = {"properties": {"time": {"type": "object", "required": ["scheme"],
+                                        "properties": {"scheme": {"const": "implicit"}}}}, "required": ["time"]}
+    out.append({"if": {"properties": {"equation": {"enum": [eq for eq in timed if eq not in no_solves]}},
+                       "required": ["equation"]},
+                "then": {"if": implicit, "else": null_solver}})
+    if steady:
+        out.append({"if": {"properties": {"equation": {"enum": steady}}, "required": ["equation"]},
+                    "then": {"not": {"required": ["initial_condition"]},
+                             "properties": {"time": {"type": "null"},
+                                            "sources": {"properties": {"wavelet": {"type": "null"}}}}}})
+    return out
+
+
 def pde_inverse_schema() -> dict[str, Any]:
     document = declared(sections.PdeDocument)
     properties = document["properties"]
     acoustic, heat = declared(sections.AcousticBoundary), declared(inputs.HeatBoundary)
     properties["boundary"] = nullable({**acoustic, "properties": {**acoustic["properties"], **heat["properties"]},
                                        "description": f"{acoustic['description']}; {heat['description']}"})
+    properties["true_model"] = _per_parameter(properties["true_model"])
     unknown = properties["unknown"]
-    unknown["allOf"] = [_given_for("type", kind, needed) for kind, needed in inputs.Unknown.needs.items()]
+    parameters = unknown["properties"]["parameters"]
+    unknown["properties"]["parameters"] = {"anyOf": [parameters, {"type": "array", "items": {"type": "string"},
+                                                                  "minItems": 1}],
+                                           "description": "which parameters are inverted (default: all), "
+                                                          "each with its own keys, or a list of names"}
+    # a type's keys at the unknown's top level, unless parameters give them each (not followed here)
+    per_parameter = {"required": ["parameters"], "properties": {"parameters": {"type": "object"}}}
+    unknown["allOf"] = [{**rule, "if": {**rule["if"], "not": per_parameter}}
+                        for rule in (_given_for("type", kind, needed) for kind, needed in inputs.Unknown.needs.items())]
     properties["sources"]["anyOf"] = _any_given("positions", "line", "shots")
     wavelet = properties["sources"]["properties"]["wavelet"]
     wavelet["allOf"] = [_given_for("type", kind, needed, default=kind == inputs.Wavelet().type)
@@ -58,6 +106,11 @@ def pde_inverse_schema() -> dict[str, Any]:
     needs_true_model = {"if": observed_file,
                         "else": {"required": ["true_model"], "properties": {"true_model": {"not": {"type": "null"}}}}}
     document["allOf"] = [_per_equation("acoustic2d", sections.AcousticBoundary, initial_condition=False),
-                         _per_equation("heat2d", inputs.HeatBoundary, initial_condition=True), needs_true_model]
+                         _per_equation("heat2d", inputs.HeatBoundary, initial_condition=True), needs_true_model,
+                         *_time_by_equation()]
+    for equation in EQUATIONS:
+        if equation not in ("acoustic2d", "heat2d"):
+            boundary = sections.AcousticBoundary if equation == "elastic2d" else inputs.HeatBoundary
+            document["allOf"].append(_per_equation(equation, boundary, initial_condition=False))
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": document.pop("description"),
             **document}

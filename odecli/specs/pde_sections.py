@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import msgspec
 from msgspec import Meta
 
+from odecli.pde.propagator import EQUATIONS
 from odecli.specs import pde_inputs as inputs
 from odecli.specs.declare import Section, expected
 
@@ -36,14 +37,23 @@ class Grid(Section, frozen=True):
 
 
 class Time(Section, frozen=True):
-    """the time step (s) and the number of steps"""
+    """the time step (s), the number of steps, and (heat2d) the scheme; a steady equation has no time"""
 
     dt: Positive
     steps: Count
+    # heat2d: implicit is backward Euler, one linear solve a step (settings: solver), stable for any dt
+    scheme: Literal["explicit", "implicit"] = "explicit"
+
+
+class Solver(Section, frozen=True):
+    """the linear solver of a steady equation or an implicit scheme: preconditioned CG to a relative residual"""
+
+    rtol: Annotated[float, Meta(gt=0, lt=1)] = 1e-10  # a relative residual: between 0 and 1
+    max_iterations: Count = 500
 
 
 class AcousticBoundary(Section, frozen=True):
-    """acoustic2d: an absorbing layer on the sides (and the top unless free_surface)"""
+    """acoustic2d and elastic2d: an absorbing layer on the sides (and the top unless free_surface)"""
 
     absorbing_width: Annotated[int, Meta(ge=0)] = 20
     absorbing_strength: Optional[Positive] = None
@@ -127,13 +137,16 @@ class PdeDocument(Section, frozen=True, kw_only=True):
     kind: Literal["pde-inverse"]
     name: Optional[str] = None
     description: Optional[str] = None
-    equation: Literal["acoustic2d", "heat2d"]
+    equation: Literal[tuple(EQUATIONS)]  # type: ignore[valid-type]  # the registry's equations
     grid: Grid
-    time: Time
+    time: Optional[Time] = None  # required by every equation but the steady ones (which refuse it)
+    solver: Optional[Solver] = None  # steady equations and implicit schemes only
     # AcousticBoundary or HeatBoundary, by equation (odecli.specs.pde reads the one, the schema states which)
     boundary: Optional[dict[str, Any]] = None
     sources: inputs.Sources
     receivers: inputs.Receivers
+    # a model, or one per parameter ({vp: MODEL, vs: MODEL, rho: MODEL}; odecli.specs.pde_params)
+    # (the schema adds that mapping form; msgspec declares no union of a model and a mapping of them)
     true_model: Optional[inputs.Model] = None
     observed: Observed = msgspec.field(default_factory=Observed)
     unknown: inputs.Unknown

@@ -1,0 +1,295 @@
+"""The elastic propagator on one rank's block: ``(vp, vs, rho)`` in, receiver traces out.
+
+The scheme is :mod:`odecli.pde.elastic.reference`'s (velocity-stress, staggered, 4th order in
+space, leapfrog in time, CPML on the absorbing sides, optional free surface on top).  Every step
+exchanges a two-cell halo of the stresses before the velocity update and of the velocities before
+the stress update (out of place and differentiable, :func:`odecli.parallel.ops.halo_exchange`);
+the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
+function of the global node index and of the same neighbours, N ranks give the 1-rank traces
+bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
+bit the reference's) and the gradient on their hand-written adjoint; elsewhere (CUDA, no
+compiler) autograd differentiates the PyTorch reference steps.  Either way the time loop is
+split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
+state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
+not like ``nt``.
+
+Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
+(dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
+``fy``/``fx`` (a point force: ``dt * b * amp * w(t) / (dy dx)`` added to the velocity, ``b`` the
+buoyancy there); receivers record ``vy``, ``vx`` or ``pressure = -(sxx + syy) / 2`` each, after
+the step's stress update.  A source or receiver at node ``(i, j)`` uses ``vy[i, j]`` (at
+``i + 1/2``), ``vx[i, j]`` (at ``j + 1/2``) or the stresses at ``(i, j)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
+from odecli.pde.elastic.fused import FusedLoop, native_available
+from odecli.pde.elastic.pml import axis_coefficients
+from odecli.pde.elastic.reference import (
+    N_PSI,
+    RING,
+    STRESS_IMAGE,
+    VELOCITY_IMAGE,
+    Materials,
+    Profiles,
+    materials,
+    mirror_top,
+    stress_step,
+    velocity_step,
+)
+from odecli.pde.grid import Block, Grid
+from odecli.pde.segments import segment_bounds
+from odecli.pde.sources import LocalGeometry
+from odecli.pde.timing import CommTimer, timed_halo
+
+HALO = RING
+FIELDS = ("vy", "vx", "syy", "sxx", "sxy")
+MIN_POINTS_PER_THREAD = 50_000  # the channels of ``forward(..., return_field=True)``
+
+
+class _Segment(torch.autograd.Function):
+    """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them and runs the
+    hand-written adjoint on the C kernels (:meth:`FusedLoop.adjoint`), or, off the fused path,
+    recomputes them under autograd and backpropagates through that graph alone.
+
+    Why not ``torch.utils.checkpoint`` (as heat2d uses): its recomputation starts when the
+    backward first unpacks a tensor the segment saved, and autograd's order of ready nodes
+    depends on each rank's graph (its sources and receivers), so one rank recomputed a segment
+    (forward halo exchanges) while its neighbour was still in the previous segment's adjoint
+    exchanges: mismatched messages on 1x2 ranks.  Here every rank runs segment by segment, and
+    inside one segment the exchanges form a single chain."""
+
+    @staticmethod
+    def forward(ctx, prop, t0, t1, v, s, psi, *materials):
+        ctx.prop, ctx.span = prop, (t0, t1)
+        ctx.save_for_backward(v, s, psi, *[m for m in materials if m is not None])
+        ctx.has_surface = materials[-1] is not None
+        with torch.no_grad():
+            return prop._run_without_graph(t0, t1, v, s, psi, *materials)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        prop = ctx.prop
+        if prop.fused:
+            v, s, psi, *mats = ctx.saved_tensors
+            if not ctx.has_surface:
+                mats.append(None)
+            loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
+            return (None, None, None, *loop.adjoint(*ctx.span, v, s, psi, grads))
+        saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
+        inputs = saved + ([] if ctx.has_surface else [None])
+        with torch.enable_grad():
+            outputs = ctx.prop._run(*ctx.span, *inputs)
+        pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        got = [t.grad for t in saved]
+        if not ctx.has_surface:
+            got.append(None)
+        return (None, None, None, *got)
+
+
+class ElasticPropagator:
+    """The elastic equation's :class:`~odecli.pde.propagator.Propagator` (PyTorch reference
+    steps under autograd, checkpointed by time segment)."""
+
+    halo = HALO
+
+    def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
+                 geom: LocalGeometry, source_type: str, receiver_components: list[str],
+                 free_surface: bool, pml_width: int, pml_frequency: float,
+                 segments: int, pml_speed: float | None = None, timer: CommTimer | None = None,
+                 dtype=torch.float64, device=None, fused: bool | None = None,
+                 threads: int = 1) -> None:
+        """``receiver_components``: one of :data:`RECEIVER_COMPONENTS` per *global* receiver.
+        ``pml_speed``: the speed the CPML's damping is scaled to; None takes the largest ``vp``
+        of the first forward (agreed over the ranks) and keeps it, so later models (an
+        optimiser's iterates) see the same boundary and the gradient stays that of one
+        function.  ``fused``: None runs the C kernels where they run (CPU, float32/64, a
+        compiler), False never, True or raise.  ``threads``: kernel threads per rank."""
+        self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
+        self.dt, self.nt, self.geom = dt, nt, geom
+        self.segments = segment_bounds(nt, segments)
+        # below ~50k points a piece costs less than handing it to another thread (acoustic's
+        # measurement; the elastic step does more per point, so this is on the safe side)
+        points = geom.nshots * block.shape[0] * block.shape[1]
+        self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
+        like = torch.zeros(0, dtype=dtype, device=device)
+        ok = native_available(like)[0] if fused is not False else False
+        if fused and not ok:
+            raise RuntimeError(f"fused elastic kernels unavailable: {native_available(like)[1]}")
+        # every rank takes the same path (they exchange halos in the same pattern)
+        if comm.size > 1:
+            ok = comm.allreduce_scalar(1.0 if ok else 0.0, op="min") > 0
+        self.fused = ok
+        self.timer = timer
+        self.dtype, self.device = dtype, device
+        self.source_type = source_type
+        self.free_surface_here = bool(free_surface) and block.y0 == 0
+        self.free_surface = bool(free_surface)
+        self.pml_width, self.pml_frequency = pml_width, pml_frequency
+        self.pml_speed = pml_speed
+        self._profiles: Profiles | None = None
+        comps = [receiver_components[int(r)] for r in geom.rec_ids.tolist()]
+        self.rec_groups = []
+        order = []
+        for c in RECEIVER_COMPONENTS:
+            idx = [k for k, name in enumerate(comps) if name == c]
+            if idx:
+                sel = torch.tensor(idx, dtype=torch.long, device=device)
+                self.rec_groups.append((c, geom.rec_iy[sel], geom.rec_ix[sel]))
+                order += idx
+        # traces come out grouped by component; this puts them back in the receivers' order
+        self.rec_order = torch.argsort(torch.tensor(order, dtype=torch.long, device=device))
+
+    def stability_limit(self) -> float:
+        """Largest stable P-wave speed for this dt and grid."""
+        return stability_limit(self.dt, self.grid.dy, self.grid.dx)
+
+    def engine(self) -> str:
+        """What runs the time loop, for result files and ``odecli stats``."""
+        segs = len(self.segments)
+        if self.fused:
+            return (f"fused C kernels and hand-written adjoint, {self.threads} thread(s) per "
+                    f"rank, {segs} time segment(s)")
+        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+
+    # -------------------------------------------------------------------------- set-up
+
+    def profiles(self, vp: Tensor) -> Profiles:
+        """The CPML coefficients (built on the first call: see ``pml_speed``)."""
+        if self._profiles is None:
+            speed = self.pml_speed
+            if speed is None:
+                speed = float(vp.detach().max())
+                if self.comm.size > 1:
+                    speed = self.comm.allreduce_scalar(speed, op="max")
+            self.pml_speed = speed
+            g, b, w = self.grid, self.block, self.pml_width
+            common = {"width": w, "speed": speed, "frequency": self.pml_frequency, "dt": self.dt,
+                          "dtype": self.dtype, "device": self.device}
+            ya = {"n": g.ny, "h": g.dy, "low": not self.free_surface, "high": True, "start": b.y0, "stop": b.y1}
+            xa = {"n": g.nx, "h": g.dx, "low": True, "high": True, "start": b.x0, "stop": b.x1}
+            ay_i, by_i = axis_coefficients(half=False, **ya, **common)
+            ay_h, by_h = axis_coefficients(half=True, **ya, **common)
+            ax_i, bx_i = axis_coefficients(half=False, **xa, **common)
+            ax_h, bx_h = axis_coefficients(half=True, **xa, **common)
+            col, row = (lambda t: t[:, None]), (lambda t: t[None, :])
+            self._profiles = Profiles(col(ay_i), col(by_i), col(ay_h), col(by_h),
+                                      row(ax_i), row(bx_i), row(ax_h), row(bx_h))
+        return self._profiles
+
+    def padded_parameters(self, coefficient: Tensor) -> Tensor:
+        """``(3, ny + 2, nx + 2)``: the neighbours' values in the one-cell ring, the edge node's
+        past the grid (y first, then x: the corner is the clamped global node)."""
+        d = self.decomp
+        p = timed_halo(coefficient, d, self.comm, 1, 0.0, self.timer)
+        if d.north is None:
+            p = torch.cat([p[:, 1:2], p[:, 1:]], dim=1)
+        if d.south is None:
+            p = torch.cat([p[:, :-1], p[:, -2:-1]], dim=1)
+        if d.west is None:
+            p = torch.cat([p[:, :, 1:2], p[:, :, 1:]], dim=2)
+        if d.east is None:
+            p = torch.cat([p[:, :, :-1], p[:, :, -2:-1]], dim=2)
+        return p
+
+    # -------------------------------------------------------------------------- steps
+
+    def _pad(self, f: Tensor, image) -> Tensor:
+        fp = timed_halo(f, self.decomp, self.comm, RING, 0.0, self.timer)
+        return mirror_top(fp, *image) if self.free_surface_here else fp
+
+    def _record(self, v: Tensor, s: Tensor) -> Tensor:
+        cols = []
+        for c, iy, ix in self.rec_groups:
+            if c == "vy":
+                cols.append(v[:, 0, iy, ix])
+            elif c == "vx":
+                cols.append(v[:, 1, iy, ix])
+            else:
+                cols.append(-0.5 * (s[:, 0, iy, ix] + s[:, 1, iy, ix]))
+        if not cols:
+            return v.new_zeros((v.shape[0], 0))
+        return torch.cat(cols, dim=1)[:, self.rec_order]
+
+    def _inject(self, f: Tensor, it: int, m: Materials, in_place: bool = False) -> Tensor:
+        g = self.geom
+        put = f.index_put_ if in_place else f.index_put
+        if not g.has_sources:
+            return f
+        scale = self.dt / (self.grid.dy * self.grid.dx)
+        vals = g.src_amp * (g.wavelet[it] * scale)
+        if self.source_type == "pressure":
+            vals = -vals
+            idx = (g.src_shot, g.src_iy, g.src_ix)
+            f = put((g.src_shot, torch.zeros_like(g.src_iy)) + idx[1:], vals, accumulate=True)
+            put = f.index_put_ if in_place else f.index_put
+            return put((g.src_shot, torch.ones_like(g.src_iy)) + idx[1:], vals, accumulate=True)
+        buoy = m.by if self.source_type == "fy" else m.bx
+        chan = 0 if self.source_type == "fy" else 1
+        vals = vals * buoy[g.src_iy, g.src_ix]
+        return put((g.src_shot, torch.full_like(g.src_iy, chan), g.src_iy, g.src_ix), vals,
+                   accumulate=True)
+
+    def _run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, by: Tensor,
+             bx: Tensor, lam2mu: Tensor, lam: Tensor, mu_xy: Tensor, surface: Tensor | None):
+        """Steps ``t0 .. t1-1`` (autograd records them)."""
+        m = Materials(by, bx, lam2mu, lam, mu_xy, surface)
+        p = self._profiles
+        dt, dy, dx = self.dt, self.grid.dy, self.grid.dx
+        force = self.source_type != "pressure"
+        recs = []
+        for it in range(t0, t1):
+            v, psi_v = velocity_step(v, self._pad(s, STRESS_IMAGE), psi, m, p, dt, dy, dx)
+            if force:
+                v = self._inject(v, it, m)
+            s, psi_s = stress_step(s, self._pad(v, VELOCITY_IMAGE), psi, m, p, dt, dy, dx)
+            if not force:
+                s = self._inject(s, it, m)
+            psi = torch.cat([psi_v, psi_s], dim=1)
+            recs.append(self._record(v, s))
+        traces = (torch.stack(recs, dim=-1) if recs
+                  else v.new_zeros((v.shape[0], self.geom.nrec_local, 0)))
+        return v, s, psi, traces
+
+    def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
+                           *materials, own: bool = False):
+        """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
+        memory variables ``psi`` may be updated in place)."""
+        if not self.fused:
+            return self._run(t0, t1, v, s, psi, *materials)
+        loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
+        return loop.run(t0, t1, v, s, psi, own=own)
+
+    def forward(self, coefficient: Tensor, return_field: bool = False):
+        """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
+        stacked ``(3, ny, nx)``; with ``return_field`` also the final fields
+        ``(shots, 5, ny, nx)`` in the order of :data:`FIELDS`."""
+        if coefficient.dim() != 3 or coefficient.shape[0] != 3:
+            raise ValueError(f"elastic forward takes (vp, vs, rho) stacked (3, ny, nx), "
+                             f"got {tuple(coefficient.shape)}")
+        self.profiles(coefficient[0])
+        m = materials(self.padded_parameters(coefficient), self.free_surface_here)
+        b = self.geom.nshots
+        ny, nx = coefficient.shape[-2:]
+        v = coefficient.new_zeros((b, 2, ny, nx))
+        s = coefficient.new_zeros((b, 3, ny, nx))
+        psi = coefficient.new_zeros((b, N_PSI, ny, nx))
+        args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
+        graph = torch.is_grad_enabled() and coefficient.requires_grad
+        out = []
+        for t0, t1 in self.segments:
+            if graph and (len(self.segments) > 1 or self.fused):
+                v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
+            elif graph:
+                v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
+            else:
+                with torch.no_grad():
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True)
+            out.append(tr)
+        traces = torch.cat(out, dim=-1)
+        return (traces, torch.cat([v, s], dim=1)) if return_field else traces

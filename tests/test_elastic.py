@@ -1,0 +1,388 @@
+"""elastic2d numerics: the scheme against the analytic 2-D elastodynamic Green's function, the
+stability limit, the CPML against a larger domain, the free surface, N ranks against 1 rank,
+and Taylor tests of the gradient for each of vp, vs and rho.  The propagator is driven directly
+(a hand-built Setup, :mod:`elastic_setup`): the spec layer is tested elsewhere."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from elastic_setup import build, elastic_setup, green_velocity
+from mpi_helpers import run_mpi
+
+from odecli.parallel.comm import get_comm
+from odecli.pde.elastic import equation
+from odecli.pde.sources import ricker
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Small tensors: a second torch thread costs more than it gives on a shared 2-core machine
+    (a 140^2 forward took 27 s with two threads under load and 1.5 s with one)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def homogeneous(shape, vp, vs, rho):
+    return torch.stack([torch.full(shape, float(v), dtype=torch.float64) for v in (vp, vs, rho)])
+
+
+# ------------------------------------------------------------------ torch-free rules
+
+
+def test_parameter_rules_name_the_broken_one():
+    ok = equation.check_parameters({"vp": 1500, "vs": 0, "rho": 1000},
+                                   {"vp": 3000, "vs": 1500, "rho": 2000, "vs - vp": -100})
+    assert ok is None
+    assert "vs must be >= 0" in equation.check_parameters({"vs": -1.0}, {})
+    assert "rho must be > 0" in equation.check_parameters({"rho": 0.0}, {})
+    assert "vp must be > 0" in equation.check_parameters({"vp": 0.0}, {})
+    assert "vs must be <= vp" in equation.check_parameters({}, {"vs - vp": 5.0})
+    assert "vs must be <= vp" in equation.check_parameters({"vs": 2000.0}, {"vp": 1900.0})
+    # vs > vp / sqrt(2) (negative lambda) is allowed
+    assert equation.check_parameters({"vs": 0.8}, {"vs - vp": -0.2}) is None
+    assert equation.PARAMETERS == ("vp", "vs", "rho") and equation.STEADY is False
+
+
+def test_the_registry_has_elastic2d():
+    from odecli.pde.propagator import EQUATIONS
+
+    assert EQUATIONS["elastic2d"] is equation
+
+
+@pytest.mark.parametrize("factor,grows", [(0.97, False), (1.03, True)])
+def test_the_stability_limit_is_where_the_scheme_starts_to_grow(factor, grows):
+    """vp just under the limit stays bounded for 400 steps; just over it blows up."""
+    n, h, dt = 24, 10.0, 0.001
+    vp = factor * equation.stability_limit(dt, h, h)
+    w = np.zeros(400)
+    w[0] = 1.0
+    setup = elastic_setup(get_comm(), (n, n), (h, h), dt, 400, [[(12, 12, 1.0)]], [(12, 12)],
+                          w, width=0)  # a closed box: the energy stays, nothing leaves
+    with torch.no_grad():
+        traces = build(setup).forward(homogeneous((n, n), vp, 0.5 * vp, 2000.0))[0, 0]
+    early, late = float(traces[:50].abs().max()), float(traces[300:].abs().max())
+    assert grows == (not math.isfinite(late) or late > 1e3 * early), (early, late)
+
+
+# ------------------------------------------------------------------ physics
+
+
+def run_green(direction: str, component: str, shift: tuple[float, float]):
+    """A point force in a homogeneous full space: 15 points per S wavelength at the Ricker's peak
+    frequency (10 at 1.5x the peak, where its amplitude spectrum is 65 % of the peak's),
+    receivers ~2 S wavelengths away in several directions, P and S arrivals in the window, the
+    CPML keeping reflections out."""
+    vp, vs, rho, f = 2000.0, 1000.0, 1800.0, 15.0
+    h = vs / f / 15
+    dt, nt, radius = 0.001, 420, 130.0
+    n = int(2 * radius / h) + 40
+    c = n // 2
+    angles = np.radians([0.0, 90.0, 45.0, 150.0, 250.0])
+    recs = [(c + round(radius * math.cos(a) / h), c + round(radius * math.sin(a) / h))
+            for a in angles]
+    w = ricker(f, nt, dt)
+    setup = elastic_setup(get_comm(), (n, n), (h, h), dt, nt, [[(c, c, 1.0)]], recs, w,
+                          source_type=direction, components=[component] * len(recs), width=12)
+    with torch.no_grad():
+        traces = build(setup).forward(homogeneous((n, n), vp, vs, rho))[0].numpy()
+    # the staggered positions: vy at (i + 1/2, j), vx at (i, j + 1/2)
+    offsets = np.array([((ry - c + shift[0]) * h, (rx - c + shift[1]) * h) for ry, rx in recs])
+    d, k = ("fy", "fx").index(direction), ("vy", "vx").index(component)
+    exact = green_velocity(w, dt, offsets, d, k, vp, vs, rho)
+    return traces, exact
+
+
+@pytest.mark.parametrize("direction,component,shift",
+                         [("fy", "vy", (0.0, 0.0)), ("fx", "vx", (0.0, 0.0)),
+                          ("fy", "vx", (-0.5, 0.5))])
+def test_point_force_matches_the_analytic_greens_function(direction, component, shift):
+    traces, exact = run_green(direction, component, shift)
+    assert np.all(np.linalg.norm(exact, axis=1) > 0)
+    scale = np.linalg.norm(exact, axis=1).max()
+    err = np.linalg.norm(traces - exact, axis=1) / np.maximum(np.linalg.norm(exact, axis=1),
+                                                              1e-2 * scale)
+    assert err.max() <= 0.02, f"relative L2 trace errors {np.round(err, 4)}"
+
+
+def test_the_greens_function_check_can_fail():
+    """Half a cell of stagger ignored, or the wrong component, is seen by the comparison."""
+    traces, exact = run_green("fy", "vx", (0.0, 0.0))
+    err = np.linalg.norm(traces - exact, axis=1) / np.linalg.norm(exact, axis=1).max()
+    assert err.max() > 0.05
+
+
+def edge_traces(margin: int, width: int) -> np.ndarray:
+    """vy and vx from a vertical force, at receivers 15 cells from the source, with ``margin``
+    cells between them and the CPML (``width`` cells) on every side."""
+    h, dt, nt = 10.0, 0.001, 500
+    ny = 2 * (width + margin) + 1
+    sx = width + margin
+    rx = sx + 15
+    nx = rx + margin + width
+    cy = ny // 2
+    setup = elastic_setup(get_comm(), (ny, nx), (h, h), dt, nt, [[(cy, sx, 1.0)]],
+                          [(cy, rx), (cy - 8, rx)], ricker(12.0, nt, dt), width=width,
+                          components=["vy", "vx"])
+    with torch.no_grad():
+        return build(setup).forward(homogeneous((ny, nx), 2000.0, 1100.0, 2000.0))[0].numpy()
+
+
+def test_the_cpml_absorbs():
+    """Receivers 6 cells from a 12-cell CPML record what they record in a model so large that no
+    reflection returns in the window (measured: 1.4e-4 and 1.2e-2 relative L2, the second a
+    weak vx trace; a 6-cell CPML 1.5e-3 and 9e-2), while rigid edges change the traces
+    entirely (> 100 %)."""
+    big = edge_traces(45, 12)
+
+    def misfit(t):
+        return np.linalg.norm(t - big, axis=1) / np.linalg.norm(big, axis=1)
+
+    assert misfit(edge_traces(6, 12)).max() < 0.02, misfit(edge_traces(6, 12))
+    assert misfit(edge_traces(6, 0)).min() > 0.5
+
+
+@pytest.mark.parametrize("force,component", [("fy", "vy"), ("fx", "vx")])
+def test_a_plane_wave_doubles_at_the_free_surface(force, component):
+    """A vertical plane P (S) wave -- a line of vertical (horizontal) forces across the grid --
+    reaching the free surface: there the incident and reflected waves add to twice the
+    incident amplitude (measured 1.985 for vy, half a cell below the surface, 1.996 for vx),
+    where a rigid top would give 0.  The incident amplitude is read 35 (20) cells down before
+    the reflection returns.  8 Hz: ~14 points per S wavelength (at 7, dispersion over the 40
+    cells took the S ratio to 1.85)."""
+    ny, nx, h, dt, nt = 100, 80, 10.0, 0.001, 700
+    depth = 35 if force == "fy" else 20
+    shots = [[(70 if force == "fy" else 40, j, 1.0) for j in range(nx)]]
+    setup = elastic_setup(get_comm(), (ny, nx), (h, h), dt, nt, shots, [(0, 40), (depth, 40)],
+                          ricker(8.0, nt, dt), source_type=force,
+                          components=[component] * 2, width=10, free_surface=True)
+    with torch.no_grad():
+        traces = build(setup).forward(homogeneous((ny, nx), 2000.0, 1100.0, 2000.0))[0]
+    incident = float(traces[1, :420].abs().max())
+    ratio = float(traces[0].abs().max()) / incident
+    assert 1.95 <= ratio <= 2.02, ratio
+
+
+def test_free_surface_zeroes_the_normal_stress_on_top():
+    n, h, dt = 40, 10.0, 0.001
+    w = ricker(15.0, 150, dt)
+    setup = elastic_setup(get_comm(), (n, n), (h, h), dt, 150, [[(3, 20, 1.0)]], [(0, 20)], w,
+                          source_type="pressure", components=["vy"], width=8, free_surface=True)
+    with torch.no_grad():
+        traces, fields = build(setup).forward(homogeneous((n, n), 2000, 1000, 2000),
+                                              return_field=True)
+    syy, sxx = fields[0, 2], fields[0, 3]
+    assert float(syy[0].abs().max()) == 0.0
+    assert float(sxx[0].abs().max()) > 0 and float(traces.abs().max()) > 0
+
+
+# ------------------------------------------------------------------ ranks and gradients
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import elastic_equivalence
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return elastic_equivalence.compute(None)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n,grid", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
+def test_n_ranks_equal_one_rank(one_rank, tmp_path, n, grid):
+    """Uneven splits of a 37x43 grid: forward traces and fields bit for bit, gradients of vp,
+    vs and rho each to 1e-12 relative."""
+    out = tmp_path / "res.npz"
+    proc = run_mpi(SCRIPTS / "elastic_equivalence.py", n, [str(out), grid], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out)
+    assert set(got.files) == set(one_rank)
+    for key, ref in one_rank.items():
+        val = got[key]
+        if key.endswith("/grad"):
+            for p, name in enumerate(equation.PARAMETERS):
+                scale = float(np.abs(ref[p]).max())
+                err = float(np.abs(val[p] - ref[p]).max()) / scale
+                assert scale > 0 and err <= 1e-12, f"{key} {name} on {grid}: {err:.3e}"
+        else:
+            assert np.array_equal(val, ref), f"{key} differs on {grid}"
+
+
+def test_reference_path_on_two_ranks_equals_fused_one_rank(one_rank, tmp_path, monkeypatch):
+    """The PyTorch reference steps (CUDA's path, or no C compiler) over ranks give the fused C
+    kernels' 1-rank results: forward bit for bit."""
+    monkeypatch.setenv("ODECLI_NATIVE", "0")
+    out = tmp_path / "res.npz"
+    proc = run_mpi(SCRIPTS / "elastic_equivalence.py", 2, [str(out), "1x2"], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out)
+    for key, ref in one_rank.items():
+        if key.endswith("/grad"):
+            err = np.abs(got[key] - ref).max(axis=(1, 2)) / np.abs(ref).max(axis=(1, 2))
+            assert err.max() <= 1e-12, (key, err)
+        else:
+            assert np.array_equal(got[key], ref), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("source", ["fy", "pressure"])
+def test_fused_kernels_equal_the_reference_bit_for_bit(dtype, source):
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import elastic_equivalence as eq
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    _, shots, recs, comps = eq.variants()
+    setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, eq.NT, shots, recs,
+                          ricker(25.0, eq.NT, eq.DT), components=comps, width=6, segments=3,
+                          dtype=dtype, source_type=source, free_surface=source == "fy")
+    results = []
+    for fused in (True, False):
+        prop = build(setup)
+        if fused and not prop.fused:
+            pytest.skip("no C compiler: the fused kernels do not run here")
+        prop.fused = fused
+        with torch.no_grad():
+            results.append(prop.forward(eq.true_model().to(dtype), return_field=True))
+    (traces, fields), (ref_traces, ref_fields) = results
+    assert float(ref_traces.abs().max()) > 0
+    assert torch.equal(traces, ref_traces) and torch.equal(fields, ref_fields)
+
+
+@pytest.mark.parametrize("source,free_surface", [("fy", True), ("pressure", False)])
+def test_hand_written_adjoint_gives_autograds_gradient(source, free_surface):
+    """The C adjoint (fused path) against autograd through the PyTorch reference steps, for
+    vp, vs and rho (a fluid patch, CPML, 3 time segments, mixed receivers)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import elastic_equivalence as eq
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    _, shots, recs, comps = eq.variants()
+    setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, eq.NT, shots, recs,
+                          ricker(25.0, eq.NT, eq.DT), components=comps, width=6, segments=3,
+                          source_type=source, free_surface=free_surface)
+    grads = []
+    for fused in (True, False):
+        prop = build(setup)
+        if fused and not prop.fused:
+            pytest.skip("no C compiler: the fused kernels do not run here")
+        prop.fused = fused
+        model = eq.true_model().clone().requires_grad_(True)
+        weight = torch.cos(torch.arange(eq.NT, dtype=torch.float64) * 0.37)
+        (prop.forward(model) ** 2 * weight).sum().backward()
+        grads.append(model.grad)
+    for k, name in enumerate(equation.PARAMETERS):
+        scale = float(grads[1][k].abs().max())
+        err = float((grads[0][k] - grads[1][k]).abs().max()) / scale
+        assert scale > 0 and err <= 1e-12, f"{name}: {err:.3e}"
+
+
+def test_two_kernel_threads_give_one_threads_results(monkeypatch):
+    """Rows shared over two threads: the forward bit for bit, the gradient (whose boundary rows
+    sum the pieces' contributions in another order) to 1e-12."""
+    import odecli.pde.elastic.propagator as elastic_propagator
+
+    monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    prop, model, observed = taylor_problem()
+    results = []
+    for threads in (1, 2):
+        prop.threads = threads
+        m = model.clone().requires_grad_(True)
+        traces = prop.forward(m)
+        ((traces - observed) ** 2).sum().backward()
+        results.append((traces.detach(), m.grad))
+    (t1, g1), (t2, g2) = results
+    assert torch.equal(t1, t2)
+    assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
+
+
+def test_the_discrete_adjoint_passes_the_dot_product_test():
+    """<F x, y> = <x, F^T y> for the map F from a segment's starting velocities and stresses to
+    its traces and final fields (no sources: linear), F^T the hand-written adjoint, with a free
+    surface, the CPML and every receiver component."""
+    from odecli.pde.elastic.fused import FusedLoop
+    from odecli.pde.elastic.reference import materials
+
+    n, nt = (26, 31), 40
+    recs = [(0, 3), (0, 15), (12, 12), (25, 30), (7, 29), (20, 2)]
+    comps = ["vy", "vx", "pressure", "vy", "vx", "pressure"]
+    setup = elastic_setup(get_comm(), n, (10.0, 10.0), 0.001, nt, [[(12, 12, 0.0)]], recs,
+                          ricker(25.0, nt, 0.001), components=comps, width=5, free_surface=True)
+    prop = build(setup)
+    if not prop.fused:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    y, x = torch.meshgrid(torch.arange(26.0, dtype=torch.float64),
+                          torch.arange(31.0, dtype=torch.float64), indexing="ij")
+    model = torch.stack([2400 + 10 * y, 1200 + 6 * x, 2000 + 5 * y])
+    prop.profiles(model[0])
+    loop = FusedLoop(prop, materials(prop.padded_parameters(model), True), prop._profiles, 1)
+    gen = torch.Generator().manual_seed(3)
+    rand = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
+    v0, s0, psi0 = rand(1, 2, *n), rand(1, 3, *n), torch.zeros(1, 8, *n, dtype=torch.float64)
+    v1, s1, _, traces = loop.run(0, nt, v0, s0, psi0)
+    yv, ys, ytr = rand(1, 2, *n), rand(1, 3, *n), rand(1, len(recs), nt)
+    lv, ls, *_ = loop.adjoint(0, nt, v0, s0, psi0, (yv, ys, None, ytr))
+    forward = float((v1 * yv).sum() + (s1 * ys).sum() + (traces * ytr).sum())
+    backward = float((v0 * lv).sum() + (s0 * ls).sum())
+    assert abs(forward - backward) <= 1e-12 * abs(forward), (forward, backward)
+
+
+def taylor_problem():
+    """A 30x34 model with a free surface, mixed sources and receivers, 3 time segments."""
+    shape, h, dt, nt = (30, 34), (10.0, 10.0), 0.001, 90
+    y, x = torch.meshgrid(torch.arange(30.0, dtype=torch.float64),
+                          torch.arange(34.0, dtype=torch.float64), indexing="ij")
+    model = torch.stack([2200 + 10 * y, 1100 + 5 * y + 3 * x, 1900 + 4 * x])
+    w = ricker(25.0, nt, dt)
+    recs = [(1, 4), (1, 17), (1, 29), (20, 8), (22, 27)]
+    comps = ["vy", "vx", "pressure", "vy", "vx"]
+    setup = elastic_setup(get_comm(), shape, h, dt, nt, [[(12, 17, 1.0)], [(4, 6, 1.0)]], recs,
+                          w, source_type="fy", components=comps, width=6, free_surface=True,
+                          segments=3, pml_speed=2600.0)
+    prop = build(setup)
+    with torch.no_grad():
+        bump = torch.exp(-((y - 15) ** 2 + (x - 16) ** 2) / 20)
+        observed = prop.forward(model + torch.stack([80 * bump, 60 * bump, 50 * bump]))
+    return prop, model, observed
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=equation.PARAMETERS)
+def test_taylor_rate_is_two(index):
+    """|L(m + e dm) - L(m) - e <g, dm>| halves twice per halving of e (rate 2.0 +- 0.1)."""
+    prop, model, observed = taylor_problem()
+
+    def loss(m):
+        return 0.5 * ((prop.forward(m) - observed) ** 2).sum()
+
+    m = model.clone().requires_grad_(True)
+    base = loss(m)
+    (grad,) = torch.autograd.grad(base, m)
+    gen = torch.Generator().manual_seed(index)
+    dm = torch.zeros_like(model)
+    dm[index] = torch.rand(model.shape[1:], generator=gen, dtype=torch.float64) - 0.5
+    dm[index] *= 0.05 * model[index]
+    slope = float((grad * dm).sum())
+    assert slope != 0.0
+    rems = []
+    with torch.no_grad():
+        for k in range(4):
+            eps = 0.5 ** k
+            rems.append(abs(float(loss(model + eps * dm) - base) - eps * slope))
+    rates = [math.log2(rems[k] / rems[k + 1]) for k in range(3)]
+    assert all(abs(r - 2.0) <= 0.1 for r in rates), rates
