@@ -140,12 +140,17 @@ def test_bad_fields_named(mutate, field):
 
 
 def test_examples_validate():
+    from odecli.pde.propagator import EQUATIONS
+
     root = Path(__file__).resolve().parents[1]
+    seen = set()
     for p in list((root / "examples").glob("*.yaml")) + list((root / "problems").glob("*.yaml")):
         text = p.read_text()
         if "pde-inverse" in text:
             spec = load_spec(p)
-            assert spec["equation"] in ("acoustic2d", "heat2d")
+            assert spec["equation"] in EQUATIONS
+            seen.add(spec["equation"])
+    assert seen == set(EQUATIONS), "every equation has a bundled example"
 
 
 def test_sponge_absorbs():
