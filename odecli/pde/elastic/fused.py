@@ -33,6 +33,7 @@ from odecli.pde.elastic.reference import (
 )
 from odecli.threads import kernel_pool
 
+WRING = 4  # the ring of the adjoint's scratch w (elastic.c), read two past the fields' ring
 _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
 
 
@@ -129,6 +130,8 @@ class FusedLoop:
         self.stress = getattr(lib, f"elastic_stress_{name}")
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
+        self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
+        self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
@@ -140,10 +143,8 @@ class FusedLoop:
                         *interior_columns(p.ax_int.reshape(-1), p.ax_half.reshape(-1)))
         self.ny, self.nx = like.shape
         self.pieces = _pieces(self.ny, threads)
-        # The adjoint kernels scatter two rows past their own: pieces of >= 5 rows, every other
-        # one at a time, never write the same row at once.
-        self.adjoint_pieces = (_pieces(self.ny, 2 * threads)
-                               if threads > 1 and self.ny >= 10 * threads else [(0, self.ny)])
+        # the adjoint's gathers write the ringed rows
+        self.ringed_pieces = _pieces(self.ny + 2 * RING, threads)
 
     def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list,
                store: Tensor | None = None, at: int = 0) -> list:
@@ -261,26 +262,29 @@ class FusedLoop:
         pml = [_ptr(t) for t in self.pml]
         sc = self.scalars[:3]
 
-        def in_phases(kernel, per_shot) -> None:
-            """``kernel(ny, nx, r0, r1, *per_shot(shot))`` over the row pieces, the even
-            pieces at once, then the odd ones (the shots in turn: they share the gradients)."""
-            def call(r0, r1):
-                for shot in range(b):
-                    kernel(ctypes.c_long(ny), ctypes.c_long(nx), ctypes.c_long(r0),
-                           ctypes.c_long(r1), *per_shot(shot))
-            pieces = self.adjoint_pieces
-            for phase in (pieces[0::2], pieces[1::2]):
-                if phase:
-                    _run_pieces([lambda r=r: call(*r) for r in phase])
+        w = _reused(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v).zero_()
+        jlo_jhi = self.scalars[3:]
+
+        def two_passes(kernel, gather, out: Tensor, per_shot) -> None:
+            """Per shot: ``kernel(ny, nx, r0, r1, *per_shot(shot), w, ...)`` over the row pieces,
+            then ``gather(ny, nx, q0, q1, out[shot], w)`` over the ringed rows' pieces."""
+            dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+            for shot in range(b):
+                args = (*per_shot(shot), _ptr(w), *pml, *sc, *jlo_jhi)
+                _run_pieces([lambda r=r: kernel(*dims, ctypes.c_long(r[0]), ctypes.c_long(r[1]),
+                                                *args) for r in self.pieces])
+                o = _ptr(out[shot])
+                _run_pieces([lambda r=r: gather(*dims, ctypes.c_long(r[0]), ctypes.c_long(r[1]),
+                                                o, _ptr(w)) for r in self.ringed_pieces])
 
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
-            in_phases(self.stress_adjoint, lambda shot, k=k: (
-                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                *[_ptr(t) for t in self.mats[2:]], _ptr(self.surface), _ptr(store_s[k, shot]),
-                _ptr(gm[2]), _ptr(gm[3]), _ptr(gm[4]), _ptr(g_surface), *pml, *sc))
+            two_passes(self.stress_adjoint, self.stress_gather, lv, lambda shot, k=k: (
+                _ptr(ls[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[2:]],
+                _ptr(self.surface), _ptr(store_s[k, shot]), _ptr(gm[2]), _ptr(gm[3]),
+                _ptr(gm[4]), _ptr(g_surface)))
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             if force and geom.has_sources:
                 chan = 0 if prop.source_type == "fy" else 1
@@ -288,10 +292,9 @@ class FusedLoop:
                 vals = geom.src_amp * (geom.wavelet[it] * scale)
                 lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
                 gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
-            in_phases(self.velocity_adjoint, lambda shot, k=k: (
-                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                *[_ptr(t) for t in self.mats[:2]], _ptr(store_v[k, shot]),
-                _ptr(gm[0]), _ptr(gm[1]), *pml, *sc))
+            two_passes(self.velocity_adjoint, self.velocity_gather, ls, lambda shot, k=k: (
+                _ptr(lv[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[:2]],
+                _ptr(store_v[k, shot]), _ptr(gm[0]), _ptr(gm[1])))
             self._exchange_adjoint(ls, STRESS_IMAGE)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         out = (lv[inner].contiguous(), ls[inner].contiguous(), lp, *gm, g_surface)
