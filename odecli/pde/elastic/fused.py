@@ -237,7 +237,9 @@ class FusedLoop:
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
         adjoints ``grads`` of the segment's outputs ``(v, s, psi, traces)``.  Returns the
         adjoints of ``(v, s, psi)`` at the start and the gradients of the staggered parameters
-        ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface)."""
+        ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface): summed
+        over all segments, returned by the first segment's (``t0 == 0``), None by the others
+        (the backward runs the segments last to first)."""
         prop = self.prop
         b, steps = v.shape[0], t1 - t0
         ny, nx = self.ny, self.nx
@@ -254,8 +256,14 @@ class FusedLoop:
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv, ls = _padded(prop, "v", pad(gv, v)), _padded(prop, "s", pad(gs, s))
         lp = work.zero_() if gpsi is None else work.copy_(gpsi)
-        gm = [torch.zeros_like(t) for t in self.mats]  # by, bx, lam2mu, lam, mu_xy
-        g_surface = None if self.surface is None else torch.zeros_like(self.surface)
+        # The parameter gradients are summed over the segments here and returned once, by the
+        # first segment's backward (the last to run): a fresh set per segment cost an
+        # allocation and an autograd sum of five planes each.
+        cache = prop.__dict__.setdefault("_scratch", {})
+        if "gm" not in cache:
+            cache["gm"] = ([torch.zeros_like(t) for t in self.mats],  # by, bx, lam2mu, lam, mu_xy
+                           None if self.surface is None else torch.zeros_like(self.surface))
+        gm, g_surface = cache["gm"]
         self._receivers(lv)
         force = prop.source_type != "pressure"
         geom = prop.geom
@@ -297,10 +305,11 @@ class FusedLoop:
                 _ptr(store_v[k, shot]), _ptr(gm[0]), _ptr(gm[1])))
             self._exchange_adjoint(ls, STRESS_IMAGE)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        out = (lv[inner].contiguous(), ls[inner].contiguous(), lp, *gm, g_surface)
-        if t0 == 0:  # the backward's last segment: give the scratch memory back
+        out = [lv[inner].contiguous(), ls[inner].contiguous(), lp]
+        if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
             prop.__dict__.pop("_scratch", None)
-        return out
+            return (*out, *gm, g_surface)
+        return (*out, *[None] * (len(gm) + 1))
 
     def _record_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> None:
         """Add the traces' adjoints ``g`` ``(B, local receivers)`` where they were recorded."""

@@ -281,6 +281,7 @@ class ElasticPropagator:
         psi = coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         graph = torch.is_grad_enabled() and coefficient.requires_grad
+        self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
         # Segments bound the backward's memory; without a graph one run over all steps saves
         # each segment's padded copies of the fields (600^2, 60 steps: 8 runs -> 1).
