@@ -98,6 +98,28 @@ def _padded(prop, name: str, f: Tensor) -> Tensor:
     return out
 
 
+class PackedPsi:
+    """A segment's starting CPML memory variables, kept only where they can be non-zero: the
+    rows of the y layers and the columns of the x layers (elsewhere every ``a`` is 0 and
+    ``psi`` stays 0 in the kernels).  In a 1040^2 block with 20-cell layers that is 8 % of
+    the eight planes a checkpoint held; and the forward's segments update ``psi`` in place
+    instead of copying 8 planes each."""
+
+    def __init__(self, psi: Tensor, p: Profiles) -> None:
+        rows = ((p.ay_int != 0) | (p.ay_half != 0)).reshape(-1).nonzero().flatten()
+        cols = ((p.ax_int != 0) | (p.ax_half != 0)).reshape(-1).nonzero().flatten()
+        self.rows, self.cols, self.shape = rows, cols, tuple(psi.shape)
+        self.row_part = psi.index_select(2, rows)
+        self.col_part = psi.index_select(3, cols)
+
+    def into(self, out: Tensor) -> Tensor:
+        """The full memory variables, written into ``out``."""
+        out.zero_()
+        out.index_copy_(2, self.rows, self.row_part)
+        out.index_copy_(3, self.cols, self.col_part)
+        return out
+
+
 def _mirror_top_(fp: Tensor, image) -> None:
     """The free-surface image (:func:`~odecli.pde.elastic.reference.mirror_top`) in place."""
     rows, signs = image
@@ -232,7 +254,8 @@ class FusedLoop:
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
-    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, grads) -> tuple:
+    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
+                grads) -> tuple:
         """The segment's hand-written adjoint: the steps ``t0 .. t1-1`` recomputed from their
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
         adjoints ``grads`` of the segment's outputs ``(v, s, psi, traces)``.  Returns the
@@ -250,8 +273,9 @@ class FusedLoop:
             # the recomputation's memory variables and the adjoint's: two scratch tensors
             # used in turn by the segments (the one returned is the previous segment's gpsi)
             parity = len([a for a, _ in prop.segments if a < t0]) % 2
-            work = _reused(prop, f"psi{parity}", tuple(psi.shape), psi)
-            self.run(t0, t1, v, s, work.copy_(psi), own=True, stores=(store_v, store_s))
+            work = _reused(prop, f"psi{parity}", tuple(psi.shape), v)
+            start = psi.into(work) if isinstance(psi, PackedPsi) else work.copy_(psi)
+            self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv, ls = _padded(prop, "v", pad(gv, v)), _padded(prop, "s", pad(gs, s))
