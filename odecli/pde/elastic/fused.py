@@ -153,6 +153,7 @@ class FusedLoop:
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
+        self.sweep = getattr(lib, f"elastic_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
@@ -229,12 +230,23 @@ class FusedLoop:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
         psi = psi.contiguous() if own else psi.clone().contiguous()
         self._receivers(vr)
+        self._t0 = t0
         vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"])
         st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], "store", self.surface])
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        if len(self.pieces) == 1 and prop.comm.size == 1 and not prop.free_surface_here:
+            sweep = self._sweep_calls(vr, sr, psi, force, stores)
+        else:
+            sweep = None
         for it in range(t0, t1):
+            if sweep is not None:
+                sweep(it)
+                if not force:
+                    prop._inject(sr[inner], it, self.materials, in_place=True)
+                recs.append(self._record(vr, sr))
+                continue
             if stores is not None:
                 k = it - t0
                 vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"],
@@ -253,6 +265,44 @@ class FusedLoop:
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+
+    def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
+        """``step(it)``: step ``it`` of every shot by ``elastic_sweep`` (both half steps in one
+        pass over the rows; one rank, no free surface, one thread), the point forces included
+        with the values :meth:`ElasticPropagator._inject` adds."""
+        prop, geom = self.prop, self.prop.geom
+        b = vr.shape[0]
+        plane = vr.shape[-2] * vr.shape[-1]
+        if force and geom.has_sources:
+            chan = 0 if prop.source_type == "fy" else 1
+            buoy = self.materials.by if chan == 0 else self.materials.bx
+            at = (chan * plane + (geom.src_iy + RING) * vr.shape[-1] + geom.src_ix + RING)
+            shots = [(geom.src_shot == k).nonzero().flatten() for k in range(b)]
+            at = [at[sel].contiguous() for sel in shots]
+            scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+            at_buoy = buoy[geom.src_iy, geom.src_ix]
+        else:
+            shots = None
+        fixed = [_ptr(t) for t in self.mats]
+        pml = [_ptr(t) for t in self.pml]
+        dims = (ctypes.c_long(self.ny), ctypes.c_long(self.nx))
+
+        def step(it: int) -> None:
+            k = None if stores is None else it - self._t0
+            if shots is not None:
+                vals = geom.src_amp * (geom.wavelet[it] * scale)
+                vals = vals * at_buoy
+            for shot in range(b):
+                if shots is not None:
+                    val = vals[shots[shot]].contiguous()
+                    src = (ctypes.c_long(val.numel()), _ptr(at[shot]), _ptr(val))
+                else:
+                    src = (ctypes.c_long(0), _ptr(None), _ptr(None))
+                st = ((None, None) if stores is None
+                      else (stores[0][k, shot], stores[1][k, shot]))
+                self.sweep(*dims, _ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
+                           _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+        return step
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
                 grads) -> tuple:
