@@ -2,9 +2,14 @@
 bit, without a graph, and their hand-written adjoint.  The propagator runs the steps for a
 forward without gradient and for each time segment's first pass of a forward with gradient;
 a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
-per step, then runs the adjoint steps back to the segment's start.  The adjoint's gradient
-equals autograd's through the reference to round-off (tests: 1e-15 measured) and passes the
-dot-product test.
+per step, then runs the adjoint steps back to the segment's start (each in two vectorised
+passes: the weighted derivative adjoints per point, then their gathers).  The adjoint's
+gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
+dot-product test.  On one rank and one thread without a free surface a step is one sweep
+over the rows (``elastic_sweep``); otherwise two half-step kernels with the halo exchange and
+the free-surface image between them.  A backward's large scratch tensors (stores, padded
+adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
+memory variables only in the layers (:class:`PackedPsi`).
 
 Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo
 exchange (:func:`odecli.parallel.ops.fill_ring_`, in place) and the free-surface image write the
