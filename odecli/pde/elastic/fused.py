@@ -226,7 +226,8 @@ class FusedLoop:
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
-        sums that the adjoint reads (the velocity update's two, the stress update's three)."""
+        sums that the adjoint reads (the velocity update's two, the stress update's three);
+        then the new ``v`` and ``s`` are not returned (None)."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
             vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
@@ -269,6 +270,8 @@ class FusedLoop:
             recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
+        if stores is not None:  # the adjoint's recomputation wants the stores alone
+            return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
     def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
@@ -325,16 +328,19 @@ class FusedLoop:
         store_v = _reused(prop, "store_v", (longest, b, 2, ny, nx), v)[:steps]
         store_s = _reused(prop, "store_s", (longest, b, 3, ny, nx), v)[:steps]
         with torch.no_grad():
-            # the recomputation's memory variables and the adjoint's: two scratch tensors
-            # used in turn by the segments (the one returned is the previous segment's gpsi)
-            parity = len([a for a, _ in prop.segments if a < t0]) % 2
-            work = _reused(prop, f"psi{parity}", tuple(psi.shape), v)
+            # the recomputation's memory variables, then the adjoint's (below) in another
+            # scratch tensor, which the next segment's backward gets back as gpsi and reuses
+            work = _reused(prop, "psi", tuple(psi.shape), v)
             start = psi.into(work) if isinstance(psi, PackedPsi) else work.copy_(psi)
             self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv, ls = _padded(prop, "v", pad(gv, v)), _padded(prop, "s", pad(gs, s))
-        lp = work.zero_() if gpsi is None else work.copy_(gpsi)
+        lp = _reused(prop, "lp", tuple(psi.shape), v)
+        if gpsi is None:
+            lp.zero_()
+        elif gpsi.data_ptr() != lp.data_ptr():
+            lp.copy_(gpsi)
         # The parameter gradients are summed over the segments here and returned once, by the
         # first segment's backward (the last to run): a fresh set per segment cost an
         # allocation and an autograd sum of five planes each.
