@@ -457,3 +457,41 @@ void elastic_sweep_##sfx(long ny, long nx, real *v, real *s, real *psi, const re
 
 DEFINE_SWEEP(double, f64)
 DEFINE_SWEEP(float, f32)
+
+/* Both adjoint passes of one shot on one thread, the gathers two rows behind: the ringed row
+ * q gathers w of rows q - 4 .. q (ring-4 coordinates), so it runs once row q of the first pass
+ * is written, while those rows of w are still in cache (the separate gather re-read w from
+ * memory).  Same operations, same order per point: the same bits as the two calls. */
+#define DEFINE_ADJOINT_SWEEP(real, sfx)                                                            \
+void elastic_stress_adjoint_sweep_##sfx(long ny, long nx, real *lv, real *ls, real *lp,           \
+        const real *lam2mu, const real *lam, const real *muxy, const real *surface,               \
+        const real *store, real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface, real *w,   \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    for (long i = 0; i < ny; i++) {                                                                \
+        elastic_stress_adjoint_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, surface, store,  \
+                                     g_lam2mu, g_lam, g_muxy, g_surface, w, ayi, byi, ayh, byh,    \
+                                     axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                  \
+        elastic_stress_gather_##sfx(ny, nx, i, i + 1, lv, w);                                      \
+    }                                                                                              \
+    elastic_stress_gather_##sfx(ny, nx, ny, ny + 4, lv, w);                                        \
+}                                                                                                  \
+void elastic_velocity_adjoint_sweep_##sfx(long ny, long nx, real *ls, real *lv, real *lp,         \
+        const real *buy, const real *bux, const real *store, real *g_by, real *g_bx, real *w,     \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    for (long i = 0; i < ny; i++) {                                                                \
+        elastic_velocity_adjoint_##sfx(ny, nx, i, i + 1, lv, lp, buy, bux, store, g_by, g_bx, w,  \
+                                       ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo,  \
+                                       jhi);                                                       \
+        elastic_velocity_gather_##sfx(ny, nx, i, i + 1, ls, w);                                    \
+    }                                                                                              \
+    elastic_velocity_gather_##sfx(ny, nx, ny, ny + 4, ls, w);                                      \
+}
+
+DEFINE_ADJOINT_SWEEP(double, f64)
+DEFINE_ADJOINT_SWEEP(float, f32)

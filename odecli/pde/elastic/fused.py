@@ -159,6 +159,8 @@ class FusedLoop:
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
         self.sweep = getattr(lib, f"elastic_sweep_{name}")
+        self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
+        self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
@@ -358,23 +360,30 @@ class FusedLoop:
         w = _reused(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v).zero_()
         jlo_jhi = self.scalars[3:]
 
-        def two_passes(kernel, gather, out: Tensor, per_shot) -> None:
+        def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
             """Per shot: ``kernel(ny, nx, r0, r1, *per_shot(shot), w, ...)`` over the row pieces,
-            then ``gather(ny, nx, q0, q1, out[shot], w)`` over the ringed rows' pieces."""
+            then ``gather(ny, nx, q0, q1, out[shot], w)`` over the ringed rows' pieces (on one
+            thread ``both``: the two in one sweep)."""
             dims = (ctypes.c_long(ny), ctypes.c_long(nx))
             for shot in range(b):
                 args = (*per_shot(shot), _ptr(w), *pml, *sc, *jlo_jhi)
-                _run_pieces([lambda r=r: kernel(*dims, ctypes.c_long(r[0]), ctypes.c_long(r[1]),
-                                                *args) for r in self.pieces])
+                if len(self.pieces) == 1:  # one thread: both passes in one sweep
+                    both(*dims, _ptr(out[shot]), *args)
+                    continue
+                _run_pieces([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
+                                                        ctypes.c_long(r[1]), *a)
+                             for r in self.pieces])
                 o = _ptr(out[shot])
-                _run_pieces([lambda r=r: gather(*dims, ctypes.c_long(r[0]), ctypes.c_long(r[1]),
-                                                o, _ptr(w)) for r in self.ringed_pieces])
+                _run_pieces([lambda r=r, o=o: gather(*dims, ctypes.c_long(r[0]),
+                                                     ctypes.c_long(r[1]), o, _ptr(w))
+                             for r in self.ringed_pieces])
 
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
-            two_passes(self.stress_adjoint, self.stress_gather, lv, lambda shot, k=k: (
+            two_passes(self.stress_adjoint, self.stress_gather, self.stress_adjoint_sweep,
+                       lv, lambda shot, k=k: (
                 _ptr(ls[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[2:]],
                 _ptr(self.surface), _ptr(store_s[k, shot]), _ptr(gm[2]), _ptr(gm[3]),
                 _ptr(gm[4]), _ptr(g_surface)))
@@ -385,7 +394,8 @@ class FusedLoop:
                 vals = geom.src_amp * (geom.wavelet[it] * scale)
                 lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
                 gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
-            two_passes(self.velocity_adjoint, self.velocity_gather, ls, lambda shot, k=k: (
+            two_passes(self.velocity_adjoint, self.velocity_gather, self.velocity_adjoint_sweep,
+                       ls, lambda shot, k=k: (
                 _ptr(lv[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[:2]],
                 _ptr(store_v[k, shot]), _ptr(gm[0]), _ptr(gm[1])))
             self._exchange_adjoint(ls, STRESS_IMAGE)
