@@ -84,17 +84,25 @@ def _reused(prop, name: str, shape: tuple, like: Tensor) -> Tensor:
     600^2, 60-step float64 gradient 440k minor faults took 0.57 s of 1.27 s CPU time, also
     slowing the kernels that first wrote the stores.  :meth:`FusedLoop.adjoint` drops them
     after the first segment's backward."""
+    return _reused_zeroed(prop, name, shape, like, zero=False)
+
+
+def _reused_zeroed(prop, name: str, shape: tuple, like: Tensor, zero: bool = True) -> Tensor:
+    """:func:`_reused`, zeroed when it is made (for scratch whose users keep some part 0)."""
     cache = prop.__dict__.setdefault("_scratch", {})
     t = cache.get(name)
     if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
-        cache[name] = t = like.new_empty(shape)
+        cache[name] = t = like.new_zeros(shape) if zero else like.new_empty(shape)
     return t
 
 
 def _padded(prop, name: str, f: Tensor) -> Tensor:
-    """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor."""
+    """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor (nothing to do
+    where ``f`` is that tensor's inside, as the adjoint returns it, with the ring cleared)."""
     b, c, ny, nx = f.shape
     out = _reused(prop, name, (b, c, ny + 2 * RING, nx + 2 * RING), f)
+    if f.data_ptr() == out[..., RING:, RING:].data_ptr() and f.stride() == out.stride():
+        return out
     out[..., :RING, :] = 0
     out[..., -RING:, :] = 0
     out[..., :, :RING] = 0
@@ -118,8 +126,8 @@ class PackedPsi:
         self.col_part = psi.index_select(3, cols)
 
     def into(self, out: Tensor) -> Tensor:
-        """The full memory variables, written into ``out``."""
-        out.zero_()
+        """The full memory variables, written into ``out``, which must be 0 outside the layers'
+        rows and columns (as the kernels leave memory variables that started there at 0)."""
         out.index_copy_(2, self.rows, self.row_part)
         out.index_copy_(3, self.cols, self.col_part)
         return out
@@ -332,12 +340,12 @@ class FusedLoop:
         with torch.no_grad():
             # the recomputation's memory variables, then the adjoint's (below) in another
             # scratch tensor, which the next segment's backward gets back as gpsi and reuses
-            work = _reused(prop, "psi", tuple(psi.shape), v)
-            start = psi.into(work) if isinstance(psi, PackedPsi) else work.copy_(psi)
+            work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
+            start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
             self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
-        lv, ls = _padded(prop, "v", pad(gv, v)), _padded(prop, "s", pad(gs, s))
+        lv, ls = _padded(prop, "lv", pad(gv, v)), _padded(prop, "ls", pad(gs, s))
         lp = _reused(prop, "lp", tuple(psi.shape), v)
         if gpsi is None:
             lp.zero_()
@@ -357,7 +365,7 @@ class FusedLoop:
         pml = [_ptr(t) for t in self.pml]
         sc = self.scalars[:3]
 
-        w = _reused(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v).zero_()
+        w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
         jlo_jhi = self.scalars[3:]
 
         def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
@@ -400,7 +408,7 @@ class FusedLoop:
                 _ptr(store_v[k, shot]), _ptr(gm[0]), _ptr(gm[1])))
             self._exchange_adjoint(ls, STRESS_IMAGE)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        out = [lv[inner].contiguous(), ls[inner].contiguous(), lp]
+        out = [lv[inner], ls[inner], lp]  # the previous segment's gv, gs: padded in place
         if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
