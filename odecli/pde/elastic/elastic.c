@@ -14,8 +14,10 @@
  * about forty full-size temporaries in eager PyTorch.  Every row runs as row functions with one
  * restrict pointer per array, which GCC vectorises (the same loop inline in the kernel, with
  * pointers derived from one restrict base, stayed scalar: -fopt-info-vec showed no vectorised
- * loop): columns [jlo, jhi) of rows outside the y layers without memory variables, the rest
- * with all of them (branch-free); only a free-surface row stays scalar.  Measured as CPU time
+ * loop; so they are kept out of line, noinline: inlined into the kernels, GCC vectorised only
+ * some of them): columns [jlo, jhi) of rows outside the y layers without memory variables, the
+ * rest with the x ones and, in the y layers' rows, the y ones (branch-free); only a
+ * free-surface row stays scalar.  Measured as CPU time
  * on one thread (wall time was mostly waiting on a loaded 2-core VM): the interior rows took a
  * 540^2, 50-step forward from 0.156 to 0.079 s (float32), 0.167 to 0.126 s (float64); the
  * layers' rows, 20 % of a 640^2 step when scalar, now cost about what their memory traffic does.
@@ -27,7 +29,7 @@
 
 
 #define DEFINE_ROWS(real, sfx)                                                                     \
-static void velocity_row_##sfx(long n, long NX, real *restrict vy, real *restrict vx,             \
+static __attribute__((noinline)) void velocity_row_##sfx(long n, long NX, real *restrict vy, real *restrict vx,             \
                                const real *restrict syy, const real *restrict sxx,                \
                                const real *restrict sxy, const real *restrict buy,                \
                                const real *restrict bux, real *restrict st0,                      \
@@ -44,7 +46,7 @@ static void velocity_row_##sfx(long n, long NX, real *restrict vy, real *restric
         if (st0) { st0[j] = dsyy_dy + dsxy_dx; st1[j] = dsxx_dx + dsxy_dy; }                       \
     }                                                                                              \
 }                                                                                                  \
-static void stress_row_##sfx(long n, long NX, const real *restrict vy, const real *restrict vx,   \
+static __attribute__((noinline)) void stress_row_##sfx(long n, long NX, const real *restrict vy, const real *restrict vx,   \
                              real *restrict syy, real *restrict sxx, real *restrict sxy,          \
                              const real *restrict lam2mu, const real *restrict lam,               \
                              const real *restrict muxy, real *restrict st0, real *restrict st1,   \
@@ -71,7 +73,7 @@ DEFINE_ROWS(float, f32)
  * and d + 0 == d: the same numbers as skipping it, as the reference (which updates psi
  * everywhere) computes them.  py*: the row's y memory variables; ax*, bx*: the columns'. */
 #define DEFINE_PML_ROWS(real, sfx)                                                                 \
-static void velocity_pml_row_##sfx(long n, long NX, real *restrict vy, real *restrict vx,         \
+static __attribute__((noinline)) void velocity_pml_row_##sfx(long n, long NX, real *restrict vy, real *restrict vx,         \
                                    const real *restrict syy, const real *restrict sxx,            \
                                    const real *restrict sxy, const real *restrict buy,            \
                                    const real *restrict bux, real *restrict st0,                  \
@@ -79,26 +81,41 @@ static void velocity_pml_row_##sfx(long n, long NX, real *restrict vy, real *res
                                    real *restrict p2, real *restrict p3,                          \
                                    const real *restrict axi, const real *restrict bxi,            \
                                    const real *restrict axh, const real *restrict bxh,            \
-                                   real ayh, real byh, real ayi, real byi,                        \
+                                   real ayh, real byh, real ayi, real byi, int yl,                        \
                                    real dt, real idy, real idx)                                   \
 {                                                                                                  \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    for (long j = 0; j < n; j++) {                                                                 \
-        real dsyy_dy = (c1 * (syy[j + NX] - syy[j]) + c2 * (syy[j + 2 * NX] - syy[j - NX])) * idy; \
-        real dsxy_dx = (c1 * (sxy[j] - sxy[j - 1]) + c2 * (sxy[j + 1] - sxy[j - 2])) * idx;       \
-        real dsxx_dx = (c1 * (sxx[j + 1] - sxx[j]) + c2 * (sxx[j + 2] - sxx[j - 1])) * idx;       \
-        real dsxy_dy = (c1 * (sxy[j] - sxy[j - NX]) + c2 * (sxy[j + NX] - sxy[j - 2 * NX])) * idy; \
-        real q0 = byh * p0[j] + ayh * dsyy_dy, q1 = bxi[j] * p1[j] + axi[j] * dsxy_dx;           \
-        real q2 = bxh[j] * p2[j] + axh[j] * dsxx_dx, q3 = byi * p3[j] + ayi * dsxy_dy;           \
-        p0[j] = q0; p1[j] = q1; p2[j] = q2; p3[j] = q3;                                            \
-        dsyy_dy = dsyy_dy + q0; dsxy_dx = dsxy_dx + q1;                                            \
-        dsxx_dx = dsxx_dx + q2; dsxy_dy = dsxy_dy + q3;                                            \
-        vy[j] = vy[j] + (dt * buy[j]) * (dsyy_dy + dsxy_dx);                                       \
-        vx[j] = vx[j] + (dt * bux[j]) * (dsxx_dx + dsxy_dy);                                       \
-        if (st0) { st0[j] = dsyy_dy + dsxy_dx; st1[j] = dsxx_dx + dsxy_dy; }                       \
-    }                                                                                              \
+    if (yl)                                                                                        \
+        for (long j = 0; j < n; j++) {                                                             \
+            real dsyy_dy = (c1 * (syy[j + NX] - syy[j]) + c2 * (syy[j + 2 * NX] - syy[j - NX])) * idy;\
+            real dsxy_dx = (c1 * (sxy[j] - sxy[j - 1]) + c2 * (sxy[j + 1] - sxy[j - 2])) * idx;    \
+            real dsxx_dx = (c1 * (sxx[j + 1] - sxx[j]) + c2 * (sxx[j + 2] - sxx[j - 1])) * idx;    \
+            real dsxy_dy = (c1 * (sxy[j] - sxy[j - NX]) + c2 * (sxy[j + NX] - sxy[j - 2 * NX])) * idy;\
+            real q1 = bxi[j] * p1[j] + axi[j] * dsxy_dx, q2 = bxh[j] * p2[j] + axh[j] * dsxx_dx;   \
+            p1[j] = q1; p2[j] = q2;                                                                \
+            dsxy_dx = dsxy_dx + q1; dsxx_dx = dsxx_dx + q2;                                        \
+            real q0 = byh * p0[j] + ayh * dsyy_dy, q3 = byi * p3[j] + ayi * dsxy_dy;               \
+            p0[j] = q0; p3[j] = q3;                                                                \
+            dsyy_dy = dsyy_dy + q0; dsxy_dy = dsxy_dy + q3;                                        \
+            vy[j] = vy[j] + (dt * buy[j]) * (dsyy_dy + dsxy_dx);                                   \
+            vx[j] = vx[j] + (dt * bux[j]) * (dsxx_dx + dsxy_dy);                                   \
+            if (st0) { st0[j] = dsyy_dy + dsxy_dx; st1[j] = dsxx_dx + dsxy_dy; }                   \
+        }                                                                                          \
+    else  /* rows without a y layer: the y memory variables stay 0 */                              \
+        for (long j = 0; j < n; j++) {                                                             \
+            real dsyy_dy = (c1 * (syy[j + NX] - syy[j]) + c2 * (syy[j + 2 * NX] - syy[j - NX])) * idy;\
+            real dsxy_dx = (c1 * (sxy[j] - sxy[j - 1]) + c2 * (sxy[j + 1] - sxy[j - 2])) * idx;    \
+            real dsxx_dx = (c1 * (sxx[j + 1] - sxx[j]) + c2 * (sxx[j + 2] - sxx[j - 1])) * idx;    \
+            real dsxy_dy = (c1 * (sxy[j] - sxy[j - NX]) + c2 * (sxy[j + NX] - sxy[j - 2 * NX])) * idy;\
+            real q1 = bxi[j] * p1[j] + axi[j] * dsxy_dx, q2 = bxh[j] * p2[j] + axh[j] * dsxx_dx;   \
+            p1[j] = q1; p2[j] = q2;                                                                \
+            dsxy_dx = dsxy_dx + q1; dsxx_dx = dsxx_dx + q2;                                        \
+            vy[j] = vy[j] + (dt * buy[j]) * (dsyy_dy + dsxy_dx);                                   \
+            vx[j] = vx[j] + (dt * bux[j]) * (dsxx_dx + dsxy_dy);                                   \
+            if (st0) { st0[j] = dsyy_dy + dsxy_dx; st1[j] = dsxx_dx + dsxy_dy; }                   \
+        }                                                                                          \
 }                                                                                                  \
-static void stress_pml_row_##sfx(long n, long NX, const real *restrict vy,                        \
+static __attribute__((noinline)) void stress_pml_row_##sfx(long n, long NX, const real *restrict vy,                        \
                                  const real *restrict vx, real *restrict syy,                     \
                                  real *restrict sxx, real *restrict sxy,                          \
                                  const real *restrict lam2mu, const real *restrict lam,           \
@@ -107,25 +124,41 @@ static void stress_pml_row_##sfx(long n, long NX, const real *restrict vy,      
                                  real *restrict p5, real *restrict p6, real *restrict p7,         \
                                  const real *restrict axi, const real *restrict bxi,              \
                                  const real *restrict axh, const real *restrict bxh,              \
-                                 real ayh, real byh, real ayi, real byi,                          \
+                                 real ayh, real byh, real ayi, real byi, int yl,                          \
                                  real dt, real idy, real idx)                                     \
 {                                                                                                  \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    for (long j = 0; j < n; j++) {                                                                 \
-        real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;      \
-        real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;            \
-        real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;      \
-        real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;            \
-        real q4 = byi * p4[j] + ayi * dvy_dy, q5 = bxi[j] * p5[j] + axi[j] * dvx_dx;             \
-        real q6 = byh * p6[j] + ayh * dvx_dy, q7 = bxh[j] * p7[j] + axh[j] * dvy_dx;             \
-        p4[j] = q4; p5[j] = q5; p6[j] = q6; p7[j] = q7;                                            \
-        dvy_dy = dvy_dy + q4; dvx_dx = dvx_dx + q5;                                                \
-        dvx_dy = dvx_dy + q6; dvy_dx = dvy_dx + q7;                                                \
-        syy[j] = syy[j] + dt * (lam[j] * dvx_dx + lam2mu[j] * dvy_dy);                             \
-        sxx[j] = sxx[j] + dt * (lam2mu[j] * dvx_dx + lam[j] * dvy_dy);                             \
-        sxy[j] = sxy[j] + (dt * muxy[j]) * (dvx_dy + dvy_dx);                                      \
-        if (st0) { st0[j] = dvx_dx; st1[j] = dvy_dy; st2[j] = dvx_dy + dvy_dx; }                   \
-    }                                                                                              \
+    if (yl)                                                                                        \
+        for (long j = 0; j < n; j++) {                                                             \
+            real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;  \
+            real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;         \
+            real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;  \
+            real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;         \
+            real q5 = bxi[j] * p5[j] + axi[j] * dvx_dx, q7 = bxh[j] * p7[j] + axh[j] * dvy_dx;     \
+            p5[j] = q5; p7[j] = q7;                                                                \
+            dvx_dx = dvx_dx + q5; dvy_dx = dvy_dx + q7;                                            \
+            real q4 = byi * p4[j] + ayi * dvy_dy, q6 = byh * p6[j] + ayh * dvx_dy;                 \
+            p4[j] = q4; p6[j] = q6;                                                                \
+            dvy_dy = dvy_dy + q4; dvx_dy = dvx_dy + q6;                                            \
+            syy[j] = syy[j] + dt * (lam[j] * dvx_dx + lam2mu[j] * dvy_dy);                         \
+            sxx[j] = sxx[j] + dt * (lam2mu[j] * dvx_dx + lam[j] * dvy_dy);                         \
+            sxy[j] = sxy[j] + (dt * muxy[j]) * (dvx_dy + dvy_dx);                                  \
+            if (st0) { st0[j] = dvx_dx; st1[j] = dvy_dy; st2[j] = dvx_dy + dvy_dx; }               \
+        }                                                                                          \
+    else  /* rows without a y layer: the y memory variables stay 0 */                              \
+        for (long j = 0; j < n; j++) {                                                             \
+            real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;  \
+            real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;         \
+            real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;  \
+            real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;         \
+            real q5 = bxi[j] * p5[j] + axi[j] * dvx_dx, q7 = bxh[j] * p7[j] + axh[j] * dvy_dx;     \
+            p5[j] = q5; p7[j] = q7;                                                                \
+            dvx_dx = dvx_dx + q5; dvy_dx = dvy_dx + q7;                                            \
+            syy[j] = syy[j] + dt * (lam[j] * dvx_dx + lam2mu[j] * dvy_dy);                         \
+            sxx[j] = sxx[j] + dt * (lam2mu[j] * dvx_dx + lam[j] * dvy_dy);                         \
+            sxy[j] = sxy[j] + (dt * muxy[j]) * (dvx_dy + dvy_dx);                                  \
+            if (st0) { st0[j] = dvx_dx; st1[j] = dvy_dy; st2[j] = dvx_dy + dvy_dx; }               \
+        }                                                                                          \
 }
 
 DEFINE_PML_ROWS(double, f64)
@@ -164,7 +197,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
                                        st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL,               \
                                        p0 + P0 + j0, p1 + P0 + j0, p2 + P0 + j0, p3 + P0 + j0,     \
                                        axi + j0, bxi + j0, axh + j0, bxh + j0,                     \
-                                       ayh[i], byh[i], ayi[i], byi[i], dt, idy, idx);              \
+                                       ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);              \
         }                                                                                          \
     }                                                                                              \
 }                                                                                                  \
@@ -225,7 +258,7 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
                                      st1 ? st1 + j0 : NULL, st2 ? st2 + j0 : NULL,                 \
                                      p4 + P0 + j0, p5 + P0 + j0, p6 + P0 + j0, p7 + P0 + j0,       \
                                      axi + j0, bxi + j0, axh + j0, bxh + j0,                       \
-                                     ayh_i, byh_i, ayi_i, byi_i, dt, idy, idx);                    \
+                                     ayh_i, byh_i, ayi_i, byi_i, ypml, dt, idy, idx);                    \
         }                                                                                          \
     }                                                                                              \
 }
@@ -254,7 +287,7 @@ DEFINE_KERNELS(float, f32)
 /* Interior rows of the first pass (no memory variable) and rows of the second, one restrict
  * pointer per array so that GCC vectorises them (as the forward's rows). */
 #define DEFINE_ADJOINT_ROWS(real, sfx)                                                             \
-static void stress_adjoint_row_##sfx(long n, const real *restrict lyy, const real *restrict lxx,  \
+static __attribute__((noinline)) void stress_adjoint_row_##sfx(long n, const real *restrict lyy, const real *restrict lxx,  \
         const real *restrict lxy, const real *restrict st0, const real *restrict st1,             \
         const real *restrict st2, const real *restrict lam2mu, const real *restrict lam,          \
         const real *restrict muxy, real *restrict g_lam2mu, real *restrict g_lam,                 \
@@ -272,7 +305,7 @@ static void stress_adjoint_row_##sfx(long n, const real *restrict lyy, const rea
         w0[j] = e_yy * idy; w1[j] = e_xx * idx; w2[j] = e_xy * idy; w3[j] = e_xy * idx;            \
     }                                                                                              \
 }                                                                                                  \
-static void velocity_adjoint_row_##sfx(long n, const real *restrict lvy,                          \
+static __attribute__((noinline)) void velocity_adjoint_row_##sfx(long n, const real *restrict lvy,                          \
         const real *restrict lvx, const real *restrict st0, const real *restrict st1,             \
         const real *restrict buy, const real *restrict bux, real *restrict g_by,                  \
         real *restrict g_bx, real *restrict w0, real *restrict w1, real *restrict w2,             \
@@ -286,7 +319,7 @@ static void velocity_adjoint_row_##sfx(long n, const real *restrict lvy,        
         w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
     }                                                                                              \
 }                                                                                                  \
-static void stress_gather_row_##sfx(long n, long WX, real *restrict lvy, real *restrict lvx,      \
+static __attribute__((noinline)) void stress_gather_row_##sfx(long n, long WX, real *restrict lvy, real *restrict lvx,      \
         const real *restrict w0, const real *restrict w1, const real *restrict w2,                \
         const real *restrict w3)                                                                   \
 {                                                                                                  \
@@ -296,7 +329,7 @@ static void stress_gather_row_##sfx(long n, long WX, real *restrict lvy, real *r
         lvx[c] = lvx[c] + (T_MINUS(w1, c, 1) + T_PLUS(w2, c, WX));                                 \
     }                                                                                              \
 }                                                                                                  \
-static void velocity_gather_row_##sfx(long n, long WX, real *restrict lyy, real *restrict lxx,    \
+static __attribute__((noinline)) void velocity_gather_row_##sfx(long n, long WX, real *restrict lyy, real *restrict lxx,    \
         real *restrict lxy, const real *restrict w0, const real *restrict w1,                     \
         const real *restrict w2, const real *restrict w3)                                          \
 {                                                                                                  \
