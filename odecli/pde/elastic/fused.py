@@ -2,9 +2,14 @@
 bit, without a graph, and their hand-written adjoint.  The propagator runs the steps for a
 forward without gradient and for each time segment's first pass of a forward with gradient;
 a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
-per step, then runs the adjoint steps back to the segment's start.  The adjoint's gradient
-equals autograd's through the reference to round-off (tests: 1e-15 measured) and passes the
-dot-product test.
+per step, then runs the adjoint steps back to the segment's start (each in two vectorised
+passes: the weighted derivative adjoints per point, then their gathers).  The adjoint's
+gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
+dot-product test.  On one rank and one thread without a free surface a step is one sweep
+over the rows (``elastic_sweep``); otherwise two half-step kernels with the halo exchange and
+the free-surface image between them.  A backward's large scratch tensors (stores, padded
+adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
+memory variables only in the layers (:class:`PackedPsi`).
 
 Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo
 exchange (:func:`odecli.parallel.ops.fill_ring_`, in place) and the free-surface image write the
@@ -33,6 +38,7 @@ from odecli.pde.elastic.reference import (
 )
 from odecli.threads import kernel_pool
 
+WRING = 4  # the ring of the adjoint's scratch w (elastic.c), read two past the fields' ring
 _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
 
 
@@ -71,6 +77,62 @@ def _run_pieces(calls: list) -> None:
         raise
 
 
+def _reused(prop, name: str, shape: tuple, like: Tensor) -> Tensor:
+    """A scratch tensor kept on the propagator between the segments of one backward.
+
+    Fresh allocations of this size come from mmap and are faulted in page by page: in a
+    600^2, 60-step float64 gradient 440k minor faults took 0.57 s of 1.27 s CPU time, also
+    slowing the kernels that first wrote the stores.  :meth:`FusedLoop.adjoint` drops them
+    after the first segment's backward."""
+    return _reused_zeroed(prop, name, shape, like, zero=False)
+
+
+def _reused_zeroed(prop, name: str, shape: tuple, like: Tensor, zero: bool = True) -> Tensor:
+    """:func:`_reused`, zeroed when it is made (for scratch whose users keep some part 0)."""
+    cache = prop.__dict__.setdefault("_scratch", {})
+    t = cache.get(name)
+    if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
+        cache[name] = t = like.new_zeros(shape) if zero else like.new_empty(shape)
+    return t
+
+
+def _padded(prop, name: str, f: Tensor) -> Tensor:
+    """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor (nothing to do
+    where ``f`` is that tensor's inside, as the adjoint returns it, with the ring cleared)."""
+    b, c, ny, nx = f.shape
+    out = _reused(prop, name, (b, c, ny + 2 * RING, nx + 2 * RING), f)
+    if f.data_ptr() == out[..., RING:, RING:].data_ptr() and f.stride() == out.stride():
+        return out
+    out[..., :RING, :] = 0
+    out[..., -RING:, :] = 0
+    out[..., :, :RING] = 0
+    out[..., :, -RING:] = 0
+    out[..., RING:-RING, RING:-RING] = f
+    return out
+
+
+class PackedPsi:
+    """A segment's starting CPML memory variables, kept only where they can be non-zero: the
+    rows of the y layers and the columns of the x layers (elsewhere every ``a`` is 0 and
+    ``psi`` stays 0 in the kernels).  In a 1040^2 block with 20-cell layers that is 8 % of
+    the eight planes a checkpoint held; and the forward's segments update ``psi`` in place
+    instead of copying 8 planes each."""
+
+    def __init__(self, psi: Tensor, p: Profiles) -> None:
+        rows = ((p.ay_int != 0) | (p.ay_half != 0)).reshape(-1).nonzero().flatten()
+        cols = ((p.ax_int != 0) | (p.ax_half != 0)).reshape(-1).nonzero().flatten()
+        self.rows, self.cols, self.shape = rows, cols, tuple(psi.shape)
+        self.row_part = psi.index_select(2, rows)
+        self.col_part = psi.index_select(3, cols)
+
+    def into(self, out: Tensor) -> Tensor:
+        """The full memory variables, written into ``out``, which must be 0 outside the layers'
+        rows and columns (as the kernels leave memory variables that started there at 0)."""
+        out.index_copy_(2, self.rows, self.row_part)
+        out.index_copy_(3, self.cols, self.col_part)
+        return out
+
+
 def _mirror_top_(fp: Tensor, image) -> None:
     """The free-surface image (:func:`~odecli.pde.elastic.reference.mirror_top`) in place."""
     rows, signs = image
@@ -103,6 +165,11 @@ class FusedLoop:
         self.stress = getattr(lib, f"elastic_stress_{name}")
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
+        self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
+        self.sweep = getattr(lib, f"elastic_sweep_{name}")
+        self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
+        self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
+        self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
@@ -114,10 +181,8 @@ class FusedLoop:
                         *interior_columns(p.ax_int.reshape(-1), p.ax_half.reshape(-1)))
         self.ny, self.nx = like.shape
         self.pieces = _pieces(self.ny, threads)
-        # The adjoint kernels scatter two rows past their own: pieces of >= 5 rows, every other
-        # one at a time, never write the same row at once.
-        self.adjoint_pieces = (_pieces(self.ny, 2 * threads)
-                               if threads > 1 and self.ny >= 10 * threads else [(0, self.ny)])
+        # the adjoint's gathers write the ringed rows
+        self.ringed_pieces = _pieces(self.ny + 2 * RING, threads)
 
     def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list,
                store: Tensor | None = None, at: int = 0) -> list:
@@ -171,18 +236,33 @@ class FusedLoop:
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
-        sums that the adjoint reads (the velocity update's two, the stress update's three)."""
+        sums that the adjoint reads (the velocity update's two, the stress update's three);
+        then the new ``v`` and ``s`` are not returned (None)."""
         prop = self.prop
-        vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
-        sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+        if stores is None:  # a forward: its scratch would outlive it
+            vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
+            sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+        else:
+            vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
         psi = psi.contiguous() if own else psi.clone().contiguous()
         self._receivers(vr)
+        self._t0 = t0
         vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"])
         st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], "store", self.surface])
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        if len(self.pieces) == 1 and prop.comm.size == 1 and not prop.free_surface_here:
+            sweep = self._sweep_calls(vr, sr, psi, force, stores)
+        else:
+            sweep = None
         for it in range(t0, t1):
+            if sweep is not None:
+                sweep(it)
+                if not force:
+                    prop._inject(sr[inner], it, self.materials, in_place=True)
+                recs.append(self._record(vr, sr))
+                continue
             if stores is not None:
                 k = it - t0
                 vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"],
@@ -200,54 +280,121 @@ class FusedLoop:
             recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
+        if stores is not None:  # the adjoint's recomputation wants the stores alone
+            return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
-    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, grads) -> tuple:
+    def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
+        """``step(it)``: step ``it`` of every shot by ``elastic_sweep`` (both half steps in one
+        pass over the rows; one rank, no free surface, one thread), the point forces included
+        with the values :meth:`ElasticPropagator._inject` adds."""
+        prop, geom = self.prop, self.prop.geom
+        b = vr.shape[0]
+        plane = vr.shape[-2] * vr.shape[-1]
+        if force and geom.has_sources:
+            chan = 0 if prop.source_type == "fy" else 1
+            buoy = self.materials.by if chan == 0 else self.materials.bx
+            at = (chan * plane + (geom.src_iy + RING) * vr.shape[-1] + geom.src_ix + RING)
+            shots = [(geom.src_shot == k).nonzero().flatten() for k in range(b)]
+            at = [at[sel].contiguous() for sel in shots]
+            scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+            at_buoy = buoy[geom.src_iy, geom.src_ix]
+        else:
+            shots = None
+        fixed = [_ptr(t) for t in self.mats]
+        pml = [_ptr(t) for t in self.pml]
+        dims = (ctypes.c_long(self.ny), ctypes.c_long(self.nx))
+
+        def step(it: int) -> None:
+            k = None if stores is None else it - self._t0
+            if shots is not None:
+                vals = geom.src_amp * (geom.wavelet[it] * scale)
+                vals = vals * at_buoy
+            for shot in range(b):
+                if shots is not None:
+                    val = vals[shots[shot]].contiguous()
+                    src = (ctypes.c_long(val.numel()), _ptr(at[shot]), _ptr(val))
+                else:
+                    src = (ctypes.c_long(0), _ptr(None), _ptr(None))
+                st = ((None, None) if stores is None
+                      else (stores[0][k, shot], stores[1][k, shot]))
+                self.sweep(*dims, _ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
+                           _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+        return step
+
+    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
+                grads) -> tuple:
         """The segment's hand-written adjoint: the steps ``t0 .. t1-1`` recomputed from their
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
         adjoints ``grads`` of the segment's outputs ``(v, s, psi, traces)``.  Returns the
         adjoints of ``(v, s, psi)`` at the start and the gradients of the staggered parameters
-        ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface)."""
+        ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface): summed
+        over all segments, returned by the first segment's (``t0 == 0``), None by the others
+        (the backward runs the segments last to first)."""
         prop = self.prop
         b, steps = v.shape[0], t1 - t0
         ny, nx = self.ny, self.nx
-        store_v = v.new_empty((steps, b, 2, ny, nx))
-        store_s = v.new_empty((steps, b, 3, ny, nx))
+        longest = max(e - a for a, e in prop.segments)
+        store_v = _reused(prop, "store_v", (longest, b, 2, ny, nx), v)[:steps]
+        store_s = _reused(prop, "store_s", (longest, b, 3, ny, nx), v)[:steps]
         with torch.no_grad():
-            self.run(t0, t1, v, s, psi, stores=(store_v, store_s))
+            # the recomputation's memory variables, then the adjoint's (below) in another
+            # scratch tensor, which the next segment's backward gets back as gpsi and reuses
+            work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
+            start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
+            self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
-        lv = torch.nn.functional.pad(pad(gv, v), (RING,) * 4).contiguous()
-        ls = torch.nn.functional.pad(pad(gs, s), (RING,) * 4).contiguous()
-        lp = torch.zeros_like(psi) if gpsi is None else gpsi.clone().contiguous()
-        gm = [torch.zeros_like(t) for t in self.mats]  # by, bx, lam2mu, lam, mu_xy
-        g_surface = None if self.surface is None else torch.zeros_like(self.surface)
+        lv, ls = _padded(prop, "lv", pad(gv, v)), _padded(prop, "ls", pad(gs, s))
+        lp = _reused(prop, "lp", tuple(psi.shape), v)
+        if gpsi is None:
+            lp.zero_()
+        elif gpsi.data_ptr() != lp.data_ptr():
+            lp.copy_(gpsi)
+        # The parameter gradients are summed over the segments here and returned once, by the
+        # first segment's backward (the last to run): a fresh set per segment cost an
+        # allocation and an autograd sum of five planes each.
+        cache = prop.__dict__.setdefault("_scratch", {})
+        if "gm" not in cache:
+            cache["gm"] = ([torch.zeros_like(t) for t in self.mats],  # by, bx, lam2mu, lam, mu_xy
+                           None if self.surface is None else torch.zeros_like(self.surface))
+        gm, g_surface = cache["gm"]
         self._receivers(lv)
         force = prop.source_type != "pressure"
         geom = prop.geom
         pml = [_ptr(t) for t in self.pml]
         sc = self.scalars[:3]
 
-        def in_phases(kernel, per_shot) -> None:
-            """``kernel(ny, nx, r0, r1, *per_shot(shot))`` over the row pieces, the even
-            pieces at once, then the odd ones (the shots in turn: they share the gradients)."""
-            def call(r0, r1):
-                for shot in range(b):
-                    kernel(ctypes.c_long(ny), ctypes.c_long(nx), ctypes.c_long(r0),
-                           ctypes.c_long(r1), *per_shot(shot))
-            pieces = self.adjoint_pieces
-            for phase in (pieces[0::2], pieces[1::2]):
-                if phase:
-                    _run_pieces([lambda r=r: call(*r) for r in phase])
+        w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
+        jlo_jhi = self.scalars[3:]
+
+        def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
+            """Per shot: ``kernel(ny, nx, r0, r1, *per_shot(shot), w, ...)`` over the row pieces,
+            then ``gather(ny, nx, q0, q1, out[shot], w)`` over the ringed rows' pieces (on one
+            thread ``both``: the two in one sweep)."""
+            dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+            for shot in range(b):
+                args = (*per_shot(shot), _ptr(w), *pml, *sc, *jlo_jhi)
+                if len(self.pieces) == 1:  # one thread: both passes in one sweep
+                    both(*dims, _ptr(out[shot]), *args)
+                    continue
+                _run_pieces([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
+                                                        ctypes.c_long(r[1]), *a)
+                             for r in self.pieces])
+                o = _ptr(out[shot])
+                _run_pieces([lambda r=r, o=o: gather(*dims, ctypes.c_long(r[0]),
+                                                     ctypes.c_long(r[1]), o, _ptr(w))
+                             for r in self.ringed_pieces])
 
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
-            in_phases(self.stress_adjoint, lambda shot, k=k: (
-                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                *[_ptr(t) for t in self.mats[2:]], _ptr(self.surface), _ptr(store_s[k, shot]),
-                _ptr(gm[2]), _ptr(gm[3]), _ptr(gm[4]), _ptr(g_surface), *pml, *sc))
+            two_passes(self.stress_adjoint, self.stress_gather, self.stress_adjoint_sweep,
+                       lv, lambda shot, k=k: (
+                _ptr(ls[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[2:]],
+                _ptr(self.surface), _ptr(store_s[k, shot]), _ptr(gm[2]), _ptr(gm[3]),
+                _ptr(gm[4]), _ptr(g_surface)))
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             if force and geom.has_sources:
                 chan = 0 if prop.source_type == "fy" else 1
@@ -255,13 +402,17 @@ class FusedLoop:
                 vals = geom.src_amp * (geom.wavelet[it] * scale)
                 lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
                 gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
-            in_phases(self.velocity_adjoint, lambda shot, k=k: (
-                _ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]),
-                *[_ptr(t) for t in self.mats[:2]], _ptr(store_v[k, shot]),
-                _ptr(gm[0]), _ptr(gm[1]), *pml, *sc))
+            two_passes(self.velocity_adjoint, self.velocity_gather, self.velocity_adjoint_sweep,
+                       ls, lambda shot, k=k: (
+                _ptr(lv[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[:2]],
+                _ptr(store_v[k, shot]), _ptr(gm[0]), _ptr(gm[1])))
             self._exchange_adjoint(ls, STRESS_IMAGE)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        return (lv[inner].contiguous(), ls[inner].contiguous(), lp, *gm, g_surface)
+        out = [lv[inner], ls[inner], lp]  # the previous segment's gv, gs: padded in place
+        if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
+            prop.__dict__.pop("_scratch", None)
+            return (*out, *gm, g_surface)
+        return (*out, *[None] * (len(gm) + 1))
 
     def _record_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> None:
         """Add the traces' adjoints ``g`` ``(B, local receivers)`` where they were recorded."""

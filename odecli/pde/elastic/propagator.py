@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
-from odecli.pde.elastic.fused import FusedLoop, native_available
+from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -66,20 +66,30 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, prop, t0, t1, v, s, psi, *materials):
         ctx.prop, ctx.span = prop, (t0, t1)
-        ctx.save_for_backward(v, s, psi, *[m for m in materials if m is not None])
         ctx.has_surface = materials[-1] is not None
+        mats = [m for m in materials if m is not None]
+        if not prop.fused:
+            ctx.save_for_backward(v, s, psi, *mats)
+            with torch.no_grad():
+                return prop._run_without_graph(t0, t1, v, s, psi, *materials)
+        # the C kernels' backward: psi kept where it can be non-zero, and updated in place
+        ctx.packed = PackedPsi(psi.detach(), prop._profiles)
+        ctx.save_for_backward(v, s, *mats)
         with torch.no_grad():
-            return prop._run_without_graph(t0, t1, v, s, psi, *materials)
+            out = prop._run_without_graph(t0, t1, v, s, psi.contiguous(), *materials, own=True)
+        if out[2].data_ptr() == psi.data_ptr():
+            ctx.mark_dirty(psi)
+        return out
 
     @staticmethod
     def backward(ctx, *grads):
         prop = ctx.prop
         if prop.fused:
-            v, s, psi, *mats = ctx.saved_tensors
+            v, s, *mats = ctx.saved_tensors
             if not ctx.has_surface:
                 mats.append(None)
             loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
-            return (None, None, None, *loop.adjoint(*ctx.span, v, s, psi, grads))
+            return (None, None, None, *loop.adjoint(*ctx.span, v, s, ctx.packed, grads))
         saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         inputs = saved + ([] if ctx.has_surface else [None])
         with torch.enable_grad():
@@ -281,8 +291,12 @@ class ElasticPropagator:
         psi = coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         graph = torch.is_grad_enabled() and coefficient.requires_grad
+        self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
-        for t0, t1 in self.segments:
+        # Segments bound the backward's memory; without a graph one run over all steps saves
+        # each segment's padded copies of the fields (600^2, 60 steps: 8 runs -> 1).
+        spans = self.segments if graph else [(0, self.nt)]
+        for t0, t1 in spans:
             if graph and (len(self.segments) > 1 or self.fused):
                 v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
             elif graph:
