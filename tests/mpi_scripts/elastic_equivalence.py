@@ -45,7 +45,17 @@ def variants():
 
 
 def compute(proc_grid=None) -> dict:
+    """Every case's results; float64 throughout (the test imports this: the default dtype is
+    restored, or every later float32 test in the process would see float64 defaults)."""
+    before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
+    try:
+        return _compute(proc_grid)
+    finally:
+        torch.set_default_dtype(before)
+
+
+def _compute(proc_grid) -> dict:
     comm = get_comm()
     out = {}
     cases, shots, recs, comps = variants()
