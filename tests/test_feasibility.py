@@ -76,3 +76,39 @@ def test_a_pde_grid_larger_than_memory(tmp_path):
         line = _one_error_line(runner.invoke(app, command))
         assert "grid.shape: a 100000 x 100000 grid" in line and "GiB of memory" in line
     assert not (tmp_path / "fit.h5").exists()
+
+
+def _acoustic_variant(tmp_path, name: str, old: str, new: str) -> Path:
+    text = (EXAMPLES / "acoustic-anomaly.yaml").read_text()
+    text, n = re.subn(old, new, text)
+    assert n == 1
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(text)
+    return spec
+
+
+def test_wave_fields_per_shot_count_against_memory(tmp_path, monkeypatch):
+    """Six grid fields fit in 1 GiB at 4000 x 4000 (0.72 GiB), but each of the 6 shots holds its own
+    wave fields: the bound counts two per shot (15 fields, 1.8 GiB) and refuses the grid."""
+    from odecli.specs import feasibility
+
+    monkeypatch.setattr(feasibility, "_physical_memory", lambda: float(2**30))
+    spec = _acoustic_variant(tmp_path, "big", r"shape: \[\d+, \d+\]", "shape: [4000, 4000]")
+    line = _one_error_line(runner.invoke(app, ["validate", str(spec)]))
+    assert "grid.shape: a 4000 x 4000 grid with 6 shots" in line and "1.79 GiB" in line
+    small = _acoustic_variant(tmp_path, "small", r"shape: \[\d+, \d+\]", "shape: [2000, 2000]")
+    assert runner.invoke(app, ["validate", str(small)]).exit_code == 0
+
+
+def test_an_mlp_too_wide_for_memory(tmp_path):
+    spec = _acoustic_variant(tmp_path, "wide", r"unknown:\n  type: grid\n  initial: \{type: constant, value: 2000\}",
+                             "unknown:\n  type: mlp\n  hidden: [100000, 100000]\n  base: 2000\n  scale: 300")
+    line = _one_error_line(runner.invoke(app, ["validate", str(spec)]))
+    assert "unknown.hidden: an MLP of 100000 x 100000 hidden units has" in line and "GiB of memory" in line
+
+
+def test_a_smoothing_wider_than_the_grid(tmp_path):
+    spec = _acoustic_variant(tmp_path, "smooth", r"optimizer: \{type: lbfgs, iterations: 15\}",
+                             "optimizer: {type: lbfgs, iterations: 15, smoothing: 1.0e+9}")
+    line = _one_error_line(runner.invoke(app, ["validate", str(spec)]))
+    assert "optimizer.smoothing: at most the grid's larger side (60 cells), got 1e+09" in line

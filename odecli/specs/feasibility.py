@@ -105,21 +105,36 @@ def _evaluate(node: ast.AST, env: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def check_pde_memory(spec: dict, ranks: int = 1, ranks_here: int = 1) -> None:
-    """Refuse a grid whose fields certainly do not fit: a lower bound of what any run needs (six
-    fields of the grid: the wave field at three times, the coefficient, its gradient and the
-    absorbing profile; the observed and predicted traces) against this machine's memory."""
+    """Refuse a problem that certainly does not fit in memory, from lower bounds of what any run
+    needs: on the grid, two wave fields per shot (every scheme keeps at least the present and
+    the past, or CG's solution and residual) and three more fields (the coefficient, its
+    gradient, the absorbing profile); the observed and predicted traces; an MLP unknown's weights
+    three times over (the weights, their gradient, the optimiser's state)."""
+    file = spec["file"]
     ny, nx = spec["grid"]["shape"]
     itemsize = 4 if spec["compute"]["dtype"] == "float32" else 8
     shots = len(spec["sources"]["shots"])
     receivers = len(spec["receivers"]["points"])
     steps = spec["time"]["steps"]
-    need = 6 * ny * nx * itemsize * ranks_here / ranks + 2 * shots * receivers * steps * itemsize * ranks_here
     have = _physical_memory()
+    fields = 2 * shots + 3
+    need = fields * ny * nx * itemsize * ranks_here / ranks + 2 * shots * receivers * steps * itemsize * ranks_here
     if need > have:
-        raise SpecError(spec["file"], "grid.shape",
+        raise SpecError(file, "grid.shape",
                         f"a {ny} x {nx} grid with {shots} shots x {receivers} receivers x {steps} steps needs "
                         f"at least {need / 2**30:.3g} GiB{' on this machine' if ranks_here > 1 else ''}, "
                         f"more than this machine's {have / 2**30:.3g} GiB of memory")
+    unknown = spec.get("unknown") or {}
+    if unknown.get("type") == "mlp":
+        hidden = unknown.get("hidden") or []
+        hidden = [hidden] if isinstance(hidden, int) else list(hidden)
+        weights = sum(a * b for a, b in zip(hidden, hidden[1:])) + 2 * hidden[0]  # and more: biases, features
+        need = 3 * weights * itemsize * ranks_here  # replicated on every rank
+        if need > have:
+            raise SpecError(file, "unknown.hidden",
+                            f"an MLP of {' x '.join(map(str, hidden))} hidden units has {weights:.3g} weights and "
+                            f"needs at least {need / 2**30:.3g} GiB, more than this machine's "
+                            f"{have / 2**30:.3g} GiB of memory")
 
 
 def _physical_memory() -> float:

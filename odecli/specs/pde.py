@@ -149,6 +149,9 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     out["regularization"] = V.section(raw, "regularization", sections.Regularization)
     optimizer = V.section(raw, "optimizer", sections.Optimizer, required=True)
     out["optimizer"] = OptimizerSettings(**{**optimizer, "betas": tuple(optimizer["betas"])})
+    smoothing = optimizer["smoothing"]
+    if smoothing != "auto" and smoothing > max(ny, nx):  # 4 sigma^2 stencil passes: 1e9 never ends
+        raise V.err("optimizer.smoothing", f"at most the grid's larger side ({max(ny, nx)} cells), got {smoothing:g}")
     for key, section in (("loss", sections.Loss), ("parallel", sections.Parallel),
                          ("checkpoint", sections.Checkpoint), ("compute", sections.Compute)):
         out[key] = V.section(raw, key, section)
