@@ -54,13 +54,15 @@ def oversubscription_note() -> str | None:
 def solve_file(spec_path: Path, output: Path | None, *, overrides: dict[str, Any], force: bool, quiet: bool,
                stdout: Any, stderr: Any, logger: Logger) -> Outcome:
     """Solve a ``kind: ode`` spec into an HDF5 run file (over the ranks when under mpirun)."""
-    from odecli.io.atomic import check_writable
+    from odecli.io.atomic import check_space, check_writable
+    from odecli.io.ode_run import estimated_size
     from odecli.specs import load_ode_spec
 
     ode_spec = load_ode_spec(spec_path)
     feasibility.check_ode(ode_spec)
     target = output or Path(ode_spec.default_output)
     check_writable(target, force=force)
+    check_space(target, estimated_size(ode_spec))
     from odecli.app.solve import solve_spec_arrays, with_overrides
     from odecli.app.solve_ranks import launched_ranks, solve_cli
     from odecli.io.ode_run import write_ode_run

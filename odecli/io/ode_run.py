@@ -53,10 +53,34 @@ if TYPE_CHECKING:
 def write_ode_run(path: Path, spec: OdeSpec, solution: Solution | ArraySolution, replace: bool = True) -> None:
     """Write ``solution`` (tensors or numpy arrays) atomically: the file appears complete or not at all.
     ``replace=False`` keeps a file that appeared at ``path`` since the caller checked it (atomic_path)."""
-    with atomic_h5(path, replace) as h5:
+    part = solution_part(solution)
+    in_memory = _nbytes(part) <= IN_MEMORY_MOST  # see atomic_h5: a full disk is then one clean error
+    with atomic_h5(path, replace, in_memory=in_memory) as h5:
         stream = OdeRunStream(h5, spec)
-        stream.write(0, solution_part(solution))
+        stream.write(0, part)
         stream.finish(device=solution.extra.get("device", "cpu"), wall_time_s=solution.wall_time_s)
+
+
+IN_MEMORY_MOST = 2**30
+"""A whole solution up to this many bytes is written as a file image built in memory (one more
+copy of arrays already held); larger ones are streamed to disk, after :func:`estimated_size`
+was checked against the free space before solving."""
+
+
+def _nbytes(tree: Any) -> int:
+    if isinstance(tree, np.ndarray):
+        return tree.nbytes
+    if isinstance(tree, Mapping):
+        return sum(_nbytes(v) for v in tree.values())
+    return 0
+
+
+def estimated_size(spec: OdeSpec) -> float:
+    """A lower bound of the bytes the run file of ``spec`` takes: ``t`` and ``y`` at every output
+    time (the file adds the final states, counters, events and metadata), so that a run refused
+    for want of space would certainly have failed."""
+    n_eval = max((len(row) for row in spec.t_eval), default=1)
+    return 8.0 * spec.batch * n_eval * (1 + len(spec.states))
 
 
 #: The per-sample root datasets, in the order they are created.
