@@ -212,5 +212,5 @@ def test_exception_on_one_rank_ends_every_rank(tmp_path, monkeypatch, rank):
     assert p.returncode != 0
     assert elapsed < 45, elapsed  # start-up of two ranks on a loaded 2-core box included
     assert p.stderr.count(f"injected failure on rank {rank}") == 1, p.stderr
-    assert f"error: rank {rank}: RuntimeError: injected failure" in p.stderr
+    assert f"[rank {rank}] error: RuntimeError: injected failure" in p.stderr
     assert not out.exists() and not list(tmp_path.glob(".out.h5.*"))

@@ -104,7 +104,7 @@ def end_every_rank(comm: Any, exc: BaseException, collective: bool) -> None:
     msg = str(exc) or type(exc).__name__
     if not isinstance(exc, OdecliError):
         msg = f"{type(exc).__name__}: {msg}"
-    sys.stderr.write(f"error: rank {comm.rank}: {msg}\n")
+    sys.stderr.write(f"[rank {comm.rank}] error: {msg}\n")
     sys.stderr.flush()
     comm.abort(code or 1)
 

@@ -13,7 +13,7 @@
   simply takes fewer chunks. Other ranks also wait by polling with a sleep.
 * **Failures end the job.** An exception on a worker rank is sent to rank 0 and raised there as
   :class:`RankFailed`; the caller cleans up and calls :func:`end_job`, which prints one
-  ``error: rank R: ...`` line and aborts every rank (:meth:`odecli.parallel.comm.Comm.abort`).
+  ``[rank R] error: ...`` line and aborts every rank (:meth:`odecli.parallel.comm.Comm.abort`).
   Should rank 0 not answer within :data:`ABORT_GRACE_S`, the failing rank prints and aborts itself.
 """
 
@@ -213,7 +213,7 @@ def work(comm: Comm, solve: SolveChunk, describe: Describe) -> Any:
             comm.isend_object((message, code), 0, TAG_ERROR)
             time.sleep(ABORT_GRACE_S)  # rank 0 aborts the job well before this ends
         finally:
-            print(f"error: rank {comm.rank}: {message} (rank 0 did not respond)", file=sys.stderr, flush=True)
+            print(f"[rank {comm.rank}] error: {message} (rank 0 did not respond)", file=sys.stderr, flush=True)
             comm.abort(code)
         raise  # not reached
 
@@ -225,12 +225,13 @@ def finish(comm: Comm, final: Any) -> None:
 
 
 def end_job(comm: Comm, exc: BaseException, describe: Describe) -> None:
-    """Rank 0 after a failure (its own or a :class:`RankFailed`): one ``error: rank R: ...`` line,
-    then every rank ends with the failure's exit code. Does not return."""
+    """Rank 0 after a failure (its own or a :class:`RankFailed`): one ``[rank R] error: ...`` line,
+    the form every command prints for a failure one rank met alone
+    (:func:`odecli.parallel.comm.end_together`), then every rank ends with the failure's exit
+    code. Does not return."""
     if isinstance(exc, RankFailed):
-        message, code = f"rank {exc.rank}: {exc.message}", exc.code
+        rank, message, code = exc.rank, exc.message, exc.code
     else:
-        message, code = describe(exc)
-        message = f"rank 0: {message}"
-    print(f"error: {message}", file=sys.stderr, flush=True)
+        rank, (message, code) = 0, describe(exc)
+    print(f"[rank {rank}] error: {message}", file=sys.stderr, flush=True)
     comm.abort(code)
