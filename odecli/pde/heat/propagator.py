@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from odecli.pde.grid import Block, Grid
 from odecli.pde.heat.equation import stability_limit
+from odecli.pde.linear.diffusion import DiffusionBoundary
 from odecli.pde.linear.settings import SolverSettings
 from odecli.pde.linear.solve import DiffusionSystem, solve
 from odecli.pde.segments import segment_bounds
@@ -29,7 +30,6 @@ from odecli.pde.stencils import divergence_flux
 from odecli.pde.timing import CommTimer, timed_halo
 
 HALO = 1
-SIDES = ("top", "bottom", "left", "right")
 
 
 class HeatPropagator:
@@ -54,28 +54,9 @@ class HeatPropagator:
         self.timer = timer
         self.initial_value = float(initial_value)
         self.device = device
-        ny, nx = block.shape
-        iy, ix = block.indices(device)
-        # masks of nodes whose face lies on the physical boundary
-        on = {
-            "top": iy == 0,
-            "bottom": iy == grid.ny - 1,
-            "left": ix == 0,
-            "right": ix == grid.nx - 1,
-        }
-        self.on_boundary = on
-        self.open = {s: (boundary[s]["type"] == "dirichlet") for s in SIDES}
-        # ghost values added after the zero-filled halo exchange (physical ghost cells only)
-        ghost = torch.zeros((ny + 2, nx + 2), dtype=dtype, device=device)
-        if block.y0 == 0 and self.open["top"]:
-            ghost[0, 1:-1] = boundary["top"]["value"]
-        if block.y1 == grid.ny and self.open["bottom"]:
-            ghost[-1, 1:-1] = boundary["bottom"]["value"]
-        if block.x0 == 0 and self.open["left"]:
-            ghost[1:-1, 0] = boundary["left"]["value"]
-        if block.x1 == grid.nx and self.open["right"]:
-            ghost[1:-1, -1] = boundary["right"]["value"]
-        self.ghost = ghost
+        # the boundary rules (faces, Dirichlet ghosts) the implicit and steady solves share
+        self.rules = DiffusionBoundary(grid, block, boundary, decomp, comm, timer, dtype, device)
+        self.ghost = self.rules.ghost  # held values, added after the zero-filled halo exchange
 
     def stability_limit(self) -> float:
         """Largest stable conductivity for this dt and grid (infinite for backward Euler)."""
@@ -90,22 +71,8 @@ class HeatPropagator:
         return f"PyTorch reference on {self.device}, {len(self.segments)} time segment(s)"
 
     def face_conductivities(self, k: torch.Tensor):
-        kp = timed_halo(k, self.decomp, self.comm, HALO, 0.0, self.timer)
-        ny, nx = k.shape
-        on = self.on_boundary
-
-        def face(nb, side):
-            avg = (k + nb) * 0.5
-            avg = torch.where(on[side], k, avg)  # Dirichlet face: the cell's own conductivity
-            if not self.open[side]:
-                avg = torch.where(on[side], torch.zeros_like(avg), avg)
-            return avg
-
-        kxp = face(kp[1 : 1 + ny, 2 : 2 + nx], "right")
-        kxm = face(kp[1 : 1 + ny, 0:nx], "left")
-        kyp = face(kp[2 : 2 + ny, 1 : 1 + nx], "bottom")
-        kym = face(kp[0:ny, 1 : 1 + nx], "top")
-        return kxm, kxp, kym, kyp
+        """Face conductivities ``(west, east, north, south)`` (collective: exchanges ``k``'s halo)."""
+        return self.rules.faces(k)
 
     def _run(self, t0, t1, u, kxm, kxp, kym, kyp):
         g = self.geom
@@ -122,8 +89,7 @@ class HeatPropagator:
     def _run_implicit(self, system: DiffusionSystem, t0, t1, u, k, kxm, kxp, kym, kyp):
         """Backward Euler steps ``[t0, t1)``: one solve with ``system`` each."""
         g = self.geom
-        lift = divergence_flux(self.ghost, kxm, kxp, kym, kyp, self.grid.dy, self.grid.dx)
-        lift = lift * self.dt
+        lift = self.rules.lift((kxm, kxp, kym, kyp)) * self.dt
         recs = []
         for it in range(t0, t1):
             rhs = g.inject(u + lift, self.dt, it)
@@ -157,4 +123,4 @@ class HeatPropagator:
         return (traces, u) if return_field else traces
 
 
-__all__ = ["HeatPropagator", "SIDES"]
+__all__ = ["HeatPropagator"]
