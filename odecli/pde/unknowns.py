@@ -210,23 +210,11 @@ class MLPUnknown(Unknown):
         ``initial`` the network already gives ``base`` everywhere and nothing is done."""
         if initial is None:
             return 0.0
-        from odecli.optim.adam import Adam
-
         whole = Block(0, self.grid.ny, 0, self.grid.nx)
         target_field = models.evaluate(initial, self.grid, whole, self.dtype, self.device,
                                        base_dir=self.base_dir)
         target = ((self.transform.inverse(target_field) - self.base_p) / self.out_scale).reshape(-1, 1)
-        x = self._inputs(whole)
-        opt = Adam(self.params, PRETRAIN_LR)
-        denom = float((target * target).mean()) or 1.0
-        loss = torch.zeros(())
-        for _ in range(PRETRAIN_ITERATIONS):
-            for p in self.params:
-                p.grad = None
-            loss = ((self.network(x) - target) ** 2).mean()
-            loss.backward()
-            opt.step(float(loss.detach()), [p.grad for p in self.params], lambda: (0.0, None))
-        return float(loss.detach()) ** 0.5 / denom**0.5
+        return fit_network(self.network, self.params, self._inputs(whole), target)
 
 
 class ScalarsUnknown(Unknown):
@@ -339,8 +327,6 @@ class MultiMLPUnknown(MLPUnknown):
         base) on the whole grid; returns the relative RMS misfit left."""
         if initial is None or all(m is None for m in initial):
             return 0.0
-        from odecli.optim.adam import Adam
-
         whole = Block(0, self.grid.ny, 0, self.grid.nx)
         columns = []
         for m, t, b, s in zip(initial, self.transforms, self.base_ps, self.out_scales):
@@ -350,17 +336,24 @@ class MultiMLPUnknown(MLPUnknown):
             f = models.evaluate(m, self.grid, whole, self.dtype, self.device, base_dir=self.base_dir)
             columns.append(((t.inverse(f) - b) / s).reshape(-1))
         target = torch.stack(columns, dim=-1)
-        x = self._inputs(whole)
-        opt = Adam(self.params, PRETRAIN_LR)
-        denom = float((target * target).mean()) or 1.0
-        loss = torch.zeros(())
-        for _ in range(PRETRAIN_ITERATIONS):
-            for p in self.params:
-                p.grad = None
-            loss = ((self.network(x) - target) ** 2).mean()
-            loss.backward()
-            opt.step(float(loss.detach()), [p.grad for p in self.params], lambda: (0.0, None))
-        return float(loss.detach()) ** 0.5 / denom**0.5
+        return fit_network(self.network, self.params, self._inputs(whole), target)
+
+
+def fit_network(network, params: list[torch.Tensor], x: torch.Tensor, target: torch.Tensor) -> float:
+    """Fit ``network(x)`` to ``target`` by least squares (:data:`PRETRAIN_ITERATIONS` Adam
+    steps): an MLP unknown's pretraining to its initial model. Returns the relative RMS misfit."""
+    from odecli.optim.adam import Adam
+
+    opt = Adam(params, PRETRAIN_LR)
+    denom = float((target * target).mean()) or 1.0
+    loss = torch.zeros(())
+    for _ in range(PRETRAIN_ITERATIONS):
+        for p in params:
+            p.grad = None
+        loss = ((network(x) - target) ** 2).mean()
+        loss.backward()
+        opt.step(float(loss.detach()), [p.grad for p in params], lambda: (0.0, None))
+    return float(loss.detach()) ** 0.5 / denom**0.5
 
 
 __all__ = ["MultiMLPUnknown", "StackedUnknown", "Transform", "Unknown", "make_unknown"]
