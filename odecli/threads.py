@@ -10,7 +10,9 @@ hundreds of times, and starting threads for each call cost more than the C work 
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -30,6 +32,30 @@ def kernel_pool(workers: int) -> ThreadPoolExecutor:
             if old is not None:
                 old.shutdown(wait=False)
         return _pool
+
+
+def split_rows(rows: int, pieces: int) -> list[tuple[int, int]]:
+    """``rows`` split into at most ``pieces`` contiguous, nearly equal, non-empty ranges [a, b)."""
+    pieces = max(1, min(pieces, rows))
+    cuts = [rows * k // pieces for k in range(pieces + 1)]
+    return list(itertools.pairwise(cuts))
+
+
+def run_on_pool(calls: list) -> None:
+    """Run the kernel calls at once: all but one on the pool, the last on this thread. On an
+    exception (a signal) it waits for the others, which are inside C writing into the caller's
+    arrays, before unwinding."""
+    if len(calls) == 1:
+        calls[0]()
+        return
+    futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
+    try:
+        calls[-1]()
+        for f in futures:
+            f.result()
+    except BaseException:
+        concurrent.futures.wait(futures)
+        raise
 
 
 @functools.lru_cache(maxsize=1)

@@ -19,7 +19,6 @@ autograd of the reference to round-off (tests).
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from odecli.pde import native
 from odecli.pde.acoustic.reference import RING
-from odecli.threads import available_cpus, kernel_pool
+from odecli.threads import available_cpus, run_on_pool, split_rows
 
 _SUFFIX = {torch.float64: "f64", torch.float32: "f32"}
 _LINE_BYTES = 64  # a cache line
@@ -139,7 +138,7 @@ class Kernels:
         self._c2, self._sponge, self._span = _ptr(c2dt2), _ptr(sponge), _ptr(self.spans)
         self._iy2, self._ix2 = ctypes.c_double(1.0 / (dy * dy)), ctypes.c_double(1.0 / (dx * dx))
         self.threads = threads
-        self._fwd_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in _pieces(ny, threads)]
+        self._fwd_rows = [(ctypes.c_long(a), ctypes.c_long(b)) for a, b in split_rows(ny, threads)]
         self._forward = _kernel("forward", self.dtype)
         self._forward_run = _kernel("forward_run", self.dtype)
         self._points = _kernel_named(f"scatter_gather_{_SUFFIX[self.dtype]}")
@@ -191,7 +190,7 @@ class Kernels:
         if len(self._fwd_rows) == 1:
             self._forward(*self._dims, *self._fwd_rows[0], *fixed)
         else:
-            _run_pieces([functools.partial(self._forward, *self._dims, a, b, *fixed)
+            run_on_pool([functools.partial(self._forward, *self._dims, a, b, *fixed)
                          for a, b in self._fwd_rows])
         return out
 
@@ -261,13 +260,13 @@ class Kernels:
         """Run a pass kernel over its n steps: one call, or consecutive shares of the steps on
         threads, each starting a row iteration once the thread before it has finished it (a
         waiting thread spins, so no more threads than the CPUs this process may use)."""
-        parts = _pieces(n, min(self.threads, available_cpus()))
+        parts = split_rows(n, min(self.threads, available_cpus()))
         if len(parts) == 1:
             kernel(*self._dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None, *fixed)
             return
         done = torch.full((len(parts),), -(1 << 40), dtype=torch.int64)  # last row iteration per part
         marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(len(parts))]
-        _run_pieces([functools.partial(kernel, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
+        run_on_pool([functools.partial(kernel, *self._dims, ctypes.c_long(n), ctypes.c_long(j0),
                                        ctypes.c_long(j1), marks[t], marks[t - 1] if t else None, *fixed)
                      for t, (j0, j1) in enumerate(parts)])
 
@@ -328,28 +327,6 @@ def _by_row(row: Tensor, rows: int) -> tuple[Tensor, Tensor]:
 # each step reads u and u_prev from cache instead of memory (float64 at 1000^2, 100 steps on one
 # thread: 145-173 ms against 293-350 in single steps); the adjoint pass is the same loop.
 STEPS_PER_PASS = 8
-
-
-def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
-    """``rows`` split into ``threads`` contiguous, nearly equal, non-empty ranges."""
-    threads = max(1, min(threads, rows))
-    cuts = [rows * k // threads for k in range(threads + 1)]
-    return list(zip(cuts[:-1], cuts[1:]))
-
-
-def _run_pieces(calls: list) -> None:
-    """Run the kernel calls at once: all but one on the pool, the last on this thread."""
-    if len(calls) == 1:
-        calls[0]()
-        return
-    futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
-    try:
-        calls[-1]()
-        for f in futures:
-            f.result()
-    except BaseException:  # a signal: the other pieces are inside C, writing into our tensors
-        concurrent.futures.wait(futures)
-        raise
 
 
 def _spans(sponge: Tensor | None, spans: Tensor | None) -> Tensor | None:

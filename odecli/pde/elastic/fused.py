@@ -19,9 +19,7 @@ ring and the kernels read it; rows are shared out over the kernel threads
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
-import itertools
 import time
 
 import torch
@@ -36,7 +34,7 @@ from odecli.pde.elastic.reference import (
     Materials,
     Profiles,
 )
-from odecli.threads import kernel_pool
+from odecli.threads import run_on_pool, split_rows
 
 WRING = 4  # the ring of the adjoint's scratch w (elastic.c), read two past the fields' ring
 _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
@@ -54,27 +52,6 @@ def native_available(t: Tensor) -> tuple[bool, str]:
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
-
-
-def _pieces(rows: int, threads: int) -> list[tuple[int, int]]:
-    threads = max(1, min(threads, rows))
-    cuts = [rows * k // threads for k in range(threads + 1)]
-    return list(itertools.pairwise(cuts))
-
-
-def _run_pieces(calls: list) -> None:
-    """All but the last call on the kernel pool, the last on this thread."""
-    if len(calls) == 1:
-        calls[0]()
-        return
-    futures = [kernel_pool(len(calls) - 1).submit(c) for c in calls[:-1]]
-    try:
-        calls[-1]()
-        for f in futures:
-            f.result()
-    except BaseException:  # the other pieces are inside C, writing into our tensors
-        concurrent.futures.wait(futures)
-        raise
 
 
 def _reused(prop, name: str, shape: tuple, like: Tensor) -> Tensor:
@@ -180,9 +157,9 @@ class FusedLoop:
         self.scalars = (self.real(prop.dt), self.real(1.0 / g.dy), self.real(1.0 / g.dx),
                         *interior_columns(p.ax_int.reshape(-1), p.ax_half.reshape(-1)))
         self.ny, self.nx = like.shape
-        self.pieces = _pieces(self.ny, threads)
+        self.pieces = split_rows(self.ny, threads)
         # the adjoint's gathers write the ringed rows
-        self.ringed_pieces = _pieces(self.ny + 2 * RING, threads)
+        self.ringed_pieces = split_rows(self.ny + 2 * RING, threads)
 
     def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list,
                store: Tensor | None = None, at: int = 0) -> list:
@@ -270,11 +247,11 @@ class FusedLoop:
                 st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], "store",
                                                              self.surface], stores[1][k])
             self._exchange(sr, STRESS_IMAGE)
-            _run_pieces(vel)
+            run_on_pool(vel)
             if force:
                 prop._inject(vr[inner], it, self.materials, in_place=True)
             self._exchange(vr, VELOCITY_IMAGE)
-            _run_pieces(st)
+            run_on_pool(st)
             if not force:
                 prop._inject(sr[inner], it, self.materials, in_place=True)
             recs.append(self._record(vr, sr))
@@ -378,11 +355,11 @@ class FusedLoop:
                 if len(self.pieces) == 1:  # one thread: both passes in one sweep
                     both(*dims, _ptr(out[shot]), *args)
                     continue
-                _run_pieces([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
+                run_on_pool([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
                                                         ctypes.c_long(r[1]), *a)
                              for r in self.pieces])
                 o = _ptr(out[shot])
-                _run_pieces([lambda r=r, o=o: gather(*dims, ctypes.c_long(r[0]),
+                run_on_pool([lambda r=r, o=o: gather(*dims, ctypes.c_long(r[0]),
                                                      ctypes.c_long(r[1]), o, _ptr(w))
                              for r in self.ringed_pieces])
 
