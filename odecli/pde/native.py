@@ -26,3 +26,17 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str]:
     if not native.enabled():  # checked before reading the file: the switch must always work
         return None, "turned off by ODECLI_NATIVE=0"
     return native.load_source(name, source_path(name).read_bytes())
+
+
+DTYPES = ("float64", "float32")  # the kernels' real types
+
+
+def available(name: str, like) -> tuple[bool, str]:
+    """Whether equation ``name``'s kernels can run on tensors like ``like`` (and if not, why):
+    CPU tensors of a dtype the kernels are built for, and the library built."""
+    if like.device.type != "cpu":
+        return False, f"the fused {name} kernels are CPU-only (tensors on {like.device})"
+    if str(like.dtype).removeprefix("torch.") not in DTYPES:
+        return False, f"no fused {name} kernel for {like.dtype}"
+    lib, why = load(name)
+    return lib is not None, why

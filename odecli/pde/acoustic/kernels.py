@@ -59,13 +59,8 @@ def new_lap_store(c2dt2: Tensor, steps: int, shots: int, base: Tensor | None = N
 
 
 def native_available(t: Tensor) -> tuple[bool, str]:
-    """Whether the fused kernel can run on tensors like ``t`` (and if not, why)."""
-    if t.device.type != "cpu":
-        return False, f"the fused kernel is CPU-only (tensors on {t.device})"
-    if t.dtype not in _SUFFIX:
-        return False, f"no fused kernel for {t.dtype}"
-    lib, why = native.load("acoustic")
-    return lib is not None, why
+    """Whether the fused kernels can run on tensors like ``t`` (and if not, why)."""
+    return native.available("acoustic", t)
 
 
 def kernels_flush_subnormals() -> bool:

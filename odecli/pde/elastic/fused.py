@@ -42,12 +42,7 @@ _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctype
 
 def native_available(t: Tensor) -> tuple[bool, str]:
     """Whether the fused kernels can run on tensors like ``t`` (and if not, why)."""
-    if t.device.type != "cpu":
-        return False, f"the fused kernels are CPU-only (tensors on {t.device})"
-    if t.dtype not in _SUFFIX:
-        return False, f"no fused kernel for {t.dtype}"
-    lib, why = native.load("elastic")
-    return lib is not None, why
+    return native.available("elastic", t)
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
