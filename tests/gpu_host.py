@@ -3,7 +3,8 @@
 g++ compiles the exact text NVRTC compiles (``__CUDACC_RTC__`` defined), with a shim for the
 few CUDA names it uses and a ``launch`` that calls the ``__global__`` entry once per (block,
 thread). :class:`HostKernel` stands in for :class:`odecli.ode.gpu.driver.Kernel`:
-``tests/test_ode_gpu.py`` runs ``solve_gpu`` through it, and ``benchmarks/gpu_check.py
+``tests/test_ode_gpu.py`` runs ``solve_gpu`` through it (``tests/test_ode_gpu_grad.py`` the
+gradient's ``gradient_samples_cuda``), and ``benchmarks/gpu_check.py
 --host-dry-run`` runs the whole GPU check on it.
 """
 
@@ -59,6 +60,26 @@ extern "C" void launch_events(int64_t blocks, int64_t threads, int64_t i0, int64
 }
 #endif
 """
+_HOST_GRADIENT_LAUNCH = r"""
+extern "C" void launch_gradient(int64_t blocks, int64_t threads, int64_t i0, int64_t i1, int64_t n_eval,
+                                int64_t n_params, const double *y0, const double *t0, const double *t1,
+                                const double *grid, const double *params, const double *dt0, int64_t auto_dt0,
+                                const double *cfg, int64_t max_steps, double *yout, int64_t *istat, double *fstat,
+                                double *yfinal, const double *shared, const double *gy, const double *gfinal,
+                                double *gy0, double *gp, const int64_t *tape_start, int64_t base, Step *steps,
+                                double *tape_y, double *tape_k, double *tape_keep, int64_t *taped)
+{
+    blockDim.x = (unsigned)threads;
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t t = 0; t < threads; t++) {
+            blockIdx.x = (unsigned)b; threadIdx.x = (unsigned)t;
+            gradient_samples_cuda(i0, i1, n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps,
+                                  yout, istat, fstat, yfinal, shared, gy, gfinal, gy0, gp, tape_start, base, steps,
+                                  tape_y, tape_k, tape_keep, taped);
+        }
+}
+extern "C" int64_t step_bytes(void) { return sizeof(Step); }
+"""
 
 
 def host_build(source: str, folder: Path) -> ctypes.CDLL:
@@ -66,7 +87,8 @@ def host_build(source: str, folder: Path) -> ctypes.CDLL:
     if cxx is None:
         pytest.skip("no C++ compiler")
     path = folder / "kernel.cpp"
-    path.write_text(_HOST_SHIM + source + _HOST_LAUNCH)
+    gradient = _HOST_GRADIENT_LAUNCH if "gradient_samples_cuda" in source else ""
+    path.write_text(_HOST_SHIM + source + _HOST_LAUNCH + gradient)
     lib = folder / "kernel.so"
     subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-shared", "-w", str(path), "-o", str(lib)],
                    check=True, capture_output=True)
@@ -78,7 +100,8 @@ class HostKernel:
 
     def __init__(self, lib: ctypes.CDLL, entry: str = "solve_samples_cuda") -> None:
         self.lib, self.launches = lib, []
-        self.entry = lib.launch_events if entry == "solve_samples_events_cuda" else lib.launch
+        self.entry = {"solve_samples_events_cuda": lambda: lib.launch_events,
+                      "gradient_samples_cuda": lambda: lib.launch_gradient}.get(entry, lambda: lib.launch)()
 
     def launch(self, blocks: int, threads: int, args: list) -> None:
         self.launches.append((blocks, threads, args[0].value, args[1].value))

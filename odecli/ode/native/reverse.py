@@ -173,7 +173,10 @@ typedef struct {
 
 /* The tapes of the whole batch (indexed by sample) and the bytes this block may hold in them. */
 typedef struct Recorder { Tape *of; int64_t budget, used; } Recorder;
+"""
 
+_CPU_TAPE_MEMORY = """\
+#define TAPE_OF(rec, i) ((rec)->of + (i))  /* sample i's tape */
 static void tape_free(Recorder *restrict rec, Tape *restrict tape)
 {
     free(tape->steps);
@@ -207,10 +210,13 @@ static int tape_grow(Recorder *restrict rec, Tape *restrict tape)
     return 1;
 }
 
+"""
+
+_RECORD_CALLS = """\
 static void record_start(Recorder *rec, const Lanes *L, int l, int busy)
 {
     if (rec == NULL) return;
-    Tape *tape = rec->of + L->sample[l];
+    Tape *tape = TAPE_OF(rec, L->sample[l]);
     tape_free(rec, tape);
     tape->written_at_start = L->ptr[l];
     tape->status = L->status[l];
@@ -222,7 +228,7 @@ static void record_start(Recorder *rec, const Lanes *L, int l, int busy)
 static void record_step(Recorder *rec, const Lanes *L, int l, int64_t first_output)
 {
     if (rec == NULL) return;
-    Tape *tape = rec->of + L->sample[l];
+    Tape *tape = TAPE_OF(rec, L->sample[l]);
     if (tape->state == TAPE_DROPPED) return;
     if (tape->n == tape->cap && !tape_grow(rec, tape)) {
         tape_free(rec, tape);
@@ -243,13 +249,13 @@ static void record_step(Recorder *rec, const Lanes *L, int l, int64_t first_outp
 static void record_finish(Recorder *rec, const Lanes *L, int l)
 {
     if (rec == NULL) return;
-    Tape *tape = rec->of + L->sample[l];
+    Tape *tape = TAPE_OF(rec, L->sample[l]);
     tape->status = L->status[l];
     if (tape->state == TAPE_EMPTY) tape->state = TAPE_COMPLETE;
 }
 """
 
-_REVERSE = """\
+_SWEEP = """\
 /* The cotangent of one sample's y0 and params from those of its outputs (gy: n_eval x N) and
  * final state (gfinal), by the reverse sweep over the tape. */
 static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, const double *restrict gy,
@@ -296,6 +302,11 @@ static void sweep(const Job *restrict job, int64_t i, const Tape *restrict tp, c
     memcpy(gy0, lam, sizeof lam);
     memcpy(gp, pbar, job->n_params * sizeof(double));
 }
+
+"""
+
+_CPU_ENTRIES = """\
+#define REPLAY {replay}  /* samples solved again together: lanes stay busy while some finish */
 
 /* solve_samples, keeping each sample's tape in tapes[i] (B of them, zeroed at first) while
  * this block's tapes stay within budget bytes; samples past it are left TAPE_DROPPED. */
@@ -353,7 +364,7 @@ int gradient_samples(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
     rhs_pullback_flush(gw);
     return rc;
 }
-"""
+""".replace("{replay}", str(2 * LANES))
 
 
 def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
@@ -363,19 +374,31 @@ def generate_reverse(method: ExplicitRK, rhs: NativeRhs | NativeMLP) -> str:
     ``solve_taped`` is the forward pass), the right-hand side's ``rhs_pullback`` and the sweep.
     Raises ``ValueError`` when the right-hand side cannot be differentiated.
     """
-    body = (_REVERSE.replace("{stages}", _indent(_stages(method)))
+    return taped_solver_source(method, rhs, LANES, _CPU_TAPE_MEMORY, _CPU_ENTRIES)
+
+
+def taped_solver_source(method: ExplicitRK, rhs: NativeRhs | NativeMLP, lanes: int, tape_memory: str,
+                        entries: str) -> str:
+    """The lane solver with the tapes' recorder, ``rhs_pullback`` and ``sweep``, then ``entries``.
+
+    What differs between the CPU and the GPU (:mod:`odecli.ode.gpu.gradient_source`) is passed in:
+    ``tape_memory`` defines ``TAPE_OF(rec, i)`` (sample i's tape), ``tape_free`` and ``tape_grow``
+    (the CPU's grow by ``realloc`` under a byte budget; a GPU thread's tape is a preallocated
+    slab), and ``entries`` the functions that run the forward pass and the sweep.
+    """
+    body = (_SWEEP.replace("{stages}", _indent(_stages(method)))
             .replace("{n_extra}", str(len(dop853.C_EXTRA) if method.interpolant == "dop853" else 1))
             .replace("{prepare}", _indent(_indent(_dense_prepare(method))))
             .replace("{finish}", _indent(_dense_finish(method)))
             .replace("{dense}", _indent(_dense_cotangent(method)))
             .replace("{step}", _indent(_step_reverse(method))))
+    recorder = (f"#define TAPE_KEEP {rhs.keep_size()}  /* values taped per stage: NH, or none */\n"
+                + _RECORDER + tape_memory + _RECORD_CALLS)
     return "\n\n".join([
-        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), n_keep=rhs.keep_size(), keep_stages=True,
-                 recorder=f"#define TAPE_KEEP {rhs.keep_size()}  /* values taped per stage: NH, or none */\n"
-                 + _RECORDER),
-        f"#define REPLAY {2 * LANES}  /* samples solved again together: lanes stay busy while some finish */",
+        generate(method, rhs.c_source(), rhs.n_states, len(rhs.params), lanes=lanes, n_keep=rhs.keep_size(),
+                 keep_stages=True, recorder=recorder),
         rhs.pullback_c(),
-        body,
+        body + entries,
     ])
 
 
