@@ -46,6 +46,7 @@ from odecli.optim import Box, Optimizer, Space, make_optimizer
 from odecli.ode.adjoint import odeint
 from odecli.ode.controllers import make_controller
 from odecli.ode.native import NativeRhs, NativeUnavailable, solve_native
+from odecli.ode.gpu.gradient import gpu_gradient_unsupported
 from odecli.ode.native.gradient import gradient_unsupported
 from odecli.ode.solver import STAT_NAMES, solve
 from odecli.ode.status import Status
@@ -110,6 +111,7 @@ class Problem:
         self.dtype = getattr(torch, s.dtype)
         self.rhs = build_rhs(ode, self.device)
         self.events = build_events(ode.events, ode.states, ode.params, ode.file) if ode.events else None
+        self.gpu_note = ""  # why a direct gradient on CUDA runs in the PyTorch loop ("" when it does not)
         self.native_rhs = self._native_rhs()
         self.solve_kwargs = dict(
             method=s.method, rtol=s.rtol, atol=s.atol, dt0=s.dt0, max_steps=s.max_steps,
@@ -150,6 +152,10 @@ class Problem:
         rhs = NativeRhs(*build_c_equations(self.ode))
         if self.inv.adjoint == "direct" and gradient_unsupported(rhs, self.ode.solver.method):
             return None
+        if self.inv.adjoint == "direct" and self.device.type == "cuda":  # the same gradient as a GPU kernel
+            self.gpu_note = gpu_gradient_unsupported(rhs, self.ode.solver.method, self.ode.solver.dtype,
+                                                     str(self.device))
+            return None if self.gpu_note else rhs
         return rhs
 
     @property
@@ -360,6 +366,8 @@ def fit_ode(ode: OdeSpec, inv: InverseSpec, comm: Comm | None = None, iterations
     if log is not None and problem.native_rhs is not None and inv.adjoint != "direct":
         log(f"note: gradients by {inv.adjoint} run in the PyTorch loop; adjoint: direct would run them in "
             "generated C (exact for the discrete solution, and usually far faster)")
+    if log is not None and problem.gpu_note:
+        log(f"note: gradients run in the PyTorch loop on {problem.device}: {problem.gpu_note}")
     settings = inv.optimizer
     n_iter = settings.iterations if iterations is None else iterations
     x0 = np.clip(problem.x0, problem.lower, problem.upper)

@@ -5,12 +5,21 @@ float64 or float32), :mod:`.nvrtc` compiles it (no GPU needed), :mod:`.driver` l
 launches it in torch's context, :mod:`.solve` lays out a batch and returns a
 :class:`~odecli.ode.solution.Solution`, :mod:`.events` records events as the CPU engine does.
 
-Not yet: the direct gradient (the CPU's tapes grow by realloc per sample under a byte budget;
-a GPU needs a two-pass design, steps counted then tapes allocated, and block-wise weight
-cotangent sums), so solves that record a gradient run on the PyTorch loop.
-Importing this package imports no torch.
+The direct gradient (:mod:`.gradient`, ``solve_gpu_with_grad``): the CPU gradient's own text
+(tapes of accepted steps, the right-hand side's pullback, the reverse sweep), in two passes since
+a GPU thread cannot grow its tape as a CPU lane does: the forward kernel counts each sample's
+accepted steps, then the backward kernel solves each sample again into a slab of tape of that
+size and sweeps it, as many samples per launch as a byte budget holds. Expression right-hand
+sides, float64 and float32, every explicit method; not an MLP (its weights' cotangent, one sum
+over all samples, needs a deterministic reduction over GPU threads not written yet) nor events
+(not differentiated on the CPU either): those gradients run on the PyTorch loop.
+
+What has been measured on a GPU: see docs/performance.md (the gradient kernel has been compiled
+by NVRTC and run on the host through tests/gpu_host.py, equal to the CPU's gradient bit for bit,
+but not yet run on a GPU). Importing this package imports no torch.
 """
 
+from odecli.ode.gpu.gradient import solve_gpu_with_grad
 from odecli.ode.gpu.solve import solve_gpu, unsupported_reason
 
-__all__ = ["solve_gpu", "unsupported_reason"]
+__all__ = ["solve_gpu", "solve_gpu_with_grad", "unsupported_reason"]

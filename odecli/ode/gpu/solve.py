@@ -17,8 +17,7 @@ step budget) ends with its status and leaves every other sample as it would be a
 float32 inputs of expression right-hand sides run a float32 build of the same text
 (:func:`odecli.ode.gpu.source.cuda_source`), computing as the PyTorch loop does in float32; an
 MLP's float32 solve runs in float64 and is returned as float32. Events are located in the kernel as on the CPU
-(:mod:`odecli.ode.gpu.events`). Solves that record a gradient are not taken yet: callers run
-them on the PyTorch loop.
+(:mod:`odecli.ode.gpu.events`). Solves that record a gradient are :mod:`odecli.ode.gpu.gradient`'s.
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ def solve_gpu(
         raise NativeUnavailable(why)
     if torch.is_grad_enabled() and any(getattr(v, "requires_grad", False)
                                        for v in (y0, *(params or {}).values(), *(t for _, t in rhs.tensors()))):
-        raise NativeUnavailable("the GPU solver records no gradient yet")
+        raise NativeUnavailable("solve_gpu records no gradient: solve_gpu_with_grad does")
     single = y0.dtype == torch.float32 and single_precision_ok(rhs)
     layout = _layout(rhs, y0, t_start, t_end, t_eval, params or {}, options, torch.float32 if single else torch.float64)
     if getattr(rhs, "events", ()):

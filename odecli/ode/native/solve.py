@@ -72,18 +72,20 @@ def solve_native(
 ) -> Solution:
     """:func:`solve_native_arrays` with tensors in and a :class:`~odecli.ode.solution.Solution` out.
 
-    Same arguments and result as :func:`odecli.ode.solver.solve`. CUDA tensors (recording no
-    gradient) are solved by the same solver built for the GPU (:func:`odecli.ode.gpu.solve_gpu`).
+    Same arguments and result as :func:`odecli.ode.solver.solve`. CUDA tensors are solved by the
+    same solver built for the GPU (:func:`odecli.ode.gpu.solve_gpu`, and
+    :func:`~odecli.ode.gpu.solve_gpu_with_grad` when a gradient is recorded).
     When autograd records and
     ``y0``, a tensor in ``params`` or an MLP weight requires grad, ``y`` and ``y_final`` are
     differentiable (:mod:`odecli.ode.native.gradient`: the gradient of ``adjoint="direct"``, in
     generated C).
     """
     options = SolverOptions.of(options, settings)
-    if y0.device.type == "cuda" and not _records_gradient(rhs, y0, params):  # the same solver as a GPU kernel
-        from odecli.ode.gpu import solve_gpu
+    if y0.device.type == "cuda":  # the same solver (and gradient) as GPU kernels
+        from odecli.ode.gpu import solve_gpu, solve_gpu_with_grad
 
-        return solve_gpu(rhs, y0, t_start, t_end, t_eval, params=params, options=options, progress=progress)
+        solver = solve_gpu_with_grad if _records_gradient(rhs, y0, params) else solve_gpu
+        return solver(rhs, y0, t_start, t_end, t_eval, params=params, options=options, progress=progress)
     why = unsupported_reason(options.method, y0.dtype, y0.device)
     if why:
         raise NativeUnavailable(why)
