@@ -5,7 +5,7 @@
 
 In order, each section skipped once the time budget (seconds, default 420) is spent:
 
-1. ``tests/test_ode_gpu.py`` (the GPU tests, which skip everywhere else);
+1. ``tests/test_ode_gpu.py`` and ``tests/test_ode_gpu_grad.py`` (the GPU tests, which skip everywhere else);
 2. correctness: the generated solver's CUDA kernel (:mod:`odecli.ode.gpu`) against the CPU
    generated solver, VdP B = 4096 for dopri5, tsit5 and dop853, Lorenz, an MLP: equal statuses,
    the share of samples with the same steps, max |dy| where they are the same, and the same with
@@ -17,7 +17,15 @@ In order, each section skipped once the time budget (seconds, default 420) is sp
 4. Lorenz (rho spread over [20, 30]) and an MLP right-hand side (2-32-32-2, tanh: the
    neural-ODE case) at B = 10^5 (or the largest B asked for, if smaller), kernel against the
    PyTorch loop;
-5. threads per block (64-512) and contraction on/off at the largest B, float64.
+5. threads per block (64-512) and contraction on/off at the largest B, float64;
+6. the direct gradient (:mod:`odecli.ode.gpu.gradient`): a VdP fit's loss gradient in mu (data
+   from mu, the estimate mu * 1.1; the problem of 3.) against the CPU generated solver's gradient
+   at B = 4096 float64 (the share of samples with the same steps, the largest relative difference
+   of their gradients), then forward + backward at each B, float32 and float64, the kernel against
+   the PyTorch loop's ``adjoint="direct"`` on the same card (only up to ``--grad-loop-max``
+   samples, default 10^4: the loop's autograd graph holds every step's tensors, so its memory
+   grows with B times the steps; out of memory is reported, not fatal), with the tape memory
+   and the number of backward launches.
 
 The kernel's time is the median of 3 solves after a warm-up (which compiles, or loads the
 cubin from the cache); each peer runs once after a small warm-up (the PyTorch loop's wall time
@@ -38,8 +46,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from odecli.ode.gpu import nvrtc, solve_gpu  # noqa: E402
-from odecli.ode.native import NativeMLP, NativeRhs, solve_native_arrays  # noqa: E402
+from odecli.ode.adjoint import odeint  # noqa: E402
+from odecli.ode.gpu import gradient as gpu_grad  # noqa: E402
+from odecli.ode.gpu import nvrtc, solve_gpu, solve_gpu_with_grad  # noqa: E402
+from odecli.ode.native import NativeMLP, NativeRhs, solve_native, solve_native_arrays  # noqa: E402
 from odecli.ode.solver import solve  # noqa: E402
 
 VDP_C = NativeRhs(("y[1]", "((p[0] * (1.0 - odecli_sq(y[0]))) * y[1]) - y[0]"), ("mu",))
@@ -185,6 +195,64 @@ def kernel_vs_loop(label: str, rhs_c, rhs_torch, problem, batch: int, dtype: tor
     print(line, flush=True)
 
 
+def fit_problem(batch: int, dtype: torch.dtype):
+    """The VdP problem with data from mu and the fit's estimate mu * 1.1."""
+    y0, grid, params = vdp_problem(batch, dtype)
+    data = solve_gpu(VDP_C, y0, 0.0, 10.0, grid, params=params, **TOL).y
+    return y0, grid, data, params["mu"] * 1.1
+
+
+def fit_gradient(solver, y0, grid, data, estimate):
+    """The loss sum((y - data)^2) and its gradient in mu through ``solver``; (solution, gradient)."""
+    with torch.enable_grad():
+        mu = estimate.detach().clone().requires_grad_()
+        solution = solver(y0, grid, mu)
+        loss = (solution.y - data).nan_to_num(0.0).square().sum()
+        (gradient,) = torch.autograd.grad(loss, (mu,))
+    return solution, gradient
+
+
+def by_kernel(y0, grid, mu):
+    return solve_gpu_with_grad(VDP_C, y0, 0.0, 10.0, grid, params={"mu": mu}, **TOL)
+
+
+def by_loop(y0, grid, mu):
+    return odeint(vdp, y0, 0.0, 10.0, grid, params={"mu": mu}, adjoint="direct", **TOL)
+
+
+def gradient_agreement() -> None:
+    """The kernel's gradient against the CPU generated solver's, same inputs, float64."""
+    y0, grid, data, estimate = fit_problem(4096, torch.float64)
+    got, g_gpu = fit_gradient(by_kernel, y0, grid, data, estimate)
+    cpu = lambda y0, grid, mu: solve_native(VDP_C, y0, 0.0, 10.0, grid, params={"mu": mu}, **TOL)  # noqa: E731
+    want, g_cpu = fit_gradient(cpu, y0.cpu(), grid.cpu(), data.cpu(), estimate.cpu())
+    same = (got.stats["n_steps"].cpu() == want.stats["n_steps"]).numpy()
+    rel = ((g_gpu.cpu() - g_cpu).abs() / g_cpu.abs().clamp_min(1e-300)).numpy()[same]
+    print(f"{'VdP fit gradient B=4096':28s} dopri5  engine {got.extra.get('gradient')}  same steps {same.mean() * 100:6.2f} %"
+          f"  max rel |dgrad| (same steps) {rel.max() if rel.size else float('nan'):.2e}", flush=True)
+
+
+def gradient_timing(batch: int, dtype: torch.dtype, loop_max: int) -> None:
+    y0, grid, data, estimate = fit_problem(batch, dtype)
+    fit_gradient(by_kernel, y0[:256], grid, data[:256], estimate[:256])  # compiles, or loads the cubins
+    wall, (sol, _) = timed(lambda: fit_gradient(by_kernel, y0, grid, data, estimate), 3)
+    forward, _ = timed(lambda: solve_gpu(VDP_C, y0, 0.0, 10.0, grid, params={"mu": estimate}, **TOL), 1)
+    line = (f"VdP grad {str(dtype)[6:]:7s} B={batch:>8d}  kernel fwd+bwd {wall:8.4f} s (forward alone {forward:7.4f} s,"
+            f" tapes {sol.extra['tape_bytes'] / 2**30:6.2f} GiB a launch, {sol.extra['tape_launches']} launch(es))"
+            f" {steps_of(sol) / wall / 1e9:8.4g} G sample-steps/s")
+    if batch <= loop_max:
+        try:
+            fit_gradient(by_loop, y0[:64], grid, data[:64], estimate[:64])
+            loop_wall, _ = timed(lambda: fit_gradient(by_loop, y0, grid, data, estimate), 1)
+            line += f" | PyTorch loop direct {loop_wall:8.3f} s | loop / kernel wall {loop_wall / wall:7.1f}x"
+        except torch.cuda.OutOfMemoryError:
+            line += " | PyTorch loop direct: out of memory"
+        torch.cuda.empty_cache()
+    else:
+        line += f" | PyTorch loop direct: not run above --grad-loop-max {loop_max}"
+    print(line, flush=True)
+
+
 def torchode_peer(batch: int, dtype: torch.dtype) -> None:
     try:
         import torchode as to
@@ -233,7 +301,7 @@ def host_dry_run() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from gpu_host import HostKernel, host_build
     from odecli.ode.gpu import solve as gpu_solve
-    from odecli.ode.gpu.source import cuda_source
+    from odecli.ode.gpu.source import cuda_gradient_source, cuda_source
 
     folder = Path(tempfile.mkdtemp(prefix="odecli-gpu-dry-run-"))
 
@@ -245,8 +313,18 @@ def host_dry_run() -> None:
             gpu_solve._KERNELS[key] = HostKernel(host_build(cuda_source(rhs, method, single), where), entry)
         return gpu_solve._KERNELS[key]
 
-    gpu_solve.unsupported_reason = lambda *args: ""
+    def gradient_kernel(rhs, method: str, device, contract: bool, single: bool = False):
+        key = ("gradient", method, rhs.c_source(), contract, single)
+        if key not in gpu_grad._KERNELS:
+            where = folder / hashlib.sha1(repr(key).encode()).hexdigest()[:12]
+            where.mkdir()
+            gpu_grad._KERNELS[key] = HostKernel(host_build(cuda_gradient_source(rhs, method, single), where),
+                                                "gradient_samples_cuda")
+        return gpu_grad._KERNELS[key]
+
+    gpu_solve.unsupported_reason = gpu_grad.unsupported_reason = lambda *args: ""
     gpu_solve._kernel = kernel
+    gpu_grad._gradient_kernel = gradient_kernel
     torch.cuda.synchronize = lambda *args: None
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_name = lambda *args: "host dry run (the CUDA text built by g++: times mean nothing)"
@@ -259,6 +337,8 @@ def main() -> None:
     parser.add_argument("--batches", default="10000,100000,1000000")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; sections beyond it are skipped")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--grad-loop-max", type=int, default=10_000,
+                        help="largest B at which the PyTorch loop's direct gradient runs (its graph grows with B)")
     parser.add_argument("--host-dry-run", action="store_true",
                         help="no GPU: run every section on the CPU with the CUDA text built for the host")
     args = parser.parse_args()
@@ -277,7 +357,8 @@ def main() -> None:
     print(torch.cuda.get_device_name(0), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
     if not args.skip_tests and section("tests/test_ode_gpu.py", 60):
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               str(ROOT / "tests" / "test_ode_gpu.py")], capture_output=True, text=True, timeout=240)
+                               str(ROOT / "tests" / "test_ode_gpu.py"), str(ROOT / "tests" / "test_ode_gpu_grad.py")],
+                              capture_output=True, text=True, timeout=240)
         print(done.stdout[-3000:], done.stderr[-2000:], flush=True)
     if section("correctness: kernel against the CPU generated solver (float64)", 40):
         correctness()
@@ -306,6 +387,12 @@ def main() -> None:
         kernel_vs_loop("MLP", native, lambda t, y, p: net.to(y.dtype)(y), mlp_problem, side, torch.float32)
     if section(f"tuning at B={max(batches)} float64", 30):
         tuning(max(batches))
+    if section("gradient: kernel against the CPU generated solver's (float64)", 30):
+        gradient_agreement()
+    for dtype in (torch.float32, torch.float64):
+        for batch in batches:
+            if section(f"VdP fit gradient {str(dtype)[6:]} B={batch}", 20 + batch / 2e4):
+                gradient_timing(batch, dtype, args.grad_loop_max)
     print(f"\ntotal {time.perf_counter() - START:.0f} s", flush=True)
 
 

@@ -45,10 +45,16 @@ if TYPE_CHECKING:
     from odecli.ode.native.rhs import NativeRhs
     from odecli.ode.solution import Solution
 
-TAPE_BUDGET_BYTES = 2 * 2**30
-"""Tape memory one backward launch may use on the device: the samples go in as many launches as it
-takes. A single sample whose tape alone passes it is refused in the forward pass (one line), so
-that the caller can run the PyTorch loop instead before any gradient is asked for."""
+TAPE_BUDGET_BYTES: int | None = None
+"""Tape memory one backward launch may use on the device (None: :data:`TAPE_SHARE` of the memory
+free at the forward pass): the samples go in as many launches as it takes. A single sample whose
+tape alone passes it is refused in the forward pass (one line), so that the caller can run the
+PyTorch loop instead before any gradient is asked for. Why not a fixed few GiB: a launch should
+fill the GPU (an H100 holds about 270 000 threads at once), and a VdP dopri5 sample's tape is
+about 180 bytes per accepted step, so 10^6 samples of a few hundred steps take tens of GiB."""
+TAPE_SHARE = 0.5
+FALLBACK_BUDGET = 2 * 2**30
+"""The budget where the free memory cannot be asked (not a CUDA device: the tests' host build)."""
 
 
 def gpu_gradient_unsupported(rhs: "NativeRhs | NativeMLP", method: str, dtype: str = "float64",
@@ -74,7 +80,8 @@ def solve_gpu_with_grad(
     """:func:`~odecli.ode.gpu.solve_gpu` with ``y``/``y_final`` differentiable in ``y0`` and the
     tensors in ``params`` (per-sample ones get per-sample gradients, scalar ones the batch sum), as
     :func:`odecli.ode.native.gradient.solve_native_with_grad` on the CPU. Times and ``dt0`` get no
-    gradient. Raises :class:`~odecli.ode.native.NativeUnavailable` when this solve cannot run here.
+    gradient. ``solution.extra`` tells what the backward pass will take: ``tape_bytes`` (the most
+    tape memory of one launch) and ``tape_launches``. Raises :class:`~odecli.ode.native.NativeUnavailable` when this solve cannot run here.
     """
     import torch
 
@@ -98,14 +105,27 @@ def solve_gpu_with_grad(
         return _layout(rhs, y0.detach(), t_start, t_end, t_eval, detached, options, real)
 
     plan = TapePlan(solution.stats["n_accepted"], rhs.n_states, METHODS[method].n_stages, rhs.keep_size(),
-                    real.itemsize)
+                    real.itemsize, _budget(y0.device))
     names = [name for name in rhs.params if isinstance(params.get(name), torch.Tensor)]
     backward = _Backward(kernel, scratch, plan, threads_per_block, [rhs.params.index(n) for n in names],
                          (solution.y, solution.y_final))
     solution.y, solution.y_final = _GpuSolve.apply(backward, y0, *(params[name] for name in names))
     solution.extra["gradient"] = "native-cuda"
+    # what backward() will hold and launch: tape bytes, and launches of gradient_samples_cuda
+    solution.extra["tape_bytes"], solution.extra["tape_launches"] = plan.bytes(), len(plan.chunks)
     solution.wall_time_s = time.perf_counter() - started
     return solution
+
+
+def _budget(device: "torch.device") -> int:
+    import torch
+
+    if TAPE_BUDGET_BYTES is not None:
+        return TAPE_BUDGET_BYTES
+    if device.type != "cuda":
+        return FALLBACK_BUDGET
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free * TAPE_SHARE)
 
 
 def _detached(value: Any) -> Any:
@@ -121,10 +141,9 @@ class TapePlan:
     """
 
     def __init__(self, accepted: Tensor, n_states: int, n_stages: int, n_keep: int, real_bytes: int,
-                 budget: int | None = None) -> None:
+                 budget: int = FALLBACK_BUDGET) -> None:
         import torch
 
-        budget = TAPE_BUDGET_BYTES if budget is None else budget
         self.step_bytes = step_bytes(real_bytes)
         self.per_step = self.step_bytes + ((n_stages + 2) * n_states + (n_stages + 1) * n_keep) * real_bytes
         self.n_states, self.n_stages, self.n_keep, self.real_bytes = n_states, n_stages, n_keep, real_bytes
@@ -147,6 +166,10 @@ class TapePlan:
 
     def steps(self, lo: int, hi: int) -> int:
         return int(self.start[hi]) - int(self.start[lo])
+
+    def bytes(self) -> int:
+        """The largest tape memory of one launch."""
+        return max((self.steps(lo, hi) * self.per_step for lo, hi in self.chunks), default=0)
 
 
 def step_bytes(real_bytes: int) -> int:
