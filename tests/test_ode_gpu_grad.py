@@ -187,3 +187,21 @@ def test_solve_native_on_cuda_records_the_gradient_in_the_kernel():
     assert same.mean() >= 0.99  # pow may differ in its last bit on the GPU
     np.testing.assert_allclose(got_mu.cpu().numpy()[same], want_mu.numpy()[same], rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(got_y0.cpu().numpy()[same], want_y0.numpy()[same], rtol=1e-6, atol=1e-8)
+
+
+@gpu
+def test_train_inverse_on_cuda_fits_with_the_kernel_gradient_as_the_pytorch_loop_does():
+    """The DECAY fit of tests/test_ode_inverse.py on CUDA: the kernel's gradient (engine native)
+    against backpropagation through the PyTorch loop (engine torch), same iterates to round-off."""
+    from odecli.app.fit_ode import fit_ode
+    from test_ode_inverse import DECAY, DECAY_TRUTH, _spec
+
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 8, "adjoint": "direct"}
+    results = {}
+    for engine in ("auto", "torch"):
+        results[engine] = fit_ode(*_spec(text.replace("device: cpu}", f"device: cuda, engine: {engine}}}")))
+    kernel, loop = results["auto"], results["torch"]
+    assert (kernel.engine, loop.engine) == ("native", "torch")
+    np.testing.assert_allclose(kernel.history["loss"], loop.history["loss"], rtol=1e-8)
+    for name in ("k", "u"):
+        np.testing.assert_allclose(kernel.fitted[name], loop.fitted[name], rtol=1e-8)
