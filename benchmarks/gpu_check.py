@@ -1,7 +1,7 @@
 """Every GPU check and benchmark of the ODE solvers, in one run that fits a lent GPU's few minutes.
 
     python benchmarks/gpu_check.py [--batches 10000,100000,1000000] [--budget 420] [--skip-tests]
-    python benchmarks/gpu_check.py --host-dry-run --batches 300 --budget 60   # no GPU: does it all run?
+    python benchmarks/gpu_check.py --host-dry-run --batches 300 --budget 150  # no GPU: does it all run?
 
 In order, each section skipped once the time budget (seconds, default 420) is spent:
 

@@ -81,7 +81,8 @@ def solve_gpu_with_grad(
     tensors in ``params`` (per-sample ones get per-sample gradients, scalar ones the batch sum), as
     :func:`odecli.ode.native.gradient.solve_native_with_grad` on the CPU. Times and ``dt0`` get no
     gradient. ``solution.extra`` tells what the backward pass will take: ``tape_bytes`` (the most
-    tape memory of one launch) and ``tape_launches``. Raises :class:`~odecli.ode.native.NativeUnavailable` when this solve cannot run here.
+    tape memory of one launch) and ``tape_launches``. Raises
+    :class:`~odecli.ode.native.NativeUnavailable` when this solve cannot run here.
     """
     import torch
 
@@ -94,12 +95,11 @@ def solve_gpu_with_grad(
     single = y0.dtype == torch.float32 and single_precision_ok(rhs)
     kernel = _gradient_kernel(rhs, method, y0.device, contract, single)  # built now: a failure falls back here
     params = dict(params or {})
-    with torch.no_grad():
-        solution = solve_gpu(rhs, y0.detach(), t_start, t_end, t_eval,
-                             params={name: _detached(value) for name, value in params.items()}, options=options,
+    detached = {name: _detached(value) for name, value in params.items()}
+    with torch.no_grad():  # pass 1: the results, and each sample's accepted steps (its tape's length)
+        solution = solve_gpu(rhs, y0.detach(), t_start, t_end, t_eval, params=detached, options=options,
                              progress=progress, threads_per_block=threads_per_block, contract=contract)
     real = torch.float32 if single else torch.float64
-    detached = {name: _detached(value) for name, value in params.items()}
 
     def scratch() -> _Layout:  # the inputs laid out again, with outputs for the second solve to overwrite
         return _layout(rhs, y0.detach(), t_start, t_end, t_eval, detached, options, real)
@@ -153,8 +153,9 @@ class TapePlan:
         start = self.start.cpu()
         most = int(counts.max()) if counts.numel() else 0
         if most * self.per_step > budget:
-            raise NativeUnavailable(f"one sample's tape ({most} accepted steps, {most * self.per_step / 2**20:.0f} MiB) "
-                                    f"passes the GPU gradient's budget of {budget / 2**20:.0f} MiB")
+            size = most * self.per_step / 2**20
+            raise NativeUnavailable(f"one sample's tape ({most} accepted steps, {size:.0f} MiB) passes the GPU "
+                                    f"gradient's budget of {budget / 2**20:.0f} MiB")
         self.chunks: list[tuple[int, int]] = []
         lo, batch = 0, counts.numel()
         while lo < batch:  # the most samples from lo whose steps fit the budget
@@ -246,8 +247,9 @@ def _make_function() -> Any:
 
         @staticmethod
         def backward(ctx: Any, grad_y: Tensor | None, grad_final: Tensor | None):
-            gy = torch.zeros(ctx.output_shapes[0], dtype=ctx.like, device=ctx.device) if grad_y is None else grad_y
-            gf = torch.zeros(ctx.output_shapes[1], dtype=ctx.like, device=ctx.device) if grad_final is None else grad_final
+            zeros = lambda shape: torch.zeros(shape, dtype=ctx.like, device=ctx.device)  # noqa: E731
+            gy = zeros(ctx.output_shapes[0]) if grad_y is None else grad_y
+            gf = zeros(ctx.output_shapes[1]) if grad_final is None else grad_final
             grad_y0, grad_p = ctx.backward_pass(gy, gf)
             grads = [grad_y0.to(ctx.like)]
             for column, (shape, value_dtype) in zip(ctx.backward_pass.columns, ctx.shapes):

@@ -20,6 +20,9 @@ steps, bit for bit, since lanes never mix), so the gradient is the same whatever
 
 DOP853's 7th-order interpolant evaluates f at three extra stages of the step; the sweep
 recomputes them for steps with dense outputs and pulls their cotangents back the same way.
+
+The GPU gradient (:mod:`odecli.ode.gpu.gradient`) is this text too (:func:`taped_solver_source`):
+only the tapes' memory and the entry points differ, so the CPU's text is what it was.
 """
 
 from __future__ import annotations
@@ -381,7 +384,7 @@ def taped_solver_source(method: ExplicitRK, rhs: NativeRhs | NativeMLP, lanes: i
                         entries: str) -> str:
     """The lane solver with the tapes' recorder, ``rhs_pullback`` and ``sweep``, then ``entries``.
 
-    What differs between the CPU and the GPU (:mod:`odecli.ode.gpu.gradient_source`) is passed in:
+    What differs between the CPU and the GPU (:func:`odecli.ode.gpu.source.cuda_gradient_source`) is passed in:
     ``tape_memory`` defines ``TAPE_OF(rec, i)`` (sample i's tape), ``tape_free`` and ``tape_grow``
     (the CPU's grow by ``realloc`` under a byte budget; a GPU thread's tape is a preallocated
     slab), and ``entries`` the functions that run the forward pass and the sweep.
