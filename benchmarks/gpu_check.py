@@ -25,7 +25,8 @@ In order, each section skipped once the time budget (seconds, default 420) is sp
    the PyTorch loop's ``adjoint="direct"`` on the same card (only up to ``--grad-loop-max``
    samples, default 10^4: the loop's autograd graph holds every step's tensors, so its memory
    grows with B times the steps; out of memory is reported, not fatal), with the tape memory
-   and the number of backward launches.
+   and the number of backward launches; then a neural ODE's gradient (MLP 2-32-32-2, y0 and the
+   weights) against the CPU's and the PyTorch loop's at min(largest B, ``--grad-loop-max``).
 
 The kernel's time is the median of 3 solves after a warm-up (which compiles, or loads the
 cubin from the cache); each peer runs once after a small warm-up (the PyTorch loop's wall time
@@ -232,6 +233,48 @@ def gradient_agreement() -> None:
           f"  max rel |dgrad| (same steps) {rel.max() if rel.size else float('nan'):.2e}", flush=True)
 
 
+def mlp_gradient(batch: int, loop_max: int) -> None:
+    """A neural ODE's loss gradient in y0 and the weights (MLP 2-32-32-2 tanh, float64, t in [0, 2]):
+    the kernel against the CPU generated solver (at most 4096 samples) and, timed, against the
+    PyTorch loop's direct gradient."""
+    net = mlp_module().double().to(DEVICE)
+    native, weights = NativeMLP.from_module(net), list(net.parameters())
+    torch.manual_seed(2)
+    y0 = torch.randn(batch, 2, dtype=torch.float64, device=DEVICE)
+    grid = torch.linspace(0, 2, 5, dtype=torch.float64, device=DEVICE)
+
+    def gradients(solve_with, start):
+        with torch.enable_grad():
+            start = start.clone().requires_grad_()
+            solution = solve_with(start)
+            loss = solution.y.square().sum()
+            return solution, torch.autograd.grad(loss, [start, *weights])
+
+    kernel = lambda start: solve_gpu_with_grad(native, start, 0.0, 2.0, grid, **TOL)  # noqa: E731
+    gradients(kernel, y0[:64])
+    wall, (sol, got) = timed(lambda: gradients(kernel, y0), 3)
+    n = min(batch, 4096)
+    cpu_net = mlp_module().double()
+    cpu_native, cpu_weights = NativeMLP.from_module(cpu_net), list(cpu_net.parameters())
+    with torch.enable_grad():
+        start = y0[:n].cpu().clone().requires_grad_()
+        loss = solve_native(cpu_native, start, 0.0, 2.0, grid.cpu(), **TOL).y.square().sum()
+        want = torch.autograd.grad(loss, [start, *cpu_weights])
+    _, part = gradients(kernel, y0[:n])
+    rel = max(float(((g.cpu() - w).abs().max() / w.abs().max())) for g, w in zip(part, want))
+    line = (f"MLP grad float64 B={batch:>8d}  kernel fwd+bwd {wall:8.4f} s ({sol.extra['tape_launches']} launch(es))"
+            f" {steps_of(sol) / wall / 1e9:8.4g} G sample-steps/s  max rel |dgrad| vs CPU (B={n}) {rel:.2e}")
+    if batch <= loop_max:
+        loop = lambda start: odeint(lambda t, y, p: net(y), start, 0.0, 2.0, grid, adjoint="direct", **TOL)  # noqa: E731
+        try:
+            gradients(loop, y0[:64])
+            loop_wall, _ = timed(lambda: gradients(loop, y0), 1)
+            line += f" | PyTorch loop direct {loop_wall:8.3f} s | loop / kernel wall {loop_wall / wall:7.1f}x"
+        except torch.cuda.OutOfMemoryError:
+            line += " | PyTorch loop direct: out of memory"
+    print(line, flush=True)
+
+
 def gradient_timing(batch: int, dtype: torch.dtype, loop_max: int) -> None:
     y0, grid, data, estimate = fit_problem(batch, dtype)
     fit_gradient(by_kernel, y0[:256], grid, data[:256], estimate[:256])  # compiles, or loads the cubins
@@ -393,6 +436,9 @@ def main() -> None:
         for batch in batches:
             if section(f"VdP fit gradient {str(dtype)[6:]} B={batch}", 20 + batch / 2e4):
                 gradient_timing(batch, dtype, args.grad_loop_max)
+    mlp_batch = min(max(batches), args.grad_loop_max)
+    if section(f"MLP 2-32-32-2 fit gradient float64 B={mlp_batch}", 40):
+        mlp_gradient(mlp_batch, args.grad_loop_max)
     print(f"\ntotal {time.perf_counter() - START:.0f} s", flush=True)
 
 

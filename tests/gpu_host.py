@@ -67,7 +67,8 @@ extern "C" void launch_gradient(int64_t blocks, int64_t threads, int64_t i0, int
                                 const double *cfg, int64_t max_steps, double *yout, int64_t *istat, double *fstat,
                                 double *yfinal, const double *shared, const double *gy, const double *gfinal,
                                 double *gy0, double *gp, const int64_t *tape_start, int64_t base, Step *steps,
-                                double *tape_y, double *tape_k, double *tape_keep, int64_t *taped)
+                                double *tape_y, double *tape_k, double *tape_keep, int64_t *taped, double *wbar,
+                                int64_t wbar_size)
 {
     blockDim.x = (unsigned)threads;
     for (int64_t b = 0; b < blocks; b++)
@@ -75,7 +76,7 @@ extern "C" void launch_gradient(int64_t blocks, int64_t threads, int64_t i0, int
             blockIdx.x = (unsigned)b; threadIdx.x = (unsigned)t;
             gradient_samples_cuda(i0, i1, n_eval, n_params, y0, t0, t1, grid, params, dt0, auto_dt0, cfg, max_steps,
                                   yout, istat, fstat, yfinal, shared, gy, gfinal, gy0, gp, tape_start, base, steps,
-                                  tape_y, tape_k, tape_keep, taped);
+                                  tape_y, tape_k, tape_keep, taped, wbar, wbar_size);
         }
 }
 extern "C" int64_t step_bytes(void) { return sizeof(Step); }

@@ -34,15 +34,16 @@ HAS_CUDA = torch.cuda.is_available()
 @pytest.mark.skipif(bool(NO_NVRTC), reason=f"NVRTC: {NO_NVRTC}")
 @pytest.mark.parametrize("method", ["dopri5", "dop853"])
 def test_the_gradient_kernel_compiles_for_the_gpu_in_both_precisions(method):
+    options = ["--gpu-architecture=sm_80", *nvrtc.BASE_OPTIONS, *nvrtc.CONTRACT_OFF]
     for single in (False, True):
         source = cuda_gradient_source(VDP, method, single)
-        cubin = nvrtc._compile(source, ["--gpu-architecture=sm_80", *nvrtc.BASE_OPTIONS, *nvrtc.CONTRACT_OFF], "g.cu")
-        assert cubin[:4] == b"\x7fELF" and "gradient_samples_cuda" in source
+        assert nvrtc._compile(source, options, "g.cu")[:4] == b"\x7fELF" and "gradient_samples_cuda" in source
+    if method == "dopri5":  # an MLP's pullback (its weights' rank updates in GCC vector types) compiles too
+        mlp = NativeMLP((np.ones((4, 2)), np.ones((2, 4))), (np.zeros(4), np.zeros(2)), ("tanh", ""))
+        assert nvrtc._compile(cuda_gradient_source(mlp, method), options, "mlp.cu")[:4] == b"\x7fELF"
 
 
-def test_an_mlp_and_events_say_why_they_stay_on_the_pytorch_loop():
-    mlp = NativeMLP((np.ones((4, 2)), np.ones((2, 4))), (np.zeros(4), np.zeros(2)), ("tanh", ""))
-    assert "MLP" in gpu_grad.gpu_gradient_unsupported(mlp, "dopri5", "float64", "cuda")
+def test_events_and_other_devices_say_why_they_stay_on_the_pytorch_loop():
     events = NativeRhs(VDP.equations, VDP.params, (NativeEvent("y[0]", 0, 0, "x"),))
     assert "event" in gpu_grad.gpu_gradient_unsupported(events, "dopri5", "float64", "cuda")
     assert "CUDA" in gpu_grad.gpu_gradient_unsupported(VDP, "dopri5", "float64", "cpu")
@@ -55,13 +56,13 @@ def test_an_mlp_and_events_say_why_they_stay_on_the_pytorch_loop():
 def host_kernels(tmp_path, monkeypatch):
     """solve_gpu and solve_gpu_with_grad on CPU tensors, their kernels the host build of the
     gradient's CUDA text (which holds the plain solve_samples_cuda entry too); returns a builder
-    ``(method, single) -> the gradient's HostKernel``."""
+    ``(method, single, rhs) -> the gradient's HostKernel``."""
     built = {}
 
-    def use(method: str, single: bool = False) -> HostKernel:
+    def use(method: str, single: bool = False, rhs: NativeRhs | NativeMLP = VDP) -> HostKernel:
         folder = tmp_path / f"{method}{int(single)}"
         folder.mkdir()
-        lib = host_build(cuda_gradient_source(VDP, method, single), folder)
+        lib = host_build(cuda_gradient_source(rhs, method, single), folder)
         built["solve"], built["gradient"] = HostKernel(lib), HostKernel(lib, "gradient_samples_cuda")
         built["lib"] = lib
         return built["gradient"]
@@ -157,6 +158,39 @@ def test_the_float32_gradient_kernel_computes_in_float32_near_the_float64_gradie
     torch.testing.assert_close(got_y0.double(), want_y0, rtol=2e-2, atol=2e-3)
 
 
+def test_an_mlps_weight_gradient_is_summed_over_the_threads_rows_as_the_cpu_sums_its_blocks(host_kernels,
+                                                                                            monkeypatch):
+    """Neural ODE 2-16-2 (tanh): y0's cotangent is the CPU's bit for bit (each sample's own
+    sweep); the weights' cotangent, the sum over samples in another order, to round-off; the
+    same whatever the chunks (rows summed in sample order)."""
+    torch.manual_seed(4)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
+    mlp = NativeMLP.from_module(net)
+    gradient_kernel = host_kernels("tsit5", rhs=mlp)
+    y0 = torch.randn(45, 2, dtype=torch.float64)
+    grid = torch.linspace(0, 2, 5, dtype=torch.float64)
+    scale = torch.randn(45, 5, 2, dtype=torch.float64)
+    weights = list(net.parameters())
+
+    def gradients(solver):
+        start = y0.clone().requires_grad_()
+        solution = solver(mlp, start, 0.0, 2.0, grid, method="tsit5", rtol=1e-7, atol=1e-7)
+        loss = (solution.y * scale).sum() + solution.y_final.square().sum()
+        return torch.autograd.grad(loss, [start, *weights])
+
+    got = gradients(gpu_grad.solve_gpu_with_grad)
+    want = gradients(solve_native)
+    assert len(gradient_kernel.launches) == 1
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    for g, w in zip(got[1:], want[1:]):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    monkeypatch.setattr(gpu_grad, "TAPE_BUDGET_BYTES", 4 * mlp.gradient_size() * 8 + 200 * 600)
+    chunked = gradients(gpu_grad.solve_gpu_with_grad)
+    assert len(gradient_kernel.launches) > 3
+    for g, one in zip(chunked, got):
+        torch.testing.assert_close(g, one, rtol=1e-14, atol=1e-14)
+
+
 def test_tapes_go_in_chunks_within_the_budget_and_a_tape_past_it_is_one_line():
     accepted = torch.tensor([5, 0, 7, 3, 3, 9, 1])
     plan = gpu_grad.TapePlan(accepted, n_states=2, n_stages=7, n_keep=0, real_bytes=8, budget=10 * 184)
@@ -167,6 +201,10 @@ def test_tapes_go_in_chunks_within_the_budget_and_a_tape_past_it_is_one_line():
     with pytest.raises(NativeUnavailable, match=r"^one sample's tape \(9 accepted steps, 0 MiB\) passes"):
         gpu_grad.TapePlan(accepted, n_states=2, n_stages=7, n_keep=0, real_bytes=8, budget=8 * 184)
     assert gpu_grad.TapePlan(accepted[:0], 2, 7, 0, 8).chunks == []
+    rows = gpu_grad.TapePlan(accepted, n_states=2, n_stages=7, n_keep=0, real_bytes=8, budget=10 * 184 + 2 * 1000,
+                             row_bytes=1000)  # one cotangent row per sample: at most 2 samples a launch here
+    assert rows.chunks == [(0, 2), (2, 4), (4, 5), (5, 7)]  # bytes 1920 1000 | 2288 1552 | 1552 | 2656 1184
+    assert rows.bytes() <= 10 * 184 + 2 * 1000
 
 
 gpu = pytest.mark.skipif(not HAS_CUDA or bool(NO_NVRTC), reason="needs a CUDA GPU and NVRTC")

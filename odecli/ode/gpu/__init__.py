@@ -9,10 +9,10 @@ The direct gradient (:mod:`.gradient`, ``solve_gpu_with_grad``): the CPU gradien
 (tapes of accepted steps, the right-hand side's pullback, the reverse sweep), in two passes since
 a GPU thread cannot grow its tape as a CPU lane does: the forward kernel counts each sample's
 accepted steps, then the backward kernel solves each sample again into a slab of tape of that
-size and sweeps it, as many samples per launch as a byte budget holds. Expression right-hand
-sides, float64 and float32, every explicit method; not an MLP (its weights' cotangent, one sum
-over all samples, needs a deterministic reduction over GPU threads not written yet) nor events
-(not differentiated on the CPU either): those gradients run on the PyTorch loop.
+size and sweeps it, as many samples per launch as a byte budget holds. Every explicit method;
+expression right-hand sides in float64 and float32, an MLP's (y0 and its weights: each thread's
+row of the weights' cotangent, summed in sample order) in float64; not events (event times are
+not differentiated on the CPU either): those gradients run on the PyTorch loop.
 
 What has been measured on a GPU: see docs/performance.md (the gradient kernel has been compiled
 by NVRTC and run on the host through tests/gpu_host.py, equal to the CPU's gradient bit for bit,

@@ -16,9 +16,12 @@ GPU thread cannot, so the work goes in two passes:
    is an error) and sweeps it backwards into the sample's cotangents.
 
 So a gradient costs two forward solves and one sweep, and tape memory only inside ``backward``.
-Parameters are per sample (expressions), so every thread writes its own rows and nothing is summed
-across threads: the result does not depend on the launch. A scalar parameter's gradient is its
-per-sample rows summed by torch afterwards, as on the CPU.
+Every thread writes its own rows: the per-sample parameters' and y0's cotangents, and a row of
+the shared weights' cotangent (an MLP's; the CPU sweep's per-block array, one per thread here),
+which torch then sums over the samples in order, as it sums a scalar parameter's per-sample rows.
+No atomics: the result does not depend on the launch. The cost of a row per thread is memory
+(an MLP 2-32-32-2 row is about 50 KiB, the CPU's staging of RANK pullbacks included), which the
+budget counts, so a launch takes fewer samples.
 """
 
 from __future__ import annotations
@@ -101,15 +104,21 @@ def solve_gpu_with_grad(
                              progress=progress, threads_per_block=threads_per_block, contract=contract)
     real = torch.float32 if single else torch.float64
 
+    shared = torch.as_tensor(rhs.shared_weights(), dtype=real).to(y0.device)  # the weights this solve read
+
     def scratch() -> _Layout:  # the inputs laid out again, with outputs for the second solve to overwrite
-        return _layout(rhs, y0.detach(), t_start, t_end, t_eval, detached, options, real)
+        layout = _layout(rhs, y0.detach(), t_start, t_end, t_eval, detached, options, real)
+        layout.shared = shared
+        return layout
 
     plan = TapePlan(solution.stats["n_accepted"], rhs.n_states, METHODS[method].n_stages, rhs.keep_size(),
-                    real.itemsize, _budget(y0.device))
+                    real.itemsize, _budget(y0.device), rhs.gradient_size() * real.itemsize)
     names = [name for name in rhs.params if isinstance(params.get(name), torch.Tensor)]
+    weights = rhs.tensors()
     backward = _Backward(kernel, scratch, plan, threads_per_block, [rhs.params.index(n) for n in names],
-                         (solution.y, solution.y_final))
-    solution.y, solution.y_final = _GpuSolve.apply(backward, y0, *(params[name] for name in names))
+                         [offset for offset, _ in weights], rhs.gradient_size(), (solution.y, solution.y_final))
+    solution.y, solution.y_final = _GpuSolve.apply(backward, y0, *(params[name] for name in names),
+                                                   *(tensor for _, tensor in weights))
     solution.extra["gradient"] = "native-cuda"
     # what backward() will hold and launch: tape bytes, and launches of gradient_samples_cuda
     solution.extra["tape_bytes"], solution.extra["tape_launches"] = plan.bytes(), len(plan.chunks)
@@ -135,32 +144,35 @@ def _detached(value: Any) -> Any:
 class TapePlan:
     """The tapes of a batch laid out back to back, and the launches that keep them within the budget.
 
-    ``accepted`` (one count per sample, on the device) sizes each sample's tape; ``chunks`` are
-    the (lo, hi) sample ranges of the backward launches, each needing at most ``budget`` bytes.
-    Raises :class:`NativeUnavailable` when one sample's tape alone passes the budget.
+    ``accepted`` (one count per sample, on the device) sizes each sample's tape; each sample also
+    takes ``row_bytes`` for its row of the shared weights' cotangent. ``chunks`` are the (lo, hi)
+    sample ranges of the backward launches, each needing at most ``budget`` bytes. Raises
+    :class:`NativeUnavailable` when one sample alone passes the budget.
     """
 
     def __init__(self, accepted: Tensor, n_states: int, n_stages: int, n_keep: int, real_bytes: int,
-                 budget: int = FALLBACK_BUDGET) -> None:
+                 budget: int = FALLBACK_BUDGET, row_bytes: int = 0) -> None:
         import torch
 
         self.step_bytes = step_bytes(real_bytes)
         self.per_step = self.step_bytes + ((n_stages + 2) * n_states + (n_stages + 1) * n_keep) * real_bytes
+        self.row_bytes = row_bytes
         self.n_states, self.n_stages, self.n_keep, self.real_bytes = n_states, n_stages, n_keep, real_bytes
         counts = accepted.to(torch.int64)
         self.start = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
         torch.cumsum(counts, 0, out=self.start[1:])
-        start = self.start.cpu()
-        most = int(counts.max()) if counts.numel() else 0
-        if most * self.per_step > budget:
-            size = most * self.per_step / 2**20
+        batch = counts.numel()
+        # bytes of samples [0, i): their steps and rows, non-decreasing in i
+        total = self.start.cpu() * self.per_step + torch.arange(batch + 1, dtype=torch.int64) * row_bytes
+        most = int(counts.max()) if batch else 0
+        if most * self.per_step + row_bytes > budget:
+            size = (most * self.per_step + row_bytes) / 2**20
             raise NativeUnavailable(f"one sample's tape ({most} accepted steps, {size:.0f} MiB) passes the GPU "
                                     f"gradient's budget of {budget / 2**20:.0f} MiB")
         self.chunks: list[tuple[int, int]] = []
-        lo, batch = 0, counts.numel()
-        while lo < batch:  # the most samples from lo whose steps fit the budget
-            limit = int(start[lo]) + budget // self.per_step
-            hi = int(torch.searchsorted(start, limit, right=True)) - 1
+        lo = 0
+        while lo < batch:  # the most samples from lo that fit the budget
+            hi = int(torch.searchsorted(total, int(total[lo]) + budget, right=True)) - 1
             hi = min(batch, max(hi, lo + 1))
             self.chunks.append((lo, hi))
             lo = hi
@@ -169,8 +181,9 @@ class TapePlan:
         return int(self.start[hi]) - int(self.start[lo])
 
     def bytes(self) -> int:
-        """The largest tape memory of one launch."""
-        return max((self.steps(lo, hi) * self.per_step for lo, hi in self.chunks), default=0)
+        """The most memory one launch takes: tapes and cotangent rows."""
+        return max((self.steps(lo, hi) * self.per_step + (hi - lo) * self.row_bytes for lo, hi in self.chunks),
+                   default=0)
 
 
 def step_bytes(real_bytes: int) -> int:
@@ -182,12 +195,18 @@ class _Backward:
     """The backward pass: the gradient kernel over the plan's chunks, each with its own tape arrays."""
 
     def __init__(self, kernel: Kernel, scratch: Callable[[], _Layout], plan: TapePlan, threads_per_block: int,
-                 columns: list[int], outputs: tuple[Tensor, Tensor]) -> None:
+                 columns: list[int], offsets: list[int], gradient_size: int,
+                 outputs: tuple[Tensor, Tensor] | None) -> None:
         self.kernel, self.scratch, self.plan = kernel, scratch, plan
         self.threads_per_block, self.columns, self.outputs = threads_per_block, columns, outputs
+        self.offsets, self.gradient_size = offsets, gradient_size
 
-    def __call__(self, grad_y: Tensor, grad_final: Tensor) -> tuple[Tensor, Tensor]:
-        """Cotangents of y0 (B, n_states) and of the parameter matrix (B, n_params), in the build's precision."""
+    def __call__(self, grad_y: Tensor, grad_final: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Cotangents of y0 (B, n_states), of the parameter matrix (B, n_params) and of the shared
+        weights (their layout, :meth:`~odecli.ode.native.NativeMLP.shared_weights`), in the build's precision.
+
+        The weights' cotangent: each thread fills its own row, the rows are summed by torch in
+        sample order, chunk after chunk, so the result does not depend on the launch."""
         import torch
 
         layout, plan = self.scratch(), self.plan
@@ -195,6 +214,7 @@ class _Backward:
         gy = grad_y.detach().to(real).contiguous()
         gfinal = grad_final.detach().to(real).contiguous()
         grad_y0, grad_p = torch.zeros_like(layout.y0), torch.zeros_like(layout.p)
+        grad_w = torch.zeros(self.gradient_size, dtype=real, device=device)
         taped = torch.zeros(layout.y0.shape[0], dtype=torch.int64, device=device)
         threads = min(self.threads_per_block, self.kernel.max_threads())
         pointer = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
@@ -209,13 +229,16 @@ class _Backward:
                     *(pointer(t) for t in (gy, gfinal, grad_y0, grad_p, plan.start)),
                     ctypes.c_int64(int(plan.start[lo])),
                     *(pointer(t) for t in (steps, tape_y, tape_k, tape_keep, taped))]
-            self.kernel.launch(math.ceil((hi - lo) / threads), threads, args)
-            del steps, tape_y, tape_k, tape_keep  # torch's allocator frees them after the launch, in stream order
+            rows = torch.zeros((hi - lo, self.gradient_size), dtype=real, device=device)
+            self.kernel.launch(math.ceil((hi - lo) / threads), threads,
+                               args + [pointer(rows), ctypes.c_int64(self.gradient_size)])
+            grad_w += rows.sum(dim=0)
+            del steps, tape_y, tape_k, tape_keep, rows  # torch's allocator frees them after the launch, in stream order
         missed = int((taped == 0).sum())
         if missed:
             raise RuntimeError(f"the GPU gradient's second solve took other steps than the forward pass in {missed} "
                                "sample(s): their tapes did not match")
-        return grad_y0, grad_p
+        return grad_y0, grad_p, grad_w
 
 
 class _GpuSolve:
@@ -237,6 +260,7 @@ def _make_function() -> Any:
     class GpuSolve(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, backward: _Backward, y0: Tensor, *values: Tensor) -> tuple[Tensor, Tensor]:
+            """``values``: the parameter tensors (backward.columns), then the weight tensors (backward.offsets)."""
             ctx.backward_pass = backward
             ctx.shapes = [(value.shape, value.dtype) for value in values]
             ctx.like = y0.dtype
@@ -250,12 +274,15 @@ def _make_function() -> Any:
             zeros = lambda shape: torch.zeros(shape, dtype=ctx.like, device=ctx.device)  # noqa: E731
             gy = zeros(ctx.output_shapes[0]) if grad_y is None else grad_y
             gf = zeros(ctx.output_shapes[1]) if grad_final is None else grad_final
-            grad_y0, grad_p = ctx.backward_pass(gy, gf)
+            grad_y0, grad_p, grad_w = ctx.backward_pass(gy, gf)
             grads = [grad_y0.to(ctx.like)]
-            for column, (shape, value_dtype) in zip(ctx.backward_pass.columns, ctx.shapes):
+            columns, offsets = ctx.backward_pass.columns, ctx.backward_pass.offsets
+            for column, (shape, value_dtype) in zip(columns, ctx.shapes):
                 per_sample = grad_p[:, column].to(value_dtype)
                 grads.append(per_sample.reshape(shape) if per_sample.numel() == shape.numel()
                              else per_sample.sum().expand(shape))
+            for offset, (shape, value_dtype) in zip(offsets, ctx.shapes[len(columns):]):
+                grads.append(grad_w[offset:offset + shape.numel()].reshape(shape).to(value_dtype))
             return (None, *grads)
 
     return GpuSolve

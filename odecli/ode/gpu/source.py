@@ -79,8 +79,10 @@ _GRADIENT_ENTRY = """
  * (B x n_eval x N) and gfinal (B x N), and the tape arrays: sample i's steps start at
  * tape_start[i] - base and it has tape_start[i + 1] - tape_start[i] of them, its accepted steps
  * in the forward pass. The thread solves its sample again into that slab (the same steps: the
- * same arithmetic), sweeps it into gy0 (B x N) and gp (B x n_params), and writes into taped[i]
- * whether the slab held exactly the steps (0: the solve took other steps; nothing swept). */
+ * same arithmetic), sweeps it into gy0 (B x N), gp (B x n_params) and its own row of wbar
+ * ((i1 - i0) x wbar_size, zeroed: the shared weights' cotangent, an MLP's, as the CPU sweep's
+ * per-block array), and writes into taped[i] whether the slab held exactly the steps (0: the
+ * solve took other steps; nothing swept). */
 extern "C" __global__ void gradient_samples_cuda(int64_t i0, int64_t i1, int64_t n_eval, int64_t n_params,
                                                  const double *y0, const double *t0, const double *t1,
                                                  const double *grid, const double *params, const double *dt0,
@@ -89,7 +91,7 @@ extern "C" __global__ void gradient_samples_cuda(int64_t i0, int64_t i1, int64_t
                                                  const double *shared, const double *gy, const double *gfinal,
                                                  double *gy0, double *gp, const int64_t *tape_start, int64_t base,
                                                  Step *steps, double *tape_y, double *tape_k, double *tape_keep,
-                                                 int64_t *taped)
+                                                 int64_t *taped, double *wbar, int64_t wbar_size)
 {
     const int64_t i = i0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= i1) return;
@@ -107,15 +109,17 @@ extern "C" __global__ void gradient_samples_cuda(int64_t i0, int64_t i1, int64_t
     rec.of = &tape; rec.budget = rec.used = 0;
     solve_range(&job, i, 1, NULL, &rec);
     taped[i] = tape.state == TAPE_COMPLETE && tape.n == tape.cap;
-    if (taped[i])
-        sweep(&job, i, &tape, gy + i * n_eval * N, gfinal + i * N, gy0 + i * N, gp + i * n_params, NULL);
+    if (!taped[i]) return;
+    double *own_wbar = wbar + (i - i0) * wbar_size;  /* this thread's row: rows are summed in order afterwards */
+    sweep(&job, i, &tape, gy + i * n_eval * N, gfinal + i * N, gy0 + i * N, gp + i * n_params, own_wbar);
+    rhs_pullback_flush(own_wbar);
 }
 """
 
 
 def cuda_gradient_source(rhs: "NativeRhs | NativeMLP", method: str, single: bool = False) -> str:
     """The taped solver, ``sweep`` and ``gradient_samples_cuda`` of ``method`` and ``rhs``, one
-    sample per GPU thread, in float64 or (``single``) float32 (expressions: see :func:`gradient_unsupported`)."""
+    sample per GPU thread, in float64 or (``single``, expressions only) float32."""
     why = gradient_unsupported(rhs)
     if why:
         raise ValueError(why)
@@ -125,15 +129,8 @@ def cuda_gradient_source(rhs: "NativeRhs | NativeMLP", method: str, single: bool
 
 
 def gradient_unsupported(rhs: "NativeRhs | NativeMLP") -> str:
-    """Why the GPU gradient cannot take ``rhs`` ("" when it can).
-
-    An MLP cannot yet: its weights' cotangent is one sum over every sample, which the CPU
-    gathers per block in vector registers (GCC vector extensions, which NVRTC has not), and a
-    GPU needs a deterministic reduction over threads written for it. Events cannot: the
-    generated gradient does not differentiate event times on the CPU either.
-    """
-    if not isinstance(rhs, NativeRhs):
-        return "the GPU gradient takes expression right-hand sides (an MLP's weight gradient is not built for GPUs yet)"
-    if rhs.events:
+    """Why the GPU gradient cannot take ``rhs`` ("" when it can): events (the generated gradient
+    does not differentiate event times, on the CPU either)."""
+    if getattr(rhs, "events", ()):
         return "the generated gradient does not differentiate event times"
     return ""
