@@ -11,14 +11,10 @@ In order, each section skipped once the time budget (seconds, default 420) is sp
    the share of samples with the same steps, max |dy| where they are the same, and the same with
    fused multiply-adds allowed (``contract=True``);
 3. VdP, mu spread over [0.5, 25], dopri5, rtol = atol = 1e-6, t in [0, 10], 11 output times,
-   float32 and float64, at each B: the kernel against the batched PyTorch loop on the same card
-   (and torchode where it imports), as sample-steps/s (attempted steps summed over samples /
-   wall time) and the ratio kernel / peer of wall times;
-4. Lorenz (rho spread over [20, 30]) and an MLP right-hand side (2-32-32-2, tanh: the
-   neural-ODE case) at B = 10^5 (or the largest B asked for, if smaller), kernel against the
-   PyTorch loop;
-5. threads per block (64-512) and contraction on/off at the largest B, float64;
-6. the direct gradient (:mod:`odecli.ode.gpu.gradient`): a VdP fit's loss gradient in mu (data
+   float32 and float64, at each B: the kernel against the batched PyTorch loop on the same card,
+   as sample-steps/s (attempted steps summed over samples / wall time) and the ratio kernel /
+   peer of wall times;
+4. the direct gradient (:mod:`odecli.ode.gpu.gradient`): a VdP fit's loss gradient in mu (data
    from mu, the estimate mu * 1.1; the problem of 3.) against the CPU generated solver's gradient
    at B = 4096 float64 (the share of samples with the same steps, the largest relative difference
    of their gradients), then forward + backward at each B, float32 and float64, the kernel against
@@ -26,7 +22,12 @@ In order, each section skipped once the time budget (seconds, default 420) is sp
    samples, default 10^4: the loop's autograd graph holds every step's tensors, so its memory
    grows with B times the steps; out of memory is reported, not fatal), with the tape memory
    and the number of backward launches; then a neural ODE's gradient (MLP 2-32-32-2, y0 and the
-   weights) against the CPU's and the PyTorch loop's at min(largest B, ``--grad-loop-max``).
+   weights) against the CPU's and the PyTorch loop's at min(largest B, ``--grad-loop-max``);
+5. torchode on the VdP problem of 3. (B up to 10^5), where it imports;
+6. Lorenz (rho spread over [20, 30]) and an MLP right-hand side (2-32-32-2, tanh: the
+   neural-ODE case) at B = 10^5 (or the largest B asked for, if smaller), kernel against the
+   PyTorch loop;
+7. threads per block (64-512) and contraction on/off at the largest B, float64.
 
 The kernel's time is the median of 3 solves after a warm-up (which compiles, or loads the
 cubin from the cache); each peer runs once after a small warm-up (the PyTorch loop's wall time
@@ -398,7 +399,7 @@ def main() -> None:
         print("no CUDA GPU or no NVRTC here: nothing to check")
         return
     print(torch.cuda.get_device_name(0), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), flush=True)
-    if not args.skip_tests and section("tests/test_ode_gpu.py", 60):
+    if not args.skip_tests and section("tests/test_ode_gpu.py, tests/test_ode_gpu_grad.py", 60):
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                str(ROOT / "tests" / "test_ode_gpu.py"), str(ROOT / "tests" / "test_ode_gpu_grad.py")],
                               capture_output=True, text=True, timeout=240)
@@ -409,6 +410,15 @@ def main() -> None:
         for batch in batches:
             if section(f"VdP dopri5 {str(dtype)[6:]} B={batch}", 20 + batch / 1e5):
                 kernel_vs_loop("VdP", VDP_C, vdp, vdp_problem, batch, dtype)
+    if section("gradient: kernel against the CPU generated solver's (float64)", 30):
+        gradient_agreement()
+    for dtype in (torch.float32, torch.float64):
+        for batch in batches:
+            if section(f"VdP fit gradient {str(dtype)[6:]} B={batch}", 20 + batch / 1e5):
+                gradient_timing(batch, dtype, args.grad_loop_max)
+    mlp_batch = min(max(batches), args.grad_loop_max)
+    if section(f"MLP 2-32-32-2 fit gradient float64 B={mlp_batch}", 40):
+        mlp_gradient(mlp_batch, args.grad_loop_max)
     for batch in batches:
         if batch <= 100_000 and section(f"torchode VdP float32 B={batch}", 30):
             try:
@@ -430,15 +440,6 @@ def main() -> None:
         kernel_vs_loop("MLP", native, lambda t, y, p: net.to(y.dtype)(y), mlp_problem, side, torch.float32)
     if section(f"tuning at B={max(batches)} float64", 30):
         tuning(max(batches))
-    if section("gradient: kernel against the CPU generated solver's (float64)", 30):
-        gradient_agreement()
-    for dtype in (torch.float32, torch.float64):
-        for batch in batches:
-            if section(f"VdP fit gradient {str(dtype)[6:]} B={batch}", 20 + batch / 2e4):
-                gradient_timing(batch, dtype, args.grad_loop_max)
-    mlp_batch = min(max(batches), args.grad_loop_max)
-    if section(f"MLP 2-32-32-2 fit gradient float64 B={mlp_batch}", 40):
-        mlp_gradient(mlp_batch, args.grad_loop_max)
     print(f"\ntotal {time.perf_counter() - START:.0f} s", flush=True)
 
 
