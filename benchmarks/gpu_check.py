@@ -230,8 +230,10 @@ def gradient_agreement() -> None:
     want, g_cpu = fit_gradient(cpu, y0.cpu(), grid.cpu(), data.cpu(), estimate.cpu())
     same = (got.stats["n_steps"].cpu() == want.stats["n_steps"]).numpy()
     rel = ((g_gpu.cpu() - g_cpu).abs() / g_cpu.abs().clamp_min(1e-300)).numpy()[same]
+    registers = next(iter(gpu_grad._KERNELS.values())).registers()
     print(f"{'VdP fit gradient B=4096':28s} dopri5  engine {got.extra.get('gradient')}  same steps {same.mean() * 100:6.2f} %"
-          f"  max rel |dgrad| (same steps) {rel.max() if rel.size else float('nan'):.2e}", flush=True)
+          f"  max rel |dgrad| (same steps) {rel.max() if rel.size else float('nan'):.2e}"
+          f"  gradient kernel registers/thread {registers}", flush=True)
 
 
 def mlp_gradient(batch: int, loop_max: int) -> None:

@@ -243,3 +243,25 @@ def test_train_inverse_on_cuda_fits_with_the_kernel_gradient_as_the_pytorch_loop
     np.testing.assert_allclose(kernel.history["loss"], loop.history["loss"], rtol=1e-8)
     for name in ("k", "u"):
         np.testing.assert_allclose(kernel.fitted[name], loop.fitted[name], rtol=1e-8)
+
+
+def test_a_fit_on_cuda_takes_the_kernel_gradient_or_says_why_not(monkeypatch):
+    """Problem's engine choice as it would be on a CUDA device (the problem built on the CPU, then
+    asked again with its device set to CUDA): the kernel's gradient where NVRTC loads, else the
+    reason the fit logs before running on the PyTorch loop."""
+    from odecli.app.fit_ode import Problem
+    from odecli.parallel.comm import get_comm
+    from test_ode_inverse import DECAY, DECAY_TRUTH, _spec
+
+    text = DECAY % {"data": DECAY_TRUTH, "optimizer": "lbfgs", "lr": 1.0, "iterations": 2, "adjoint": "direct"}
+    problem = Problem(*_spec(text), get_comm())
+    problem.device = torch.device("cuda", 0)
+    monkeypatch.setattr(nvrtc, "available", lambda: "")
+    assert problem._native_rhs() is not None and problem.gpu_note == ""
+    monkeypatch.setattr(nvrtc, "available", lambda: "no NVRTC library found")
+    assert problem._native_rhs() is None and problem.gpu_note == "no NVRTC library found"
+    problem.events = object()  # any events: their times are not differentiated by the generated gradient
+    monkeypatch.setattr(nvrtc, "available", lambda: "")
+    assert problem._native_rhs() is None and "event times" in problem.gpu_note
+    problem.device = torch.device("cpu")
+    assert problem._native_rhs() is None and problem.gpu_note == ""  # on the CPU: no note, as before

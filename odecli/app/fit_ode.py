@@ -145,18 +145,16 @@ class Problem:
     def _native_rhs(self) -> NativeRhs | None:
         """The C right-hand side when the generated solver runs this fit (its gradient, when the
         fit asks for ``direct`` ones, is generated C too); None for the PyTorch loop."""
-        if native_unsupported(self.ode, str(self.device)):  # equations, explicit RK, CPU, float64
-            return None
-        if self.events is not None:  # the generated C gradient does not differentiate event times
-            return None
-        rhs = NativeRhs(*build_c_equations(self.ode))
-        if self.inv.adjoint == "direct" and gradient_unsupported(rhs, self.ode.solver.method):
-            return None
-        if self.inv.adjoint == "direct" and self.device.type == "cuda":  # the same gradient as a GPU kernel
-            self.gpu_note = gpu_gradient_unsupported(rhs, self.ode.solver.method, self.ode.solver.dtype,
-                                                     str(self.device))
-            return None if self.gpu_note else rhs
-        return rhs
+        direct_on_gpu = self.inv.adjoint == "direct" and self.device.type == "cuda"  # the gradient as a GPU kernel
+        why = native_unsupported(self.ode, str(self.device))  # equations, explicit RK; CPU float64 or CUDA
+        if not why and self.events is not None:
+            why = "the generated gradient does not differentiate event times"
+        rhs = None if why else NativeRhs(*build_c_equations(self.ode))
+        if rhs is not None and self.inv.adjoint == "direct":
+            why = gradient_unsupported(rhs, self.ode.solver.method) or (gpu_gradient_unsupported(
+                rhs, self.ode.solver.method, self.ode.solver.dtype, str(self.device)) if direct_on_gpu else "")
+        self.gpu_note = why if direct_on_gpu else ""
+        return None if why else rhs
 
     @property
     def gradient_engine(self) -> str:
