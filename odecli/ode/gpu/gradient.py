@@ -19,9 +19,10 @@ So a gradient costs two forward solves and one sweep, and tape memory only insid
 Every thread writes its own rows: the per-sample parameters' and y0's cotangents, and a row of
 the shared weights' cotangent (an MLP's; the CPU sweep's per-block array, one per thread here),
 which torch then sums over the samples in order, as it sums a scalar parameter's per-sample rows.
-No atomics: the result does not depend on the launch. The cost of a row per thread is memory
-(an MLP 2-32-32-2 row is about 50 KiB, the CPU's staging of RANK pullbacks included), which the
-budget counts, so a launch takes fewer samples.
+No atomics: the same inputs give the same result, bit for bit, whatever the threads per block
+(the chunks under the budget only regroup the sum, at round-off). The cost of a row per thread
+is memory (an MLP 2-32-32-2 row is about 50 KiB, the CPU's staging of RANK pullbacks included),
+which the budget counts, so a launch takes fewer samples.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class _Backward:
         weights (their layout, :meth:`~odecli.ode.native.NativeMLP.shared_weights`), in the build's precision.
 
         The weights' cotangent: each thread fills its own row, the rows are summed by torch in
-        sample order, chunk after chunk, so the result does not depend on the launch."""
+        sample order, chunk after chunk: no atomics, so every run gives the same result."""
         import torch
 
         layout, plan = self.scratch(), self.plan
