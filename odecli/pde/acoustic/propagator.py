@@ -19,6 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from odecli.parallel.ops import GhostExchange, halo_exchange
+from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.equation import stability_limit
 from odecli.pde.acoustic.fused import propagate
 from odecli.pde.acoustic.kernels import native_available, sponge_spans
@@ -161,11 +162,15 @@ class AcousticPropagator:
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.segments)
+        cuda, why = cuda_loop.launcher_for(self.geom.wavelet, self.comm)
+        if cuda is not None and self.fused is not False:
+            return f"fused CUDA kernels on {self.device}, {segs} time segment(s)"
         if self.fused:
             exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
             return (f"fused C kernels, {self.threads} thread(s) per rank, "
                     f"{segs} time segment(s){exchange}")
-        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+        why = f" ({why})" if self.device.type == "cuda" else ""
+        return f"PyTorch reference on {self.device}, {segs} time segment(s){why}"
 
     def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
         """Reference steps ``t0 .. t1-1`` on ringed fields (autograd records them)."""
@@ -208,6 +213,15 @@ class AcousticPropagator:
         ``return_field`` also gives the final wavefield on the block (values: on the fused
         path no gradient flows through it).
         """
+        cuda, _ = cuda_loop.launcher_for(c, self.comm)  # None off CUDA, or with the reason
+        if cuda is not None and self.fused is not False and (
+                not c.requires_grad or self._fused_gradient_defined(c)):  # it divides by c
+            if getattr(self, "cuda_loop", None) is None or self.cuda_loop.launcher is not cuda:
+                self.cuda_loop = cuda_loop.CudaLoop(cuda, self.segments, self.grid.dy, self.grid.dx,
+                                                    self.dt * self.dt, self.sponge, self.rgeom,
+                                                    self.src_gain)
+            traces, u = cuda_loop.propagate_cuda(self.cuda_loop, c, self.geom.nshots, return_field)
+            return (traces, u) if return_field else traces
         if self._use_fused(c):
             # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
             # the owned block has the whole gradient (Loop.owned_gradient)
