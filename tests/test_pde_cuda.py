@@ -28,7 +28,7 @@ from odecli.pde.acoustic.reference import RING, reference_step
 from odecli.specs.pde import validate
 
 sys.path.insert(0, str(Path(__file__).parent / "mpi_scripts"))
-from pde_equivalence import BASE, variants  # noqa: E402
+from pde_equivalence import BASE, variants
 
 sys.path.pop(0)
 
@@ -102,6 +102,21 @@ def test_host_build_adjoint_equals_autograd_through_the_reference(host, name):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-14 * float(a.abs().max()))
 
 
+def test_the_builder_picks_the_kernel_where_it_runs(host):
+    """build() leaves the choice to the propagator (fused=None), whose forward takes the kernel,
+    and sizes 'auto' segments by the memory the kernel's store lives in."""
+    raw = copy.deepcopy(BASE)
+    raw["compute"]["time_segments"] = "auto"
+    spec = validate(raw, "t.yaml")
+    spec["text"] = ""
+    P = Problem(spec, get_comm())
+    assert P.prop.fused is None and "CUDA" in P.prop.engine()
+    assert len(P.prop.segments) < round(90 ** 0.5)  # the store fits: fewer than sqrt(nt)
+    before = host[torch.float64].launches
+    P.evaluate(0)
+    assert host[torch.float64].launches > before
+
+
 def test_recomputed_segments_give_the_gradient_of_one_segment_bit_for_bit(host):
     grads = []
     for segments in (1, 4, 90):
@@ -139,7 +154,7 @@ def test_one_launch_with_duplicated_points_on_tile_borders_is_the_reference_step
     sponge[:, :5] = torch.linspace(0.9, 0.99, 5, dtype=dtype)
     sponge[-3:, :] = 0.95
     cols, rows = shape[2], shape[1]
-    at = lambda b, i, j: b * rows * cols + (i + RING) * cols + j + RING  # noqa: E731
+    at = lambda b, i, j: b * rows * cols + (i + RING) * cols + j + RING
     src = torch.tensor([at(0, 8, 31), at(1, 8, 31), at(0, 8, 31), at(1, 7, 32), at(0, 18, 69)])
     vals = torch.randn(src.numel(), generator=gen, dtype=dtype)
     rec = torch.tensor([at(b, i, j) for b in range(B) for i, j in ((8, 31), (0, 0), (7, 32), (8, 31))])
@@ -211,7 +226,7 @@ def test_on_the_gpu_the_kernel_matches_the_reference(dtype):
     scale = float(t0.abs().max())
     tol = 1e-12 if dtype == "float64" else 1e-5
     torch.testing.assert_close(t1, t0, rtol=0, atol=tol * scale)
-    (l0, g0), (l1, g1) = ref.evaluate(0), P.evaluate(0)
+    (_, g0), (_, g1) = ref.evaluate(0), P.evaluate(0)
     for a, b in zip(g0, g1):
         torch.testing.assert_close(b, a, rtol=0, atol=(1e-10 if dtype == "float64" else 1e-3)
                                    * float(a.abs().max()))

@@ -140,7 +140,7 @@ class HostLauncher:
         self._launch(ctypes.c_longlong(call.blocks), ctypes.c_longlong(THREADS), *call.args)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def host_launcher(dtype: torch.dtype) -> HostLauncher:
     return HostLauncher(dtype)
 

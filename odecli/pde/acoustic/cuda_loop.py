@@ -24,7 +24,13 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from odecli.pde.acoustic.cuda_build import TILE_X, TILE_Y, StepCall, cuda_launcher, tiles_x
+from odecli.pde.acoustic.cuda_build import (
+    TILE_X,
+    TILE_Y,
+    StepCall,
+    cuda_launcher,
+    tiles_x,
+)
 from odecli.pde.acoustic.kernels import sponge_spans
 from odecli.pde.acoustic.reference import RING
 from odecli.pde.sources import LocalGeometry
@@ -53,7 +59,7 @@ class TilePoints:
     index: Tensor
 
     @classmethod
-    def of(cls, flat: Tensor, shape: tuple[int, int, int]) -> "TilePoints":
+    def of(cls, flat: Tensor, shape: tuple[int, int, int]) -> TilePoints:
         _, rows, cols = shape
         ny, nx = rows - 2 * RING, cols - 2 * RING
         i = (flat % (rows * cols)) // cols - RING
