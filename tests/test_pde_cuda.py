@@ -49,6 +49,10 @@ class CountingHost:
         self.launches += 1
         self.inner.launch(call)
 
+    def run(self, call: StepCall, steps: int, *args) -> None:
+        self.launches += steps
+        self.inner.run(call, steps, *args)
+
 
 @pytest.fixture
 def host(monkeypatch):

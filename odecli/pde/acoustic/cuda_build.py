@@ -3,8 +3,9 @@
 Why CUDA C through NVRTC (and not Triton): the per-point update is written once, in
 ``cuda_point.h``, and two builds include it.  NVRTC compiles it into the ``__global__`` kernel
 (:func:`cuda_source`; compiling needs no GPU, so CI compiles the real kernel in both precisions),
-and the system C compiler into a host library whose ``acoustic_step_launch`` calls the same
-function once per (thread block, thread) in a loop (:func:`host_source`).  So the CUDA kernel's
+and the system C compiler into a host library whose ``acoustic_cu_launch``, a stand-in for the
+driver's ``cuLaunchKernel``, calls the same function once per (thread block, thread) in a loop
+(:func:`host_source`).  So the CUDA kernel's
 arithmetic, its tiling, its source and receiver tables and the time loop that drives it
 (:mod:`odecli.pde.acoustic.cuda_loop`) run on CPU tensors here, against the PyTorch reference and
 its autograd, with no GPU and no extra test dependency (Triton's interpreter would add one, and
@@ -15,7 +16,8 @@ Both builds turn contraction into fused multiply-adds off (``--fmad=false``, ``-
 and keep subnormals (no ``--ftz``), so a step equals the PyTorch reference's bit for bit on
 either.  A launch makes one step for every shot, with the sources added and the receivers read
 in the same launch (``cuda_point.h``): one launch per time step, whose arguments are built once
-per propagation and only re-pointed per step (:class:`StepCall`).
+per propagation and re-pointed per step by a time loop in C (``cuda_steps.c``), the same loop
+for the driver's launches and the host build's.
 """
 
 from __future__ import annotations
@@ -76,13 +78,17 @@ def cuda_source(dtype: torch.dtype) -> str:
 
 
 def host_source(dtype: torch.dtype) -> str:
-    """The same point update as C for the host: ``acoustic_step_launch(blocks, threads, ...)``
-    runs every (block, thread) of a launch in order."""
+    """The same point update as C for the host, behind ``acoustic_cu_launch``: cuLaunchKernel's
+    signature, running every (block, thread) of a launch in order on arguments passed as the
+    driver takes them (``params[i]`` points to argument i)."""
+    unpacked = ", ".join(f"*({t} *)params[{i}]" for i, (t, _) in enumerate(PARAMS))
     return (_point_text(dtype, "static inline")
-            + f"\nvoid {ENTRY}_launch(odecli_i64 blocks, odecli_i64 threads, {_signature()})\n"
-            + "{\n    for (odecli_i64 b = 0; b < blocks; ++b)\n"
-            + "        for (odecli_i64 t = 0; t < threads; ++t)\n"
-            + f"            acoustic_thread(b, t, {_arguments()});\n}}\n")
+            + "\nint acoustic_cu_launch(void *function, unsigned gx, unsigned gy, unsigned gz,\n"
+            + "                       unsigned bx, unsigned by, unsigned bz, unsigned shared,\n"
+            + "                       void *stream, void **params, void **extra)\n{\n"
+            + "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
+            + "        for (odecli_i64 t = 0; t < (odecli_i64)bx; ++t)\n"
+            + f"            acoustic_thread(b, t, {unpacked});\n    return 0;\n}}\n")
 
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every operation rounds as written, as the reference's
@@ -97,13 +103,16 @@ def compile_cubin(dtype: torch.dtype, arch: str) -> bytes:
 
 
 class StepCall:
-    """The arguments of one launch as ctypes objects made once: per step the time loop
-    re-points a few of them (``set``) and launches, so a step costs one driver call and no
-    argument building.  ``blocks`` covers the block ``ny x nx`` with tiles."""
+    """The arguments of one launch as ctypes objects made once, and the array of their
+    addresses the launch reads: per step the time loop re-points a few of them (:meth:`set`, or
+    in C, ``cuda_steps.c``) and launches, so a step costs no argument building.  ``blocks``
+    covers the block ``ny x nx`` with tiles."""
 
     def __init__(self, **values) -> None:
         self.args = [_ctype(t)() for t, _ in PARAMS]
         self._slot = {name: arg for (_, name), arg in zip(PARAMS, self.args)}
+        self.index = {name: i for i, (_, name) in enumerate(PARAMS)}
+        self.pointers = (ctypes.c_void_p * len(self.args))(*(ctypes.addressof(a) for a in self.args))
         self._tensors: dict = {}  # the tensors pointed to, kept alive while they are
         self.set(**values)
         tiles_y = -(-int(self._slot["ny"].value) // TILE_Y)
@@ -123,21 +132,72 @@ def tiles_x(nx: int) -> int:
     return -(-nx // TILE_X)
 
 
-class HostLauncher:
-    """The kernel built for the host: launches run on the CPU, synchronously, on CPU tensors."""
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                           ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                           ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+@functools.cache
+def _steps_library() -> ctypes.CDLL:
+    lib, why = native.load_source("acoustic_cuda_steps", (HERE / "cuda_steps.c").read_bytes())
+    if lib is None:
+        raise RuntimeError(f"the acoustic CUDA time loop (cuda_steps.c) did not build: {why}")
+    lib.acoustic_run_steps.restype = ctypes.c_int
+    return lib
+
+
+class Launcher:
+    """Launches of the kernel through a function with cuLaunchKernel's signature, one at a time
+    (:meth:`launch`) or as a run of leapfrog steps in C (:meth:`run`)."""
 
     device_type = "cpu"
+
+    def __init__(self, launch_address: int, function: ctypes.c_void_p) -> None:
+        self._address = ctypes.c_void_p(launch_address)
+        self._launch = _LAUNCH(launch_address)
+        self._function = function
+        self._run = _steps_library().acoustic_run_steps
+
+    def stream(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(None)
+
+    def check(self, result: int, what: str) -> None:
+        if result != 0:
+            raise RuntimeError(f"{what} failed ({result})")
+
+    def launch(self, call: StepCall) -> None:
+        """One launch with the arguments as set."""
+        self.check(self._launch(self._function, call.blocks, 1, 1, THREADS, 1, 1, 0, self.stream(),
+                                ctypes.cast(call.pointers, ctypes.c_void_p), None), "acoustic step launch")
+
+    def run(self, call: StepCall, steps: int, first: torch.Tensor, second: torch.Tensor,
+            moving: list[tuple[str, int, int]]) -> None:
+        """``steps`` leapfrog steps, ``second`` the first step's u and ``first`` its u_prev and
+        output, the two swapping roles each step; each ``(name, address, stride)`` of ``moving``
+        points argument ``name`` at ``address + m * stride`` bytes in step m (NULL for 0)."""
+        n = len(moving)
+        slots = (ctypes.c_longlong * n)(*(call.index[name] for name, _, _ in moving))
+        bases = (ctypes.c_void_p * n)(*(address or None for _, address, _ in moving))
+        strides = (ctypes.c_longlong * n)(*(stride for _, _, stride in moving))
+        self.check(self._run(self._address, self._function, ctypes.c_uint(call.blocks),
+                             ctypes.c_uint(THREADS), self.stream(), call.pointers,
+                             ctypes.c_longlong(steps), ctypes.c_void_p(first.data_ptr()),
+                             ctypes.c_void_p(second.data_ptr()),
+                             *(ctypes.c_longlong(call.index[k]) for k in ("u", "u_prev", "out")),
+                             ctypes.c_longlong(n), slots, bases, strides), "acoustic time loop")
+
+
+class HostLauncher(Launcher):
+    """The kernel built for the host: launches run on the CPU, synchronously, on CPU tensors."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         lib, why = native.load_source(f"acoustic_cuda_host_{REALS[dtype]}",
                                       host_source(dtype).encode())
         if lib is None:
             raise RuntimeError(f"the acoustic CUDA kernel's host build failed: {why}")
-        self._launch = getattr(lib, f"{ENTRY}_launch")
-        self._launch.restype = None
-
-    def launch(self, call: StepCall) -> None:
-        self._launch(ctypes.c_longlong(call.blocks), ctypes.c_longlong(THREADS), *call.args)
+        self._lib = lib
+        super().__init__(ctypes.cast(lib.acoustic_cu_launch, ctypes.c_void_p).value,
+                         ctypes.c_void_p(None))
 
 
 @functools.cache
@@ -145,8 +205,8 @@ def host_launcher(dtype: torch.dtype) -> HostLauncher:
     return HostLauncher(dtype)
 
 
-class CudaLauncher:
-    """The NVRTC-built kernel on one GPU, launched on torch's current stream of that device."""
+class CudaLauncher(Launcher):
+    """The NVRTC-built kernel on one GPU, launched by the driver on torch's current stream."""
 
     device_type = "cuda"
 
@@ -155,18 +215,15 @@ class CudaLauncher:
 
         self.kernel = driver.Kernel(compile_cubin(dtype, driver.device_arch(device)), ENTRY, device)
         self.device = device
-        self._cu_launch = driver._libcuda().cuLaunchKernel
-        self._check = driver._check
+        self._driver = driver
+        super().__init__(ctypes.cast(driver._libcuda().cuLaunchKernel, ctypes.c_void_p).value,
+                         self.kernel._function)
 
-    def launch(self, call: StepCall) -> None:
-        pointers = getattr(call, "_pointers", None)
-        if pointers is None:  # made once per StepCall: its arguments live as long as it does
-            pointers = (ctypes.c_void_p * len(call.args))(*(ctypes.addressof(a) for a in call.args))
-            call._pointers = pointers
-            call._stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-        self._check(self._cu_launch(self.kernel._function, ctypes.c_uint(call.blocks), 1, 1,
-                                    ctypes.c_uint(THREADS), 1, 1, 0, call._stream, pointers, None),
-                    "cuLaunchKernel")
+    def stream(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
+
+    def check(self, result: int, what: str) -> None:
+        self._driver._check(result, what)
 
 
 _CUDA: dict = {}

@@ -141,29 +141,32 @@ def propagate_cuda(loop: CudaLoop, speed: Tensor, nshots: int,
 
 
 def _row(t: Tensor, k: int) -> int:
-    """The address of ``t[k]`` (``t`` contiguous) without making a view: a step sets three."""
+    """The address of ``t[k]`` (``t`` contiguous) without making a view."""
     return t.data_ptr() + k * t.stride(0) * t.element_size()
+
+
+def _stride(t: Tensor) -> int:
+    """Bytes from ``t[k]`` to ``t[k + 1]``."""
+    return t.stride(0) * t.element_size()
 
 
 def _steps(loop: CudaLoop, call: StepCall, p: Tensor, u: Tensor, t0: int, t1: int,
            traces: Tensor | None, store: Tensor | None) -> tuple[Tensor, Tensor]:
     """Steps ``t0 .. t1-1`` from ``(p, u)``, each new field written over ``p``'s buffer,
     recording the receivers into ``traces[k]`` (``(nt, shots * receivers)``) when given and with
-    ``store`` each step's ``lap4(u)`` into ``store[k - t0]``."""
+    ``store`` each step's ``lap4(u)`` into ``store[k - t0]``; one call of the C time loop."""
     pts = loop.points(tuple(p.shape))
     values, record = pts["values"], traces is not None and pts["receivers"] is not None
+    moving = [("lap_out", 0 if store is None else store.data_ptr(), 0 if store is None else _stride(store))]
     if pts["sources"] is not None:
         call.set(**pts["sources"].args("src", "idx"))
+        moving.append(("src_val", _row(values, t0), _stride(values)))
     if record:
         call.set(**pts["receivers"].args("rec", "slot"))
-    for k in range(t0, t1):
-        call.set(u=u, u_prev=p, out=p, lap_out=None if store is None else _row(store, k - t0),
-                 src_val=_row(values, k) if pts["sources"] is not None else None,
-                 traces=_row(traces, k) if record else None)
-        loop.launcher.launch(call)
-        p, u = u, p
+        moving.append(("traces", _row(traces, t0), _stride(traces)))
+    loop.launcher.run(call, t1 - t0, p, u, moving)
     call.set(**NONE_POINTS, **NONE_RECEIVERS, lap_out=None)
-    return p, u
+    return (u, p) if (t1 - t0) % 2 else (p, u)
 
 
 class _CudaPropagation(torch.autograd.Function):
@@ -214,10 +217,11 @@ class _CudaPropagation(torch.autograd.Function):
                 _steps(loop, call, *ctx.starts[s], t0, t1, None, store)
                 call.set(**receivers.args("src", "idx"))
             call.set(grad=grad_sum)
-            for k in range(t1 - 1, t0 - 1, -1):
-                call.set(u=mu, u_prev=mu_after, out=mu_after, lap_in=_row(store, k - t0),
-                         src_val=_row(residuals, nt - k))
-                loop.launcher.launch(call)
+            # adjoint steps k = t1-1 .. t0: lap(u_k) from store[k - t0], residuals[nt - k]
+            loop.launcher.run(call, t1 - t0, mu_after, mu,
+                              [("lap_in", _row(store, t1 - 1 - t0), -_stride(store)),
+                               ("src_val", _row(residuals, nt - t1 + 1), _stride(residuals))])
+            if (t1 - t0) % 2:
                 mu_after, mu = mu, mu_after
             call.set(grad=None, lap_in=None)
         ctx.starts = ctx.store = None
