@@ -51,44 +51,86 @@ PARAMS: tuple[tuple[str, str], ...] = (
 )
 
 
+# The kernel of several steps a launch (cuda_blocks.h): its parameters after (block, thread,
+# nthreads, shared arrays), and its output tile (columns, rows) per dtype, so its shared memory
+# (two time levels of the tile and its halo, and the tile's gradient sum) stays under the 48 KB
+# a block gets without opting in: 39 KB in float32, 29 KB in float64.
+BLOCKS_ENTRY = "acoustic_blocks"
+STEPS_PER_LAUNCH = 4  # KMAX: the halo is 2 cells a step
+BLOCK_TILES = {torch.float32: (64, 32), torch.float64: (32, 16)}
+BLOCK_PARAMS: tuple[tuple[str, str], ...] = (
+    ("odecli_i64", "B"), ("odecli_i64", "ny"), ("odecli_i64", "nx"), ("odecli_i64", "tiles_x"),
+    ("odecli_i64", "steps"), ("const REAL *", "u_prev_in"), ("const REAL *", "u_in"),
+    ("REAL *", "p_out"), ("REAL *", "u_out"),
+    ("const REAL *", "c2dt2"), ("const REAL *", "sponge"), ("const odecli_i64 *", "span"),
+    ("double", "iy2"), ("double", "ix2"),
+    ("REAL *", "lap"), ("odecli_i64", "lap_stride"), ("odecli_i64", "lap_mode"), ("REAL *", "grad"),
+    ("const odecli_i64 *", "src_ptr"), ("const odecli_i64 *", "src_at"),
+    ("const odecli_i64 *", "src_idx"), ("const REAL *", "src_val"), ("odecli_i64", "src_stride"),
+    ("const odecli_i64 *", "rec_ptr"), ("const odecli_i64 *", "rec_at"),
+    ("const odecli_i64 *", "rec_slot"), ("REAL *", "traces"), ("odecli_i64", "rec_stride"),
+)
+
+
 def _ctype(c_type: str):
     if c_type.endswith("*"):
         return ctypes.c_void_p
     return ctypes.c_double if c_type == "double" else ctypes.c_longlong
 
 
-def _signature() -> str:
-    return ", ".join(f"{t} {n}" for t, n in PARAMS)
+def _signature(params=PARAMS) -> str:
+    return ", ".join(f"{t} {n}" for t, n in params)
 
 
-def _arguments() -> str:
-    return ", ".join(n for _, n in PARAMS)
+def _arguments(params=PARAMS) -> str:
+    return ", ".join(n for _, n in params)
 
 
-def _point_text(dtype: torch.dtype, device_qualifier: str) -> str:
+def _point_text(dtype: torch.dtype, device_qualifier: str, sync: str) -> str:
+    ox, oy = BLOCK_TILES[dtype]
     return (f"#define REAL {REALS[dtype]}\n#define DEVICE {device_qualifier}\n"
-            + (HERE / "cuda_point.h").read_text())
+            f"#define OX {ox}\n#define OY {oy}\n#define KMAX {STEPS_PER_LAUNCH}\n"
+            f"#define SYNC() {sync}\n"
+            + (HERE / "cuda_point.h").read_text() + (HERE / "cuda_blocks.h").read_text())
+
+
+_SHARED = "sa[RX * RY], sb[RX * RY], sg[OX * OY]"  # cuda_blocks.h's shared arrays
 
 
 def cuda_source(dtype: torch.dtype) -> str:
-    """The CUDA text NVRTC compiles: the point update and a ``__global__`` entry around it."""
-    return (_point_text(dtype, "__device__ __forceinline__")
+    """The CUDA text NVRTC compiles: the point updates and ``__global__`` entries around them."""
+    return (_point_text(dtype, "__device__ __forceinline__", "__syncthreads()")
             + f'\nextern "C" __global__ void {ENTRY}({_signature()})\n'
-            + f"{{\n    acoustic_thread(blockIdx.x, threadIdx.x, {_arguments()});\n}}\n")
+            + f"{{\n    acoustic_thread(blockIdx.x, threadIdx.x, {_arguments()});\n}}\n"
+            + f'\nextern "C" __global__ void __launch_bounds__({THREADS}) '
+            + f"{BLOCKS_ENTRY}({_signature(BLOCK_PARAMS)})\n{{\n"
+            + f"    __shared__ REAL {_SHARED};\n"
+            + "    acoustic_block(blockIdx.x, threadIdx.x, blockDim.x, sa, sb, sg, "
+            + f"{_arguments(BLOCK_PARAMS)});\n}}\n")
 
 
 def host_source(dtype: torch.dtype) -> str:
-    """The same point update as C for the host, behind ``acoustic_cu_launch``: cuLaunchKernel's
-    signature, running every (block, thread) of a launch in order on arguments passed as the
-    driver takes them (``params[i]`` points to argument i)."""
-    unpacked = ", ".join(f"*({t} *)params[{i}]" for i, (t, _) in enumerate(PARAMS))
-    return (_point_text(dtype, "static inline")
-            + "\nint acoustic_cu_launch(void *function, unsigned gx, unsigned gy, unsigned gz,\n"
-            + "                       unsigned bx, unsigned by, unsigned bz, unsigned shared,\n"
-            + "                       void *stream, void **params, void **extra)\n{\n"
+    """The same point updates as C for the host, behind ``acoustic_cu_launch`` and
+    ``acoustic_blocks_cu_launch``: cuLaunchKernel's signature, running every (block, thread) of
+    a launch in order (for the blocked kernel, every block as one thread: its phases need no
+    barrier then) on arguments passed as the driver takes them (``params[i]`` points to
+    argument i)."""
+    def unpacked(params):
+        return ", ".join(f"*({t} *)params[{i}]" for i, (t, _) in enumerate(params))
+
+    head = ("(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
+            "    unsigned bz, unsigned shared, void *stream, void **params, void **extra)\n{\n")
+    return (_point_text(dtype, "static inline", "")
+            + "\nint acoustic_cu_launch" + head
             + "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
             + "        for (odecli_i64 t = 0; t < (odecli_i64)bx; ++t)\n"
-            + f"            acoustic_thread(b, t, {unpacked});\n    return 0;\n}}\n")
+            + f"            acoustic_thread(b, t, {unpacked(PARAMS)});\n    return 0;\n}}\n"
+            # one host "thread" makes a whole thread block's work, phase after phase
+            + "\nint acoustic_blocks_cu_launch" + head
+            + f"    static REAL {_SHARED};\n"
+            + "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
+            + f"        acoustic_block(b, 0, 1, sa, sb, sg, {unpacked(BLOCK_PARAMS)});\n"
+            + "    return 0;\n}\n")
 
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every operation rounds as written, as the reference's
@@ -106,16 +148,20 @@ class StepCall:
     """The arguments of one launch as ctypes objects made once, and the array of their
     addresses the launch reads: per step the time loop re-points a few of them (:meth:`set`, or
     in C, ``cuda_steps.c``) and launches, so a step costs no argument building.  ``blocks``
-    covers the block ``ny x nx`` with tiles."""
+    covers the block ``ny x nx`` with tiles of ``tile`` (columns, rows)."""
 
-    def __init__(self, **values) -> None:
-        self.args = [_ctype(t)() for t, _ in PARAMS]
-        self._slot = {name: arg for (_, name), arg in zip(PARAMS, self.args)}
-        self.index = {name: i for i, (_, name) in enumerate(PARAMS)}
+    def __init__(self, entry: str = ENTRY, tile: tuple[int, int] = (TILE_X, TILE_Y),
+                 **values) -> None:
+        """``entry``: :data:`ENTRY` (a step a launch) or :data:`BLOCKS_ENTRY` (several)."""
+        params = PARAMS if entry == ENTRY else BLOCK_PARAMS
+        self.entry, self.tile = entry, tile
+        self.args = [_ctype(t)() for t, _ in params]
+        self._slot = {name: arg for (_, name), arg in zip(params, self.args)}
+        self.index = {name: i for i, (_, name) in enumerate(params)}
         self.pointers = (ctypes.c_void_p * len(self.args))(*(ctypes.addressof(a) for a in self.args))
         self._tensors: dict = {}  # the tensors pointed to, kept alive while they are
         self.set(**values)
-        tiles_y = -(-int(self._slot["ny"].value) // TILE_Y)
+        tiles_y = -(-int(self._slot["ny"].value) // tile[1])
         self.blocks = tiles_y * int(self._slot["tiles_x"].value)
 
     def set(self, **values) -> None:
@@ -128,8 +174,8 @@ class StepCall:
             self._slot[name].value = value
 
 
-def tiles_x(nx: int) -> int:
-    return -(-nx // TILE_X)
+def tiles_x(nx: int, tile_x: int = TILE_X) -> int:
+    return -(-nx // tile_x)
 
 
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
@@ -147,16 +193,17 @@ def _steps_library() -> ctypes.CDLL:
 
 
 class Launcher:
-    """Launches of the kernel through a function with cuLaunchKernel's signature, one at a time
-    (:meth:`launch`) or as a run of leapfrog steps in C (:meth:`run`)."""
+    """Launches of the kernels through functions with cuLaunchKernel's signature, one at a time
+    (:meth:`launch`) or as runs of leapfrog steps in C (:meth:`run`, :meth:`run_blocks`).
+    ``entries``: per entry name, the launch function's address and the kernel handle it takes."""
 
     device_type = "cpu"
 
-    def __init__(self, launch_address: int, function: ctypes.c_void_p) -> None:
-        self._address = ctypes.c_void_p(launch_address)
-        self._launch = _LAUNCH(launch_address)
-        self._function = function
-        self._run = _steps_library().acoustic_run_steps
+    def __init__(self, entries: dict[str, tuple[int, ctypes.c_void_p]]) -> None:
+        self._entries = {name: (ctypes.c_void_p(address), _LAUNCH(address), function)
+                         for name, (address, function) in entries.items()}
+        lib = _steps_library()
+        self._run, self._run_blocks = lib.acoustic_run_steps, lib.acoustic_run_blocks
 
     def stream(self) -> ctypes.c_void_p:
         return ctypes.c_void_p(None)
@@ -167,28 +214,49 @@ class Launcher:
 
     def launch(self, call: StepCall) -> None:
         """One launch with the arguments as set."""
-        self.check(self._launch(self._function, call.blocks, 1, 1, THREADS, 1, 1, 0, self.stream(),
-                                ctypes.cast(call.pointers, ctypes.c_void_p), None), "acoustic step launch")
+        _, launch, function = self._entries[call.entry]
+        self.check(launch(function, call.blocks, 1, 1, THREADS, 1, 1, 0, self.stream(),
+                          ctypes.cast(call.pointers, ctypes.c_void_p), None), "acoustic step launch")
 
     def run(self, call: StepCall, steps: int, first: torch.Tensor, second: torch.Tensor,
             moving: list[tuple[str, int, int]]) -> None:
-        """``steps`` leapfrog steps, ``second`` the first step's u and ``first`` its u_prev and
-        output, the two swapping roles each step; each ``(name, address, stride)`` of ``moving``
-        points argument ``name`` at ``address + m * stride`` bytes in step m (NULL for 0)."""
-        n = len(moving)
-        slots = (ctypes.c_longlong * n)(*(call.index[name] for name, _, _ in moving))
-        bases = (ctypes.c_void_p * n)(*(address or None for _, address, _ in moving))
-        strides = (ctypes.c_longlong * n)(*(stride for _, _, stride in moving))
-        self.check(self._run(self._address, self._function, ctypes.c_uint(call.blocks),
-                             ctypes.c_uint(THREADS), self.stream(), call.pointers,
-                             ctypes.c_longlong(steps), ctypes.c_void_p(first.data_ptr()),
-                             ctypes.c_void_p(second.data_ptr()),
+        """``steps`` leapfrog steps of the one-step kernel, ``second`` the first step's u and
+        ``first`` its u_prev and output, the two swapping roles each step; each ``(name,
+        address, stride)`` of ``moving`` points argument ``name`` at ``address + m * stride``
+        bytes in step m (NULL for 0)."""
+        address, _, function = self._entries[call.entry]
+        self.check(self._run(address, function, ctypes.c_uint(call.blocks), ctypes.c_uint(THREADS),
+                             self.stream(), call.pointers, ctypes.c_longlong(steps),
+                             ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(second.data_ptr()),
                              *(ctypes.c_longlong(call.index[k]) for k in ("u", "u_prev", "out")),
-                             ctypes.c_longlong(n), slots, bases, strides), "acoustic time loop")
+                             *_moving(call, moving)), "acoustic time loop")
+
+    def run_blocks(self, call: StepCall, steps: int, per_launch: int, fields: list[torch.Tensor],
+                   moving: list[tuple[str, int, int]]) -> None:
+        """``steps`` steps of the blocked kernel, ``per_launch`` a launch, from ``fields`` =
+        ``[u_prev, u, spare, spare]`` (``cuda_steps.c``'s acoustic_run_blocks); ``moving`` as in
+        :meth:`run`, strides per step."""
+        address, _, function = self._entries[call.entry]
+        names = ("u_prev_in", "u_in", "p_out", "u_out")
+        self.check(self._run_blocks(address, function, ctypes.c_uint(call.blocks),
+                                    ctypes.c_uint(THREADS), self.stream(), call.pointers,
+                                    ctypes.c_longlong(steps), ctypes.c_longlong(per_launch),
+                                    (ctypes.c_void_p * 4)(*(f.data_ptr() for f in fields)),
+                                    ctypes.c_longlong(call.index["steps"]),
+                                    (ctypes.c_longlong * 4)(*(call.index[k] for k in names)),
+                                    *_moving(call, moving)), "acoustic blocked time loop")
+
+
+def _moving(call: StepCall, moving: list[tuple[str, int, int]]) -> tuple:
+    n = len(moving)
+    return (ctypes.c_longlong(n),
+            (ctypes.c_longlong * n)(*(call.index[name] for name, _, _ in moving)),
+            (ctypes.c_void_p * n)(*(address or None for _, address, _ in moving)),
+            (ctypes.c_longlong * n)(*(stride for _, _, stride in moving)))
 
 
 class HostLauncher(Launcher):
-    """The kernel built for the host: launches run on the CPU, synchronously, on CPU tensors."""
+    """The kernels built for the host: launches run on the CPU, synchronously, on CPU tensors."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         lib, why = native.load_source(f"acoustic_cuda_host_{REALS[dtype]}",
@@ -196,8 +264,11 @@ class HostLauncher(Launcher):
         if lib is None:
             raise RuntimeError(f"the acoustic CUDA kernel's host build failed: {why}")
         self._lib = lib
-        super().__init__(ctypes.cast(lib.acoustic_cu_launch, ctypes.c_void_p).value,
-                         ctypes.c_void_p(None))
+        none = ctypes.c_void_p(None)
+        super().__init__({
+            ENTRY: (ctypes.cast(lib.acoustic_cu_launch, ctypes.c_void_p).value, none),
+            BLOCKS_ENTRY: (ctypes.cast(lib.acoustic_blocks_cu_launch, ctypes.c_void_p).value, none),
+        })
 
 
 @functools.cache
@@ -206,18 +277,19 @@ def host_launcher(dtype: torch.dtype) -> HostLauncher:
 
 
 class CudaLauncher(Launcher):
-    """The NVRTC-built kernel on one GPU, launched by the driver on torch's current stream."""
+    """The NVRTC-built kernels on one GPU, launched by the driver on torch's current stream."""
 
     device_type = "cuda"
 
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         from odecli.ode.gpu import driver
 
-        self.kernel = driver.Kernel(compile_cubin(dtype, driver.device_arch(device)), ENTRY, device)
+        cubin = compile_cubin(dtype, driver.device_arch(device))
+        self.kernels = {name: driver.Kernel(cubin, name, device) for name in (ENTRY, BLOCKS_ENTRY)}
         self.device = device
         self._driver = driver
-        super().__init__(ctypes.cast(driver._libcuda().cuLaunchKernel, ctypes.c_void_p).value,
-                         self.kernel._function)
+        address = ctypes.cast(driver._libcuda().cuLaunchKernel, ctypes.c_void_p).value
+        super().__init__({name: (address, kernel._function) for name, kernel in self.kernels.items()})
 
     def stream(self) -> ctypes.c_void_p:
         return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)

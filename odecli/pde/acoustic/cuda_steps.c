@@ -37,3 +37,37 @@ int acoustic_run_steps(launch_fn launch, void *function, unsigned blocks, unsign
     }
     return 0;
 }
+
+/* The same for the kernel that makes up to `per_launch` steps a launch (cuda_blocks.h): launch
+ * L makes steps [L * per_launch, ...), its count in argument steps_slot, reading the two time
+ * levels from one pair of buffers and writing them into the other (neighbouring blocks still
+ * read the inputs), the pairs swapping each launch: fields = {u_prev_in, u_in, p_out, u_out}
+ * of the first launch, in the argument slots field_slot.  The moving arguments advance by
+ * stride[i] bytes a step, so by per_launch * stride[i] a launch.  After an odd number of
+ * launches the last two time levels are in fields[2], fields[3], else in fields[0], fields[1]. */
+int acoustic_run_blocks(launch_fn launch, void *function, unsigned blocks, unsigned threads,
+                        void *stream, void **params, long long steps, long long per_launch,
+                        char *const *fields, long long steps_slot, const long long *field_slot,
+                        long long moving, const long long *slot, char *const *base,
+                        const long long *stride)
+{
+    char *in_p = fields[0], *in_u = fields[1], *out_p = fields[2], *out_u = fields[3];
+    for (long long done = 0; done < steps; done += per_launch) {
+        *(long long *)params[steps_slot] = steps - done < per_launch ? steps - done : per_launch;
+        *(void **)params[field_slot[0]] = in_p;
+        *(void **)params[field_slot[1]] = in_u;
+        *(void **)params[field_slot[2]] = out_p;
+        *(void **)params[field_slot[3]] = out_u;
+        for (long long i = 0; i < moving; ++i)
+            *(void **)params[slot[i]] = base[i] ? (void *)(base[i] + done * stride[i]) : NULL;
+        const int result = launch(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL);
+        if (result != 0)
+            return result;
+        char *p = in_p, *u = in_u;
+        in_p = out_p;
+        in_u = out_u;
+        out_p = p;
+        out_u = u;
+    }
+    return 0;
+}
