@@ -126,6 +126,13 @@ def forward_and_gradient(P: Problem, fused: bool | None):
     return forward, gradient
 
 
+def use_steps_per_launch(P: Problem, per_launch: int) -> None:
+    """The kernel with ``per_launch`` steps a launch from the next call on (1: the one-step
+    kernel, cuda_point.h; more: the blocked one, cuda_blocks.h)."""
+    cuda_loop.PER_LAUNCH = per_launch
+    P.prop.cuda_loop = None  # its tables are laid out for one kernel: rebuilt on the next call
+
+
 def check_against_reference(budget: float) -> None:
     print("\n== the kernel against odecli's PyTorch reference on the same device")
     for dtype in ("float64", "float32"):
@@ -137,24 +144,28 @@ def check_against_reference(budget: float) -> None:
         c = P.unknown.field().detach() * (1 + 0.01 * torch.cos(torch.arange(P.unknown.field().shape[1],
                                                                           device=DEVICE) / 7.0))
         with torch.no_grad():
-            P.prop.fused = None
-            kernel = P.prop.forward(c)
-            engine = P.prop.engine()
             P.prop.fused = False
             ref = P.prop.forward(c)
         scale = float(ref.abs().max())
-        same = torch.equal(kernel, ref)
-        grads = []
-        for fused in (None, False):
-            P.prop.fused = fused
+        P.prop.fused = False
+        v = c.clone().requires_grad_()
+        traces = P.prop.forward(v)
+        (traces * traces).sum().backward()
+        ref_grad = v.grad
+        gscale = float(ref_grad.abs().max())
+        for per_launch in (cuda_loop.STEPS_PER_LAUNCH, 1):
+            use_steps_per_launch(P, per_launch)
+            P.prop.fused = None
+            with torch.no_grad():
+                kernel = P.prop.forward(c)
             v = c.clone().requires_grad_()
             traces = P.prop.forward(v)
             (traces * traces).sum().backward()
-            grads.append(v.grad)
-        gscale = float(grads[1].abs().max())
-        print(f"{dtype}: engine '{engine}'; traces bit for bit: {same}, max|diff|/max|traces| "
-              f"{float((kernel - ref).abs().max()) / scale:.2e}; gradient max|diff|/max|grad| "
-              f"{float((grads[0] - grads[1]).abs().max()) / gscale:.2e}")
+            print(f"{dtype}, {per_launch} step(s)/launch: engine '{P.prop.engine()}'; traces bit for "
+                  f"bit: {torch.equal(kernel, ref)}, max|diff|/max|traces| "
+                  f"{float((kernel - ref).abs().max()) / scale:.2e}; gradient max|diff|/max|grad| "
+                  f"{float((v.grad - ref_grad).abs().max()) / gscale:.2e}")
+        use_steps_per_launch(P, cuda_loop.STEPS_PER_LAUNCH)
 
 
 def gradient_segments(n: int, steps: int) -> int:
@@ -203,10 +214,14 @@ def time_size(n: int, steps: int, budget: float, with_reference: bool) -> None:
     P = problem(spec_dict(n, steps, "float32"), segments=gradient_segments(n, steps))
     pts = n * n * steps
     rows = {}
-    kernel_f, kernel_g = forward_and_gradient(P, None)
     P.prop.fused = None
-    print(f"odecli engine: {P.prop.engine()}")
-    rows["odecli CUDA kernel"] = (timed(kernel_f), timed(kernel_g))
+    for per_launch in (cuda_loop.STEPS_PER_LAUNCH, 1):
+        use_steps_per_launch(P, per_launch)
+        kernel_f, kernel_g = forward_and_gradient(P, None)
+        if per_launch > 1:
+            print(f"odecli engine: {P.prop.engine()}")
+        rows[f"odecli kernel, {per_launch} step(s)/launch"] = (timed(kernel_f), timed(kernel_g))
+    use_steps_per_launch(P, cuda_loop.STEPS_PER_LAUNCH)
     runners, why = deepwave_runner(P, n, steps)
     if runners is None:
         print(f"Deepwave skipped: {why}")
@@ -221,11 +236,13 @@ def time_size(n: int, steps: int, budget: float, with_reference: bool) -> None:
     for name, (tf, tg) in rows.items():
         print(f"{name:<28} forward {tf:8.4f} s {pts / tf / 1e9:8.2f} GPts/s   "
               f"forward+gradient {tg:8.4f} s {pts / tg / 1e9:8.2f} GPts/s")
-    kf, kg = rows["odecli CUDA kernel"]
-    for name, (tf, tg) in rows.items():
-        if name != "odecli CUDA kernel":
-            print(f"RATIO kernel / {name} throughput: forward {tf / kf:.2f}x, "
-                  f"forward+gradient {tg / kg:.2f}x")
+    kernels = [name for name in rows if name.startswith("odecli kernel")]
+    for kernel in kernels:
+        kf, kg = rows[kernel]
+        for name, (tf, tg) in rows.items():
+            if name != kernel and not (name in kernels and kernels.index(name) < kernels.index(kernel)):
+                print(f"RATIO {kernel} / {name} throughput: forward {tf / kf:.2f}x, "
+                      f"forward+gradient {tg / kg:.2f}x")
 
 
 def main() -> None:

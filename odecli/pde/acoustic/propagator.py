@@ -164,7 +164,8 @@ class AcousticPropagator:
         segs = len(self.segments)
         cuda, why = cuda_loop.launcher_for(self.geom.wavelet, self.comm)
         if cuda is not None and self.fused is not False:
-            return f"fused CUDA kernels on {self.device}, {segs} time segment(s)"
+            return (f"fused CUDA kernels on {self.device}, {cuda_loop.PER_LAUNCH} step(s) a launch, "
+                    f"{segs} time segment(s)")
         if self.fused:
             exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
             return (f"fused C kernels, {self.threads} thread(s) per rank, "
