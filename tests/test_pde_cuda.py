@@ -235,6 +235,26 @@ def test_a_blocked_launch_of_three_steps_with_points_in_halos_is_three_reference
     assert torch.equal(traces, torch.stack(expected_traces))
 
 
+def test_the_blocked_kernel_with_lanes_meeting_at_barriers_gives_the_same_bits(monkeypatch):
+    """The blocked kernel's thread blocks run as 3 x 2 POSIX threads meeting at a barrier where
+    the GPU's threads meet at __syncthreads() (3 does not divide the tile: uneven lanes): the
+    forward equals the reference and the gradient the one-lane build's, bit for bit."""
+    monkeypatch.setattr(cuda_loop, "PER_LAUNCH", cuda_build.STEPS_PER_LAUNCH)
+    results = []
+    for lanes in (None, (3, 2)):
+        launcher = host_launcher(torch.float64, lanes)
+        monkeypatch.setattr(cuda_loop, "launcher_for", lambda like, comm, h=launcher: (h, ""))
+        P = _problem(variants()["grid_free_surface"], None)
+        c = P.unknown.field().detach()
+        with torch.no_grad():
+            traces = P.prop.forward(c)
+        results.append((traces, P.evaluate(0)[1][0]))
+    P.prop.fused = False
+    with torch.no_grad():
+        assert torch.equal(results[1][0], P.prop.forward(c))
+    assert torch.equal(results[1][1], results[0][1])
+
+
 def test_points_in_the_ring_are_refused():
     with pytest.raises(ValueError, match="ring"):
         cuda_loop.TilePoints.of(torch.tensor([1]), (1, 10, 10))

@@ -28,8 +28,8 @@
 #define RX (OX + 2 * HALO_CELLS)
 #define RY (OY + 2 * HALO_CELLS)
 
-DEVICE void acoustic_block(odecli_i64 block, odecli_i64 thread, odecli_i64 nthreads, REAL *sa,
-                           REAL *sb, REAL *sg, odecli_i64 B, odecli_i64 ny, odecli_i64 nx,
+DEVICE void acoustic_block(odecli_i64 block, int lane_x, int lane_y, int step_x, int step_y,
+                           REAL *sa, REAL *sb, REAL *sg, odecli_i64 B, odecli_i64 ny, odecli_i64 nx,
                            odecli_i64 tiles_x, odecli_i64 steps, const REAL *u_prev_in,
                            const REAL *u_in, REAL *p_out, REAL *u_out, const REAL *c2dt2,
                            const REAL *sponge, const odecli_i64 *span, double iy2, double ix2,
@@ -39,61 +39,65 @@ DEVICE void acoustic_block(odecli_i64 block, odecli_i64 thread, odecli_i64 nthre
                            const odecli_i64 *rec_ptr, const odecli_i64 *rec_at,
                            const odecli_i64 *rec_slot, REAL *traces, odecli_i64 rec_stride)
 {
+    /* lanes: step_x by step_y threads (32 x 8 on the GPU, 1 x 1 in the plain host build), lane
+     * (lane_x, lane_y) taking every step_x-th column and step_y-th row of each phase's cells */
     const REAL kc = (REAL)(C0 * (ix2 + iy2)), k1x = (REAL)(C1 * ix2), k2x = (REAL)(C2 * ix2);
     const REAL k1y = (REAL)(C1 * iy2), k2y = (REAL)(C2 * iy2);
     const odecli_i64 oy = (block / tiles_x) * OY, ox = (block % tiles_x) * OX;
     const odecli_i64 y0 = oy - HALO_CELLS, x0 = ox - HALO_CELLS; /* the region's first cell */
     const odecli_i64 w = nx + 4, plane = (ny + 4) * w;
-    const int adjoint = lap_mode == 2 && grad != 0;
+    const int adjoint = lap_mode == 2 && grad != 0, first_lane = lane_x == 0 && lane_y == 0;
+    const int lane = lane_y * step_x + lane_x, lanes = step_x * step_y;
     if (adjoint)
-        for (int q = (int)thread; q < OX * OY; q += (int)nthreads) {
-            const odecli_i64 i = oy + q / OX, j = ox + q % OX;
-            sg[q] = i < ny && j < nx ? grad[i * nx + j] : (REAL)0;
-        }
+        for (int r = lane_y; r < OY; r += step_y)
+            for (int c = lane_x; c < OX; c += step_x) {
+                const odecli_i64 i = oy + r, j = ox + c;
+                sg[r * OX + c] = i < ny && j < nx ? grad[i * nx + j] : (REAL)0;
+            }
     for (odecli_i64 b = 0; b < B; ++b) {
         REAL *prev = sa, *cur = sb;
-        for (int q = (int)thread; q < RX * RY; q += (int)nthreads) {
-            const odecli_i64 i = y0 + q / RX, j = x0 + q % RX;
-            const int inside = i >= -2 && i < ny + 2 && j >= -2 && j < nx + 2;
-            const odecli_i64 at = b * plane + (i + 2) * w + j + 2;
-            prev[q] = inside ? u_prev_in[at] : (REAL)0;
-            cur[q] = inside ? u_in[at] : (REAL)0;
-        }
+        for (int ly = lane_y; ly < RY; ly += step_y)
+            for (int lx = lane_x; lx < RX; lx += step_x) {
+                const odecli_i64 i = y0 + ly, j = x0 + lx;
+                const int inside = i >= -2 && i < ny + 2 && j >= -2 && j < nx + 2;
+                const odecli_i64 at = b * plane + (i + 2) * w + j + 2;
+                prev[ly * RX + lx] = inside ? u_prev_in[at] : (REAL)0;
+                cur[ly * RX + lx] = inside ? u_in[at] : (REAL)0;
+            }
         SYNC();
         for (odecli_i64 s = 0; s < steps; ++s) {
             const int m = 2 * (int)(s + 1); /* the margin of cells this step cannot make */
-            const int cols = RX - 2 * m, cells = cols * (RY - 2 * m);
-            for (int q = (int)thread; q < cells; q += (int)nthreads) { /* 32-bit: no 64-bit divisions */
-                const int ly = m + q / cols, lx = m + q % cols;
-                const odecli_i64 i = y0 + ly, j = x0 + lx;
-                if (i < 0 || i >= ny || j < 0 || j >= nx)
-                    continue; /* the ring and beyond stay zero */
-                const REAL *r = cur + ly * RX + lx;
-                const REAL c = r[0];
-                const REAL lp = ((((c * kc) + ((r[-1] + r[1]) * k1x)) + ((r[-2] + r[2]) * k2x))
-                                 + ((r[-RX] + r[RX]) * k1y))
-                                + ((r[-2 * RX] + r[2 * RX]) * k2y);
-                const REAL cc = c2dt2[i * nx + j];
-                const int damped = sponge != 0 && (span == 0 || j < span[2 * i] || j >= span[2 * i + 1]);
-                const REAL p = prev[ly * RX + lx];
-                REAL v;
-                if (damped) {
-                    const REAL g = sponge[i * nx + j];
-                    v = (((c + c) - (p * g)) + (lp * cc)) * g;
-                } else {
-                    v = ((c + c) - p) + (lp * cc);
+            for (int ly = m + lane_y; ly < RY - m; ly += step_y)
+                for (int lx = m + lane_x; lx < RX - m; lx += step_x) {
+                    const odecli_i64 i = y0 + ly, j = x0 + lx;
+                    if (i < 0 || i >= ny || j < 0 || j >= nx)
+                        continue; /* the ring and beyond stay zero */
+                    const REAL *r = cur + ly * RX + lx;
+                    const REAL c = r[0];
+                    const REAL lp = ((((c * kc) + ((r[-1] + r[1]) * k1x)) + ((r[-2] + r[2]) * k2x))
+                                     + ((r[-RX] + r[RX]) * k1y))
+                                    + ((r[-2 * RX] + r[2 * RX]) * k2y);
+                    const REAL cc = c2dt2[i * nx + j];
+                    const int damped = sponge != 0 && (span == 0 || j < span[2 * i] || j >= span[2 * i + 1]);
+                    const REAL p = prev[ly * RX + lx];
+                    REAL v;
+                    if (damped) {
+                        const REAL g = sponge[i * nx + j];
+                        v = (((c + c) - (p * g)) + (lp * cc)) * g;
+                    } else {
+                        v = ((c + c) - p) + (lp * cc);
+                    }
+                    const int owned = i >= oy && i < oy + OY && j >= ox && j < ox + OX;
+                    if (owned && lap_mode == 1)
+                        lap[s * lap_stride + (b * ny + i) * nx + j] = lp;
+                    if (owned && adjoint) {
+                        const odecli_i64 g_at = (i - oy) * OX + (j - ox);
+                        sg[g_at] = sg[g_at] + c * lap[s * lap_stride + (b * ny + i) * nx + j];
+                    }
+                    prev[ly * RX + lx] = v;
                 }
-                const int owned = i >= oy && i < oy + OY && j >= ox && j < ox + OX;
-                if (owned && lap_mode == 1)
-                    lap[s * lap_stride + (b * ny + i) * nx + j] = lp;
-                if (owned && adjoint) {
-                    const odecli_i64 g_at = (i - oy) * OX + (j - ox);
-                    sg[g_at] = sg[g_at] + c * lap[s * lap_stride + (b * ny + i) * nx + j];
-                }
-                prev[ly * RX + lx] = v;
-            }
             SYNC();
-            if (thread == 0 && src_ptr)
+            if (first_lane && src_ptr)
                 for (odecli_i64 k = src_ptr[block]; k < src_ptr[block + 1]; ++k) {
                     const odecli_i64 at = src_at[k], here = at % plane;
                     const odecli_i64 ly = here / w - 2 - y0, lx = here % w - 2 - x0;
@@ -102,7 +106,7 @@ DEVICE void acoustic_block(odecli_i64 block, odecli_i64 thread, odecli_i64 nthre
                 }
             SYNC();
             if (rec_ptr)
-                for (odecli_i64 k = rec_ptr[block] + thread; k < rec_ptr[block + 1]; k += nthreads) {
+                for (odecli_i64 k = rec_ptr[block] + lane; k < rec_ptr[block + 1]; k += lanes) {
                     const odecli_i64 at = rec_at[k], here = at % plane;
                     if (at / plane == b)
                         traces[s * rec_stride + rec_slot[k]] = prev[(here / w - 2 - y0) * RX + here % w - 2 - x0];
@@ -111,20 +115,23 @@ DEVICE void acoustic_block(odecli_i64 block, odecli_i64 thread, odecli_i64 nthre
             prev = cur;
             cur = t;
         }
-        for (int q = (int)thread; q < OX * OY; q += (int)nthreads) {
-            const odecli_i64 i = oy + q / OX, j = ox + q % OX;
-            if (i >= ny || j >= nx)
-                continue;
-            const odecli_i64 l = (i - y0) * RX + (j - x0), at = b * plane + (i + 2) * w + j + 2;
-            p_out[at] = prev[l];
-            u_out[at] = cur[l];
-        }
+        for (int r = lane_y; r < OY; r += step_y)
+            for (int c = lane_x; c < OX; c += step_x) {
+                const odecli_i64 i = oy + r, j = ox + c;
+                if (i >= ny || j >= nx)
+                    continue;
+                const int l = (r + HALO_CELLS) * RX + c + HALO_CELLS;
+                const odecli_i64 at = b * plane + (i + 2) * w + j + 2;
+                p_out[at] = prev[l];
+                u_out[at] = cur[l];
+            }
         SYNC(); /* the next shot overwrites the shared fields */
     }
     if (adjoint)
-        for (int q = (int)thread; q < OX * OY; q += (int)nthreads) {
-            const odecli_i64 i = oy + q / OX, j = ox + q % OX;
-            if (i < ny && j < nx)
-                grad[i * nx + j] = sg[q];
-        }
+        for (int r = lane_y; r < OY; r += step_y)
+            for (int c = lane_x; c < OX; c += step_x) {
+                const odecli_i64 i = oy + r, j = ox + c;
+                if (i < ny && j < nx)
+                    grad[i * nx + j] = sg[r * OX + c];
+            }
 }

@@ -105,32 +105,59 @@ def cuda_source(dtype: torch.dtype) -> str:
             + f'\nextern "C" __global__ void __launch_bounds__({THREADS}) '
             + f"{BLOCKS_ENTRY}({_signature(BLOCK_PARAMS)})\n{{\n"
             + f"    __shared__ REAL {_SHARED};\n"
-            + "    acoustic_block(blockIdx.x, threadIdx.x, blockDim.x, sa, sb, sg, "
+            + "    acoustic_block(blockIdx.x, threadIdx.x % 32, threadIdx.x / 32, 32, blockDim.x / 32, sa, sb, sg, "
             + f"{_arguments(BLOCK_PARAMS)});\n}}\n")
 
 
-def host_source(dtype: torch.dtype) -> str:
+def host_source(dtype: torch.dtype, lanes: tuple[int, int] | None = None) -> str:
     """The same point updates as C for the host, behind ``acoustic_cu_launch`` and
     ``acoustic_blocks_cu_launch``: cuLaunchKernel's signature, running every (block, thread) of
-    a launch in order (for the blocked kernel, every block as one thread: its phases need no
-    barrier then) on arguments passed as the driver takes them (``params[i]`` points to
-    argument i)."""
-    def unpacked(params):
-        return ", ".join(f"*({t} *)params[{i}]" for i, (t, _) in enumerate(params))
+    a launch in order on arguments passed as the driver takes them (``params[i]`` points to
+    argument i).  The blocked kernel runs each thread block as one thread (its phases then need
+    no barrier), or with ``lanes`` (columns, rows) as that many POSIX threads meeting at a
+    barrier where the GPU's meet at __syncthreads(): the tests' check of its lane striding and
+    its barriers."""
+    def unpacked(params, where: str = "params"):
+        return ", ".join(f"*({t} *){where}[{i}]" for i, (t, _) in enumerate(params))
 
     head = ("(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,\n"
             "    unsigned bz, unsigned shared, void *stream, void **params, void **extra)\n{\n")
-    return (_point_text(dtype, "static inline", "")
+    prefix = ""
+    if lanes is None:
+        blocks = (f"    static REAL {_SHARED};\n"
+                  "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
+                  f"        acoustic_block(b, 0, 0, 1, 1, sa, sb, sg, {unpacked(BLOCK_PARAMS)});\n"
+                  "    return 0;\n}\n")
+    else:
+        lx, ly = lanes
+        prefix = "#include <pthread.h>\nstatic pthread_barrier_t odecli_barrier;\n"
+        blocks = (f"    static REAL {_SHARED};\n"
+                  f"    pthread_t threads[{lx * ly}];\n    struct odecli_lane lane[{lx * ly}];\n"
+                  f"    pthread_barrier_init(&odecli_barrier, 0, {lx * ly});\n"
+                  "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b) {\n"
+                  f"        for (int t = 0; t < {lx * ly}; ++t) {{\n"
+                  "            lane[t].block = b; lane[t].lane = t; lane[t].params = params;\n"
+                  "            lane[t].sa = sa; lane[t].sb = sb; lane[t].sg = sg;\n"
+                  "            pthread_create(&threads[t], 0, odecli_lane_main, &lane[t]);\n        }\n"
+                  f"        for (int t = 0; t < {lx * ly}; ++t)\n"
+                  "            pthread_join(threads[t], 0);\n    }\n"
+                  "    pthread_barrier_destroy(&odecli_barrier);\n    return 0;\n}\n")
+        prefix_lane = ("struct odecli_lane { odecli_i64 block; int lane; void **params; REAL *sa, *sb, *sg; };\n"
+                       "static void *odecli_lane_main(void *arg)\n{\n"
+                       "    struct odecli_lane *l = (struct odecli_lane *)arg;\n"
+                       "    void **params = l->params;\n"
+                       f"    acoustic_block(l->block, l->lane % {lx}, l->lane / {lx}, {lx}, {ly}, "
+                       f"l->sa, l->sb, l->sg, {unpacked(BLOCK_PARAMS)});\n    return 0;\n}}\n")
+    sync = "" if lanes is None else "pthread_barrier_wait(&odecli_barrier)"
+    text = prefix + _point_text(dtype, "static inline", sync)
+    if lanes is not None:
+        text += prefix_lane
+    return (text
             + "\nint acoustic_cu_launch" + head
             + "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
             + "        for (odecli_i64 t = 0; t < (odecli_i64)bx; ++t)\n"
             + f"            acoustic_thread(b, t, {unpacked(PARAMS)});\n    return 0;\n}}\n"
-            # one host "thread" makes a whole thread block's work, phase after phase
-            + "\nint acoustic_blocks_cu_launch" + head
-            + f"    static REAL {_SHARED};\n"
-            + "    for (odecli_i64 b = 0; b < (odecli_i64)gx; ++b)\n"
-            + f"        acoustic_block(b, 0, 1, sa, sb, sg, {unpacked(BLOCK_PARAMS)});\n"
-            + "    return 0;\n}\n")
+            + "\nint acoustic_blocks_cu_launch" + head + blocks)
 
 
 NVRTC_OPTIONS = ("--fmad=false",)  # every operation rounds as written, as the reference's
@@ -256,11 +283,12 @@ def _moving(call: StepCall, moving: list[tuple[str, int, int]]) -> tuple:
 
 
 class HostLauncher(Launcher):
-    """The kernels built for the host: launches run on the CPU, synchronously, on CPU tensors."""
+    """The kernels built for the host: launches run on the CPU, synchronously, on CPU tensors
+    (``lanes``: the blocked kernel's thread blocks as that many threads, :func:`host_source`)."""
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        lib, why = native.load_source(f"acoustic_cuda_host_{REALS[dtype]}",
-                                      host_source(dtype).encode())
+    def __init__(self, dtype: torch.dtype, lanes: tuple[int, int] | None = None) -> None:
+        name = f"acoustic_cuda_host_{REALS[dtype]}" + (f"_{lanes[0]}x{lanes[1]}" if lanes else "")
+        lib, why = native.load_source(name, host_source(dtype, lanes).encode())
         if lib is None:
             raise RuntimeError(f"the acoustic CUDA kernel's host build failed: {why}")
         self._lib = lib
@@ -272,8 +300,8 @@ class HostLauncher(Launcher):
 
 
 @functools.cache
-def host_launcher(dtype: torch.dtype) -> HostLauncher:
-    return HostLauncher(dtype)
+def host_launcher(dtype: torch.dtype, lanes: tuple[int, int] | None = None) -> HostLauncher:
+    return HostLauncher(dtype, lanes)
 
 
 class CudaLauncher(Launcher):
@@ -296,6 +324,20 @@ class CudaLauncher(Launcher):
 
     def check(self, result: int, what: str) -> None:
         self._driver._check(result, what)
+
+    # The driver launches in the calling thread's current context: the device's, made current
+    # here (autograd runs the backward on a thread of its own, and tensors may be on cuda:1).
+    def launch(self, call: StepCall) -> None:
+        with torch.cuda.device(self.device):
+            super().launch(call)
+
+    def run(self, *args) -> None:
+        with torch.cuda.device(self.device):
+            super().run(*args)
+
+    def run_blocks(self, *args) -> None:
+        with torch.cuda.device(self.device):
+            super().run_blocks(*args)
 
 
 _CUDA: dict = {}
