@@ -1,13 +1,16 @@
-"""The acoustic CUDA kernel (odecli/pde/acoustic/cuda_*), tested without a GPU where possible.
+"""The acoustic CUDA kernels (odecli/pde/acoustic/cuda_*), tested without a GPU where possible.
 
-- Its host build (the same ``cuda_point.h`` the kernel includes, called once per thread block and
-  thread) driven by the same time loop, through the propagator, equals the PyTorch reference bit
-  for bit, forward, and its hand-written adjoint gives autograd's gradient to round-off.
-- A single launch against the reference step with duplicated sources and receivers on tile
-  borders (the tables the launch reads them from).
-- NVRTC compiles the real kernel in float32 and float64 (no GPU needed; skipped without NVRTC).
+- Their host build (the same ``cuda_point.h`` and ``cuda_blocks.h`` the kernels include, every
+  thread block run in a loop) driven by the same time loop, through the propagator, with one
+  step a launch and with the blocked kernel's 3 and 4: the forward equals the PyTorch reference
+  bit for bit, and the hand-written adjoint gives autograd's gradient to round-off.
+- Single launches against reference steps, with duplicated sources and receivers on tile
+  borders and in the blocked kernel's halos (the tables the launches read them from).
+- The blocked kernel's thread blocks as POSIX threads meeting at barriers: lane striding and
+  barriers (a test that fails with either broken).
+- NVRTC compiles the real kernels in float32 and float64 (no GPU needed; skipped without NVRTC).
 - The fallback: CPU tensors, several ranks and a failed build name their reason.
-- On a GPU (skipped without one): the kernel against the reference on the same GPU.
+- On a GPU (skipped without one): the kernels against the reference on the same GPU.
 """
 
 from __future__ import annotations
@@ -294,8 +297,10 @@ def test_the_reference_runs_where_the_kernel_cannot_and_says_why(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
+@pytest.mark.parametrize("per_launch", [1, cuda_build.STEPS_PER_LAUNCH])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_on_the_gpu_the_kernel_matches_the_reference(dtype):
+def test_on_the_gpu_the_kernel_matches_the_reference(dtype, per_launch, monkeypatch):
+    monkeypatch.setattr(cuda_loop, "PER_LAUNCH", per_launch)
     raw = variants()["grid_free_surface"]
     P = _problem(raw, None, dtype, "cuda")
     assert "CUDA kernels" in P.prop.engine(), P.prop.engine()

@@ -1,23 +1,25 @@
-"""The acoustic step as a CUDA kernel, and the same kernel built for the host.
+"""The acoustic step as CUDA kernels, and the same kernels built for the host.
 
 Why CUDA C through NVRTC (and not Triton): the per-point update is written once, in
-``cuda_point.h``, and two builds include it.  NVRTC compiles it into the ``__global__`` kernel
-(:func:`cuda_source`; compiling needs no GPU, so CI compiles the real kernel in both precisions),
-and the system C compiler into a host library whose ``acoustic_cu_launch``, a stand-in for the
-driver's ``cuLaunchKernel``, calls the same function once per (thread block, thread) in a loop
-(:func:`host_source`).  So the CUDA kernel's
-arithmetic, its tiling, its source and receiver tables and the time loop that drives it
-(:mod:`odecli.pde.acoustic.cuda_loop`) run on CPU tensors here, against the PyTorch reference and
-its autograd, with no GPU and no extra test dependency (Triton's interpreter would add one, and
-runs a stencil far slower than a C loop).  NVRTC and the driver calls are the ODE solver's
-(:mod:`odecli.ode.gpu.nvrtc`, :mod:`odecli.ode.gpu.driver`), imported, not copied.
+``cuda_point.h`` (one step a launch) and ``cuda_blocks.h`` (up to 4 steps a launch in shared
+memory), and two builds include them.  NVRTC compiles them into ``__global__`` kernels
+(:func:`cuda_source`; compiling needs no GPU, so CI compiles the real kernels in both
+precisions), and the system C compiler into a host library whose ``acoustic_cu_launch`` and
+``acoustic_blocks_cu_launch``, stand-ins for the driver's ``cuLaunchKernel``, run every thread
+block of a launch in a loop (:func:`host_source`; the blocked kernel's threads also as POSIX
+threads meeting at a barrier).  So the kernels' arithmetic, tiling, lane striding, barriers,
+source and receiver tables and the time loop that drives them
+(:mod:`odecli.pde.acoustic.cuda_loop`, ``cuda_steps.c``) run on CPU tensors here, against the
+PyTorch reference and its autograd, with no GPU and no extra test dependency (Triton's
+interpreter would add one, and runs a stencil far slower than a C loop).  NVRTC and the driver
+calls are the ODE solver's (:mod:`odecli.ode.gpu.nvrtc`, :mod:`odecli.ode.gpu.driver`),
+imported, not copied.
 
 Both builds turn contraction into fused multiply-adds off (``--fmad=false``, ``-ffp-contract=off``)
 and keep subnormals (no ``--ftz``), so a step equals the PyTorch reference's bit for bit on
-either.  A launch makes one step for every shot, with the sources added and the receivers read
-in the same launch (``cuda_point.h``): one launch per time step, whose arguments are built once
-per propagation and re-pointed per step by a time loop in C (``cuda_steps.c``), the same loop
-for the driver's launches and the host build's.
+either.  A launch adds the sources and reads the receivers itself; its arguments are built once
+per propagation (:class:`StepCall`) and re-pointed between launches by a time loop in C
+(``cuda_steps.c``), the same loop for the driver's launches and the host build's.
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
-"""The acoustic time loop on the CUDA kernel (:mod:`odecli.pde.acoustic.cuda_build`), with the
+"""The acoustic time loop on the CUDA kernels (:mod:`odecli.pde.acoustic.cuda_build`), with the
 CPU fused loop's hand-written adjoint (:mod:`odecli.pde.acoustic.fused`) and its time segments.
 
-One launch per step makes every shot's step, adds the sources and reads the receivers.  The
-whole propagation is one autograd operation of the wave speed ``c``.  Forward: two field buffers
-recycled (each new field overwrites the one two steps back), the fields at the start of every
-time segment copied, and, for the gradient, the last segment's ``lap4(u)`` of every step stored.
-Backward: each earlier segment recomputed from its start storing its laps, then the adjoint run
-through it in reverse as the forward step itself, on ``mu = c2dt2 G lambda`` with the receivers'
-residuals (times ``2 c2dt2 G``) as its sources, summing ``mu lap4(u)`` into ``grad_sum``; the
-gradient of ``c`` is ``grad_sum / c`` (acoustic.c and Loop.owned_gradient have the derivation).
-The same launches run on CPU tensors through the kernel's host build, which is how the tests
-check it against the PyTorch reference and its autograd without a GPU.
+A launch makes up to 4 steps of every shot in shared memory (``cuda_blocks.h``, the default;
+``PER_LAUNCH = 1`` runs the one-step kernel, ``cuda_point.h``), adding the sources and reading
+the receivers; a C loop (``cuda_steps.c``) issues the launches.  The whole propagation is one
+autograd operation of the wave speed ``c``.  Forward: the field buffers recycled, the fields at
+the start of every time segment copied, and, for the gradient, the last segment's ``lap4(u)``
+of every step stored.  Backward: each earlier segment recomputed from its start storing its
+laps, then the adjoint run through it in reverse as the forward step itself, on
+``mu = c2dt2 G lambda`` with the receivers' residuals (times ``2 c2dt2 G``) as its sources,
+summing ``mu lap4(u)`` into ``grad_sum``; the gradient of ``c`` is ``grad_sum / c`` (acoustic.c
+and Loop.owned_gradient have the derivation).  The same launches run on CPU tensors through the
+kernels' host build, which is how the tests check them against the PyTorch reference and its
+autograd without a GPU.
 
 One rank only: the kernels step a whole grid; several ranks (halo exchanges between steps) stay
 on the reference path, which the propagator says in its engine line.

@@ -6,7 +6,8 @@ few steps, see :class:`~odecli.pde.acoustic.loop.Loop`), Cerjan sponge
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
 dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
 ring (:mod:`odecli.pde.acoustic.reference`).  On CPU the time loop runs on fused C kernels with
-a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`); elsewhere autograd differentiates
+a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`), on one rank's GPU on CUDA kernels
+with the same adjoint (:mod:`odecli.pde.acoustic.cuda_loop`); elsewhere autograd differentiates
 the PyTorch reference step, with the time loop split into segments recomputed in the backward
 pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not nt.
 """
@@ -71,6 +72,7 @@ class AcousticPropagator:
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
         self.workspace = Workspace()
+        self.cuda_loop: cuda_loop.CudaLoop | None = None  # the CUDA time loop, made on first use
         self.exchange_plans: dict = {}  # kept across calls: planning an exchange costs more than one
         self._setup_extension(exchange_every if comm.size > 1 else 1, geometry)
         on_cpu = self.ext_sponge is not None and self.ext_sponge.device.type == "cpu"
@@ -217,7 +219,7 @@ class AcousticPropagator:
         cuda, _ = cuda_loop.launcher_for(c, self.comm)  # None off CUDA, or with the reason
         if cuda is not None and self.fused is not False and (
                 not c.requires_grad or self._fused_gradient_defined(c)):  # it divides by c
-            if getattr(self, "cuda_loop", None) is None or self.cuda_loop.launcher is not cuda:
+            if self.cuda_loop is None or self.cuda_loop.launcher is not cuda:
                 self.cuda_loop = cuda_loop.CudaLoop(cuda, self.segments, self.grid.dy, self.grid.dx,
                                                     self.dt * self.dt, self.sponge, self.rgeom,
                                                     self.src_gain)
