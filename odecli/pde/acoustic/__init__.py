@@ -10,4 +10,6 @@
 - ``fused``: the time loop on those kernels as one autograd operation, with its adjoint loop.
 - ``loop``: what that loop is planned with: segments, halo exchanges every K steps, windows.
 - ``workspace``: buffers kept between evaluations.
+- ``cuda_build``, ``cuda_loop``: on one GPU, the CUDA kernels (``cuda_point.h``, ``cuda_blocks.h``;
+  NVRTC, or a host build for the tests) and their time loop (``cuda_steps.c``) with the adjoint.
 """

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.kernels import STEPS_PER_PASS, native_available
 from odecli.pde.acoustic.propagator import HALO, AcousticPropagator, max_exchange_every
 from odecli.pde.grid import Block, Grid
@@ -79,15 +80,17 @@ def _everywhere(comm, flag: bool) -> bool:
     return comm.allreduce_scalar(1.0 if flag else 0.0, op="min") > 0
 
 
-def auto_segments(setup: Setup, fused: bool) -> int:
+def auto_segments(setup: Setup, fused: bool, gpu: bool = False) -> int:
     """``round(sqrt(nt))`` checkpoint segments, or fewer for the fused acoustic gradient
     when its store fits a quarter of the available memory shared by the ranks (less
     recomputation).  Every rank must recompute the same segments: the choice is agreed."""
     comm, nt = setup.comm, setup.nt
     sqrt_nt = default_segment_count(nt)
-    if not fused:
+    if not fused and not gpu:
         return sqrt_nt
-    avail = available_memory_bytes()
+    # the CUDA kernels' store lives in the GPU's memory (cuda_loop)
+    on_gpu = gpu and setup.device.type == "cuda"
+    avail = torch.cuda.mem_get_info(setup.device)[0] if on_gpu else available_memory_bytes()
     budget = 0.0 if avail is None else avail / (4 * comm.size)
     if comm.size > 1:
         budget = comm.allreduce_scalar(budget, op="min")
@@ -118,15 +121,17 @@ def build(setup: Setup) -> AcousticPropagator:
     """The acoustic propagator for one rank: the fused C kernels if every rank can run them
     (all ranks must take the same path: they exchange halos in the same pattern)."""
     s = setup
-    fused = _everywhere(s.comm, native_available(torch.zeros(0, dtype=s.dtype, device=s.device))[0])
+    like = torch.zeros(0, dtype=s.dtype, device=s.device)
+    fused = _everywhere(s.comm, native_available(like)[0])
+    gpu = cuda_loop.launcher_for(like, s.comm)[0] is not None  # one rank: no agreement needed
     segments = s.time_segments
     if segments == "auto":
-        segments = auto_segments(s, fused)
+        segments = auto_segments(s, fused, gpu)
     b = s.boundary
     sponge = sponge_profile(s.grid, s.block, b["absorbing_width"], b["absorbing_strength"],
                             b["free_surface"], s.dtype, s.device)
     return AcousticPropagator(s.grid, s.block, s.decomp, s.comm, s.dt, s.nt, s.local, sponge,
-                              segments, s.timer, fused=fused, threads=s.threads,
+                              segments, s.timer, fused=None if gpu else fused, threads=s.threads,
                               exchange_every=exchange_every(s.exchange_every, s.decomp,
                                                             s.comm.size),
                               geometry=s.geometry, device=s.device)

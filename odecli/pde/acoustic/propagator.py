@@ -6,7 +6,8 @@ few steps, see :class:`~odecli.pde.acoustic.loop.Loop`), Cerjan sponge
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
 dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
 ring (:mod:`odecli.pde.acoustic.reference`).  On CPU the time loop runs on fused C kernels with
-a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`); elsewhere autograd differentiates
+a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`), on one rank's GPU on CUDA kernels
+with the same adjoint (:mod:`odecli.pde.acoustic.cuda_loop`); elsewhere autograd differentiates
 the PyTorch reference step, with the time loop split into segments recomputed in the backward
 pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not nt.
 """
@@ -19,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from odecli.parallel.ops import GhostExchange, halo_exchange
+from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.equation import stability_limit
 from odecli.pde.acoustic.fused import propagate
 from odecli.pde.acoustic.kernels import native_available, sponge_spans
@@ -70,6 +72,7 @@ class AcousticPropagator:
         self.src_gain = None if sponge is None else sponge[geom.src_iy, geom.src_ix]
         self.rgeom = geom.ringed(HALO)  # the same points, indexed into fields with their ring
         self.workspace = Workspace()
+        self.cuda_loop: cuda_loop.CudaLoop | None = None  # the CUDA time loop, made on first use
         self.exchange_plans: dict = {}  # kept across calls: planning an exchange costs more than one
         self._setup_extension(exchange_every if comm.size > 1 else 1, geometry)
         on_cpu = self.ext_sponge is not None and self.ext_sponge.device.type == "cpu"
@@ -161,11 +164,16 @@ class AcousticPropagator:
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.segments)
+        cuda, why = cuda_loop.launcher_for(self.geom.wavelet, self.comm)
+        if cuda is not None and self.fused is not False:
+            return (f"fused CUDA kernels on {self.device}, {cuda_loop.PER_LAUNCH} step(s) a launch, "
+                    f"{segs} time segment(s)")
         if self.fused:
             exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
             return (f"fused C kernels, {self.threads} thread(s) per rank, "
                     f"{segs} time segment(s){exchange}")
-        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+        why = f" ({why})" if self.device.type == "cuda" else ""
+        return f"PyTorch reference on {self.device}, {segs} time segment(s){why}"
 
     def _run(self, t0: int, t1: int, u_prev, u, c2dt2):
         """Reference steps ``t0 .. t1-1`` on ringed fields (autograd records them)."""
@@ -208,6 +216,15 @@ class AcousticPropagator:
         ``return_field`` also gives the final wavefield on the block (values: on the fused
         path no gradient flows through it).
         """
+        cuda, _ = cuda_loop.launcher_for(c, self.comm)  # None off CUDA, or with the reason
+        if cuda is not None and self.fused is not False and (
+                not c.requires_grad or self._fused_gradient_defined(c)):  # it divides by c
+            if self.cuda_loop is None or self.cuda_loop.launcher is not cuda:
+                self.cuda_loop = cuda_loop.CudaLoop(cuda, self.segments, self.grid.dy, self.grid.dx,
+                                                    self.dt * self.dt, self.sponge, self.rgeom,
+                                                    self.src_gain)
+            traces, u = cuda_loop.propagate_cuda(self.cuda_loop, c, self.geom.nshots, return_field)
+            return (traces, u) if return_field else traces
         if self._use_fused(c):
             # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
             # the owned block has the whole gradient (Loop.owned_gradient)
