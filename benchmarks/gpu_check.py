@@ -1,9 +1,10 @@
-"""Every GPU check and benchmark of the ODE solvers, in one run that fits a lent GPU's few minutes.
+"""Every GPU check and benchmark, in one run that fits a lent GPU's few minutes (under 8).
 
-    python benchmarks/gpu_check.py [--batches 10000,100000,1000000] [--budget 420] [--skip-tests]
+    python benchmarks/gpu_check.py [--batches 10000,100000,1000000] [--budget 300] [--pde-budget 150] [--skip-tests]
     python benchmarks/gpu_check.py --host-dry-run --batches 300 --budget 150  # no GPU: does it all run?
 
-In order, each section skipped once the time budget (seconds, default 420) is spent:
+The ODE solvers first, each section skipped once the time budget (seconds, default 300) is spent,
+then the acoustic CUDA kernels (``benchmarks/gpu_pde_check.py``, its own budget, default 150):
 
 1. ``tests/test_ode_gpu.py`` and ``tests/test_ode_gpu_grad.py`` (the GPU tests, which skip everywhere else);
 2. correctness: the generated solver's CUDA kernel (:mod:`odecli.ode.gpu`) against the CPU
@@ -381,7 +382,9 @@ def main() -> None:
     global BUDGET
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="10000,100000,1000000")
-    parser.add_argument("--budget", type=float, default=420.0, help="seconds; sections beyond it are skipped")
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds; ODE sections beyond it are skipped")
+    parser.add_argument("--pde-budget", type=float, default=150.0,
+                        help="seconds for benchmarks/gpu_pde_check.py, run last (0: skip it)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--grad-loop-max", type=int, default=10_000,
                         help="largest B at which the PyTorch loop's direct gradient runs (its graph grows with B)")
@@ -442,10 +445,18 @@ def main() -> None:
         kernel_vs_loop("MLP", native, lambda t, y, p: net.to(y.dtype)(y), mlp_problem, side, torch.float32)
     if section(f"tuning at B={max(batches)} float64", 30):
         tuning(max(batches))
+    if args.pde_budget > 0:
+        print("\n== benchmarks/gpu_pde_check.py (the acoustic CUDA kernels)", flush=True)
+        pde = [sys.executable, str(ROOT / "benchmarks" / "gpu_pde_check.py"), "--budget", str(args.pde_budget)]
+        pde += ["--host-dry-run"] if args.host_dry_run else ["--skip-tests"] if args.skip_tests else []
+        try:
+            subprocess.run(pde, cwd=ROOT, check=False, timeout=args.pde_budget + 120)
+        except subprocess.TimeoutExpired:
+            print("gpu_pde_check.py ran past its budget + 120 s: stopped")
     print(f"\ntotal {time.perf_counter() - START:.0f} s", flush=True)
 
 
-BUDGET = 420.0
+BUDGET = 300.0
 
 if __name__ == "__main__":
     main()
