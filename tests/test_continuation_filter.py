@@ -57,10 +57,21 @@ def test_backward_is_the_filter_itself():
     torch.testing.assert_close(x.grad, ly, rtol=1e-13, atol=1e-15)
 
 
-def test_padded_length_is_a_fast_size_at_least_twice():
-    for steps in (1, 7, 300, 1500, 1999):
-        n = padded_length(steps)
-        assert n >= 2 * steps
+def test_a_short_record_is_filtered_as_a_long_one():
+    """No wrap-around: a 70-step record filtered alone equals its first 70 steps filtered inside
+    a zero-padded 5000-step record (the cutoff's response is ~600 steps long)."""
+    dt, cutoff = 0.0015, 10.0
+    gen = torch.Generator().manual_seed(1)
+    short = torch.randn(2, 70, dtype=torch.float64, generator=gen)
+    long = torch.nn.functional.pad(short, (2000, 2930))
+    torch.testing.assert_close(lowpass(short, dt, cutoff), lowpass(long, dt, cutoff)[:, 2000:2070],
+                               rtol=0, atol=1e-9 * float(short.abs().max()))
+
+
+def test_padded_length_is_a_fast_size_long_enough():
+    for steps, tail in ((1, 0), (7, 3), (300, 300), (1500, 667), (1999, 1)):
+        n = padded_length(steps, tail)
+        assert n >= steps + tail
         m = n
         for p in (2, 3, 5):
             while m % p == 0:
