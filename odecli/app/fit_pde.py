@@ -2,7 +2,10 @@
 
 The loop itself is :func:`odecli.app.fit.run_fit`; this module builds the problem
 (:class:`odecli.app.pde_problem.Problem`), hands the loop its evaluation and history columns,
-checkpoints with the ranks' timings, and writes the run file.
+checkpoints with the ranks' timings, and writes the run file. With
+``optimizer.frequency_continuation`` it runs the loop once per stage (data low-passed at rising
+cutoffs, then the full band), each stage with a fresh optimiser, into one history whose
+``max_frequency`` column names each row's stage; a checkpoint records the stage it was taken in.
 
 Every rank runs the same program on its block; the loss and every optimiser decision are global
 (all-reduced) values, so all ranks take the same path.  Errors every rank hits at the same point
