@@ -115,8 +115,12 @@ def test_stats_shows_the_stages(full_run):
     assert result.exit_code == 0, result.output
     stages = json.loads(result.output)["stages"]
     assert [(s["max_frequency"], s["iterations"]) for s in stages] == [(10.0, 3), (None, 3)]
-    table = CliRunner().invoke(app, ["stats", str(out)])
-    assert "10 Hz: 3, full band: 3" in table.output, table.output
+    loss = [s["loss_first"] for s in stages] + [s["loss_last"] for s in stages]
+    with h5py.File(out) as f:
+        history = f["history/loss"][...]
+    assert loss == [history[0], history[3], history[2], history[5]]
+    table = CliRunner().invoke(app, ["stats", str(out)], env={"COLUMNS": "200"})
+    assert f"10 Hz: 3, {history[0]:.6g} -> {history[2]:.6g}; full band: 3" in table.output, table.output
 
 
 @pytest.mark.parametrize("stage1, kill_at", [(3, 2), (1, 2)])

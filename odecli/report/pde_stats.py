@@ -161,8 +161,9 @@ def render_pde_summary(summary: dict, console) -> None:
         rows.append((f"  {name} model error",
                      f"{_fmt(each['initial'])} -> {_fmt(each['final'])} (x{_fmt(each.get('ratio'))})"))
     if summary.get("stages"):
-        rows.append(("stages (iterations)", ", ".join(
-            f"{_band(st['max_frequency'])}: {st['iterations']}" for st in summary["stages"])))
+        rows.append(("stages: iterations, loss", "; ".join(
+            f"{_band(st['max_frequency'])}: {st['iterations']}, {_fmt(st['loss_first'])} -> {_fmt(st['loss_last'])}"
+            for st in summary["stages"])))
     solver = summary.get("solver_iterations")
     if solver:
         rows.append(("solver iterations / solve", f"mean {_fmt(solver['mean'])}, max {_fmt(solver['max'])}"))
