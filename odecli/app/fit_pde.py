@@ -2,7 +2,10 @@
 
 The loop itself is :func:`odecli.app.fit.run_fit`; this module builds the problem
 (:class:`odecli.app.pde_problem.Problem`), hands the loop its evaluation and history columns,
-checkpoints with the ranks' timings, and writes the run file.
+checkpoints with the ranks' timings, and writes the run file. With
+``optimizer.frequency_continuation`` it runs the loop once per stage (data low-passed at rising
+cutoffs, then the full band), each stage with a fresh optimiser, into one history whose
+``max_frequency`` column names each row's stage; a checkpoint records the stage it was taken in.
 
 Every rank runs the same program on its block; the loss and every optimiser decision are global
 (all-reduced) values, so all ranks take the same path.  Errors every rank hits at the same point
@@ -67,7 +70,13 @@ def history_keys(problem: Problem) -> tuple[str, ...]:
         keys += [f"model_error_{name}" for name in problem.inverted]
     if problem.limit == math.inf:  # a steady equation or an implicit scheme: linear solves
         keys += list(SOLVER_KEYS)
+    if problem.spec["continuation"]:
+        keys.append(BAND_KEY)
     return tuple(keys)
+
+
+# With frequency continuation, each row's stage: the low-pass's cutoff in Hz (inf: the full band).
+BAND_KEY = "max_frequency"
 
 
 SOLVER_KEYS = ("solver_iterations_mean", "solver_iterations_max")
@@ -101,9 +110,17 @@ class PdeObjective:
         self.loop_t0 = time.perf_counter()
         self.model_error = float("nan")
         self.keys = history_keys(problem)
+        # frequency continuation: this stage's index, the iterations and history rows before it
+        self.stage, self.offset = 0, 0
+        self.earlier: dict[str, list] = {k: [] for k in self.keys}
+
+    def begin_stage(self, stage: int, opt, earlier: dict[str, list]) -> None:
+        """The next stage runs ``opt`` after the rows of ``earlier`` (one per iteration)."""
+        self.stage, self.opt, self.earlier = stage, opt, earlier
+        self.offset = len(earlier["loss"])
 
     def evaluate(self, completed: int):
-        return self.problem.evaluate(completed)
+        return self.problem.evaluate(self.offset + completed)
 
     def columns(self) -> dict[str, float]:
         problem = self.problem
@@ -117,6 +134,8 @@ class PdeObjective:
         if SOLVER_KEYS[0] in self.keys:
             its = problem.iterations or [0]
             out.update({SOLVER_KEYS[0]: float(np.mean(its)), SOLVER_KEYS[1]: float(max(its))})
+        if BAND_KEY in self.keys:
+            out[BAND_KEY] = math.inf if problem.max_frequency is None else float(problem.max_frequency)
         return out
 
     def progress(self) -> str:
@@ -131,9 +150,13 @@ class PdeObjective:
         return _timing(self.layout.comm, self.prior_total, self.prior_comm, elapsed, self.timer.comm_s)
 
     def save(self, iteration: int, f: float, g, history: dict) -> None:
+        """The stage's ``iteration`` and rows after the earlier stages': one history, iterations
+        counted over the whole run, and the stage (attrs ``stage``, ``stage_start``) to resume in."""
         timing = self.timing()
         ckpt.save(self.cpath, self.layout, kind=CHECKPOINT_KIND, spec_text=self.spec["text"],
-                  iteration=iteration, f=f, g=g, opt=self.opt, history=history,
+                  iteration=self.offset + iteration, f=f, g=g, opt=self.opt,
+                  history={k: [*self.earlier[k], *v] for k, v in history.items()},
+                  attrs={"stage": self.stage, "stage_start": self.offset},
                   arrays={f"timing/{k}": np.asarray(v, dtype=np.float64) for k, v in timing.items()})
 
 
@@ -141,6 +164,29 @@ def _read_timing(f) -> dict:
     ranks = int(ckpt.read_attr(f, "ranks"))
     return {"ranks": ranks, **{k: np.asarray(ckpt.read_array(f, f"timing/{k}", rows=ranks))
                                for k in ("total_s", "comm_s")}}
+
+
+def _saved_stage(cpath: Path, spec: dict, stages: int) -> tuple[int, int]:
+    """The stage a checkpoint was written in and the iterations before that stage ((0, 0) for a
+    run without frequency continuation)."""
+    with ckpt.open_checkpoint(cpath, CHECKPOINT_KIND, spec["text"]) as f:
+        stage, start = int(f.attrs.get("stage", 0)), int(f.attrs.get("stage_start", 0))
+        if not (0 <= stage < stages and 0 <= start <= int(ckpt.read_attr(f, "iteration"))):
+            raise ckpt.unusable(cpath, f"stage {stage} from iteration {start} is not one of this spec's {stages}")
+    return stage, start
+
+
+def _stage_plan(spec: dict, n_iter: int) -> list[tuple[float | None, int]]:
+    """(low-pass cutoff in Hz or None for the full band, iterations) of each stage, in order."""
+    return [(s["max_frequency"], s["iterations"]) for s in spec["continuation"]] + [(None, n_iter)]
+
+
+def _stage_rows(outcome, last: bool) -> dict[str, list]:
+    """A stage's history rows, one per iteration: an earlier stage's point after its last
+    iteration is the next stage's first row (evaluated there on the next band), not its own."""
+    if last:
+        return outcome.history
+    return {k: v[:outcome.iterations] for k, v in outcome.history.items()}
 
 
 def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet) -> int:
@@ -167,8 +213,14 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
     layout = ckpt.Layout(comm, unk.distributed, problem.decomp)
     smoother = grid_smoother(smoothing_cells(settings.smoothing, problem.grid.shape), problem.decomp,
                              comm, unk.distributed)
-    opt = make_optimizer(settings, unk.params, space, scales=unk.scales(problem.global_max),
-                         iterations=n_iter, precondition=smoother)
+    # each stage's optimiser starts afresh (its misfit is another function); the scales are the
+    # starting field's, for every stage and for a resumed run alike (bit-identical --resume)
+    scales = unk.scales(problem.global_max)
+    plan = _stage_plan(spec, n_iter)
+
+    def optimizer_for(iterations: int):
+        return make_optimizer(settings, unk.params, space, scales=scales, iterations=iterations,
+                              precondition=smoother)
 
     names = problem.inverted if problem.multi else []
     with torch.no_grad():
@@ -180,37 +232,58 @@ def _train(comm, spec_path: Path, output: Path, iterations, resume, force, quiet
         from rich.console import Console
 
         console = Console(stderr=True, highlight=False, soft_wrap=True)  # piped output: one line per event, never wrapped at 80 columns
-    resumed = None
+    keys = history_keys(problem)
+    resumed, first_stage = None, 0
+    earlier: dict[str, list] = {k: [] for k in keys}
     if resume:
         if cpath.exists():
             try:  # every rank reads the same file
-                resumed = ckpt.load(cpath, layout, kind=CHECKPOINT_KIND, spec_text=spec["text"],
-                                    opt=opt, history_keys=history_keys(problem), read_extra=_read_timing)
+                first_stage, stage_start = _saved_stage(cpath, spec, len(plan))
+                opt = optimizer_for(plan[first_stage][1])
+                problem.set_band(plan[first_stage][0])
+                saved = ckpt.load(cpath, layout, kind=CHECKPOINT_KIND, spec_text=spec["text"],
+                                  opt=opt, history_keys=keys, read_extra=_read_timing)
             except OdecliError as exc:
                 raise collective(exc)
-            if resumed.extra["ranks"] == comm.size:
-                prior_total = np.asarray(resumed.extra["total_s"])
-                prior_comm = np.asarray(resumed.extra["comm_s"])
-            start = resumed.iteration
+            if saved.extra["ranks"] == comm.size:
+                prior_total = np.asarray(saved.extra["total_s"])
+                prior_comm = np.asarray(saved.extra["comm_s"])
+            earlier = {k: v[:stage_start] for k, v in saved.history.items()}
+            resumed = ckpt.Saved(saved.iteration - stage_start, saved.f, saved.g,
+                                 {k: v[stage_start:] for k, v in saved.history.items()}, saved.extra)
+            start = saved.iteration
             if console:
                 console.print(f"resuming from {cpath} at iteration {start}")
-                if start >= n_iter:  # nothing to do but write it out: say so, not a silent 10 for 5
+                if first_stage == len(plan) - 1 and resumed.iteration >= n_iter:  # say so, not a silent 10 for 5
                     console.print(f"note: the checkpoint already has {start} iterations (this run "
-                                  f"asks for {n_iter}); writing the output from it as it is",
+                                  f"asks for {stage_start + n_iter}); writing the output from it as it is",
                                   soft_wrap=True)
         elif console:
             console.print(f"no checkpoint at {cpath}; starting from the beginning")
 
     timer.reset()
-    objective = PdeObjective(problem, spec, layout, opt, cpath, timer, prior_total, prior_comm)
-    outcome = run_fit(
-        objective, opt, space,
-        FitSettings(n_iter, settings.tolerance, settings.gtol, spec["checkpoint"]["every"],
-                    record_final=False),
-        history_columns=objective.keys[len(LOSS_COLUMNS):], resumed=resumed,
-        log=(lambda line: console.print(line, highlight=False)) if console else None,
-        extra_log=objective.progress)
-    history, stop_reason = outcome.history, STOP_REASONS[outcome.stop]
+    objective = PdeObjective(problem, spec, layout, None, cpath, timer, prior_total, prior_comm)
+    log = (lambda line: console.print(line, highlight=False)) if console else None
+    for stage in range(first_stage, len(plan)):
+        band, stage_iterations = plan[stage]
+        if stage != first_stage or resumed is None:
+            problem.set_band(band)
+            opt = optimizer_for(stage_iterations)
+        objective.begin_stage(stage, opt, earlier)
+        if log is not None and len(plan) > 1:
+            what = f"data low-passed at {band:g} Hz" if band is not None else "the full band"
+            log(f"stage {stage + 1}/{len(plan)}: {what}, {stage_iterations} iterations")
+        outcome = run_fit(
+            objective, opt, space,
+            FitSettings(stage_iterations, settings.tolerance, settings.gtol, spec["checkpoint"]["every"],
+                        record_final=False),
+            history_columns=keys[len(LOSS_COLUMNS):], resumed=resumed if stage == first_stage else None,
+            log=log, extra_log=objective.progress)
+        last = stage == len(plan) - 1
+        if not last and outcome.stop is not Stop.ITERATIONS and log is not None:
+            log(f"stage {stage + 1} stopped early ({STOP_REASONS[outcome.stop]}); going on to the next")
+        earlier = {k: [*earlier[k], *v] for k, v in _stage_rows(outcome, last).items()}
+    history, stop_reason = earlier, STOP_REASONS[outcome.stop]
     if outcome.message:  # a stop that is not convergence says what happened and what to try
         stop_reason = (outcome.message if outcome.message.startswith(stop_reason)
                        else f"{stop_reason}: {outcome.message}")

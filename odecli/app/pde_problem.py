@@ -22,6 +22,7 @@ from odecli.io.model_files import read_array, read_wavelet, with_model_arrays
 from odecli.parallel.decomposition import decompose
 from odecli.parallel.ops import allreduce_sum, broadcast, halo_exchange
 from odecli.pde import models, stability
+from odecli.pde.filtering import lowpass
 from odecli.pde.grid import Block, Grid
 from odecli.pde.propagator import EQUATIONS, Setup, SetupError
 from odecli.pde.sources import Geometry, ricker
@@ -163,8 +164,8 @@ class Problem:
         self.observed = self._observed()  # (shots, nrec, nt), identical on every rank
         obs_local = self.observed[:, self.lgeom.rec_ids, :]
         self.obs_local = obs_local
-        norm = float((self.observed * self.observed).sum()) if spec["loss"]["normalize"] else 1.0
-        self.norm = norm if norm > 0 else 1.0
+        self.max_frequency: float | None = None  # a frequency-continuation stage's low-pass (Hz)
+        self.norm = self._norm()
         self.last: dict = {}
         self.iterations: list[int] = []  # the linear solves' iterations in the last evaluation
 
@@ -333,6 +334,26 @@ class Problem:
             full = torch.as_tensor(arr, dtype=self.dtype, device=self.device)
         return full
 
+    def set_band(self, max_frequency: float | None) -> None:
+        """Fit data low-passed at ``max_frequency`` Hz from now on (None: the full band). The
+        misfit is then normalised by the low-passed observed data's energy, so that it starts
+        near the full band's size and the regularisation keeps its weight against it."""
+        self.max_frequency = max_frequency
+        self.norm = self._norm()
+
+    def _band(self, traces: torch.Tensor) -> torch.Tensor:
+        """``traces`` low-passed to the current stage's band (as they are on the full band)."""
+        if self.max_frequency is None:
+            return traces
+        return lowpass(traces, self.dt, self.max_frequency)
+
+    def _norm(self) -> float:
+        if not self.spec["loss"]["normalize"]:
+            return 1.0
+        observed = self._band(self.observed)
+        norm = float((observed * observed).sum())
+        return norm if norm > 0 else 1.0
+
     # ------------------------------------------------------------------ pieces
     def full_traces(self, local_traces: torch.Tensor) -> torch.Tensor:
         """All receivers' traces on every rank (zero-padded all-reduce: exact)."""
@@ -422,7 +443,7 @@ class Problem:
                 f"{self._limit_text()}; set unknown.bounds"))
         with self.solves():
             traces = self.forward(self.coefficient(field))
-            res = traces - self.obs_local
+            res = self._band(traces - self.obs_local)  # = low-passed traces - low-passed data
             mis = (res * res).sum(dim=-1) * (0.5 / self.norm)  # (shots, nrec_local)
             reg = self.regularization(field)
             (mis.sum() + reg).backward()

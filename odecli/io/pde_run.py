@@ -14,7 +14,8 @@ each (``true_`` for every parameter whose true model is known, the others for th
 ``history/model_error_NAME`` and the attributes ``parameters`` and ``inverted`` (JSON lists) and
 ``model_error_final_NAME``; ``model_error`` is then the root mean square of the inverted
 parameters' relative errors. Linear solves (a steady equation, an implicit scheme) add
-``history/solver_iterations_{mean,max}``.
+``history/solver_iterations_{mean,max}``; frequency continuation adds ``history/max_frequency`` (each row's
+stage: its low-pass cutoff in Hz, inf for the full band).
 
 :data:`PDE_INVERSE_LAYOUT` states these shapes for the readers (``odecli.io.layout.require``):
 change it with the writer.

@@ -85,6 +85,11 @@ def pde_summary(h5: h5py.File) -> dict:
         out["solver_iterations"] = {"mean": _f(means.mean()) if means.size else None,
                                     "max": _f(most.max()) if most.size else None,
                                     "last_max": _f(most[-1]) if most.size else None}
+    if "max_frequency" in hist:  # frequency continuation: each stage's cutoff (None: full band)
+        band = np.asarray(hist["max_frequency"][...], dtype=float)
+        starts = [i for i in range(band.size) if i == 0 or band[i] != band[i - 1]]
+        out["stages"] = [{"max_frequency": _f(band[i]), "iterations": int(j - i), "loss_first": _f(loss[i]),
+                          "loss_last": _f(loss[j - 1])} for i, j in zip(starts, [*starts[1:], band.size])]
     if isinstance(h5.get("data"), h5py.Group) and "observed" in h5["data"]:
         out["data_shape"] = list(h5["data/observed"].shape)
     return out
@@ -111,6 +116,10 @@ def _decomposition(h5: h5py.File) -> dict:
         raise InputError(f"{h5.filename}: attribute 'decomposition' is not a JSON object as text with a list "
                          f"of rank counts as 'proc_grid', expected e.g. '{{\"proc_grid\": [1, 1]}}'")
     return value
+
+
+def _band(max_frequency: float | None) -> str:
+    return "full band" if max_frequency is None else f"{max_frequency:g} Hz"
 
 
 def _fmt(v) -> str:
@@ -151,6 +160,10 @@ def render_pde_summary(summary: dict, console) -> None:
     for name, each in (summary.get("model_errors") or {}).items():
         rows.append((f"  {name} model error",
                      f"{_fmt(each['initial'])} -> {_fmt(each['final'])} (x{_fmt(each.get('ratio'))})"))
+    if summary.get("stages"):
+        rows.append(("stages: iterations, loss", "; ".join(
+            f"{_band(st['max_frequency'])}: {st['iterations']}, {_fmt(st['loss_first'])} -> {_fmt(st['loss_last'])}"
+            for st in summary["stages"])))
     solver = summary.get("solver_iterations")
     if solver:
         rows.append(("solver iterations / solve", f"mean {_fmt(solver['mean'])}, max {_fmt(solver['max'])}"))

@@ -148,6 +148,7 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     out["unknown"] = params.unknown(V, raw["unknown"], eq, out["true_models"])
     out["regularization"] = V.section(raw, "regularization", sections.Regularization)
     optimizer = V.section(raw, "optimizer", sections.Optimizer, required=True)
+    out["continuation"] = _continuation(V, optimizer.pop("frequency_continuation"), out["time"]["dt"], steady)
     out["optimizer"] = OptimizerSettings(**{**optimizer, "betas": tuple(optimizer["betas"])})
     smoothing = optimizer["smoothing"]
     if smoothing != "auto" and smoothing > max(ny, nx):  # 4 sigma^2 stencil passes: 1e9 never ends
@@ -163,6 +164,25 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
                     f"{ny}x{nx} grid; use at most {most}")
     check_stability(V, out)
     return out
+
+
+def _continuation(V: _V, stages: list[dict] | None, dt: float, steady: bool) -> list[dict]:
+    """``optimizer.frequency_continuation``: stages of rising cutoffs below the Nyquist frequency."""
+    f = "optimizer.frequency_continuation"
+    if not stages:
+        return []
+    if steady:
+        raise V.err(f, "a steady equation's data have no time axis to low-pass")
+    nyquist = 0.5 / dt
+    for i, stage in enumerate(stages):
+        cutoff = stage["max_frequency"]
+        if cutoff >= nyquist:
+            raise V.err(f"{f}[{i}].max_frequency", f"{cutoff:g} Hz is not below the Nyquist frequency "
+                                                   f"{nyquist:g} Hz of time.dt")
+        if i and cutoff <= stages[i - 1]["max_frequency"]:
+            raise V.err(f"{f}[{i}].max_frequency", f"the stages' cutoffs must rise: {cutoff:g} Hz "
+                                                   f"follows {stages[i - 1]['max_frequency']:g} Hz")
+    return [dict(stage) for stage in stages]
 
 
 def line_points(start, end, count: int) -> list[tuple[float, float]]:

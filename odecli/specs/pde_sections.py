@@ -77,8 +77,16 @@ class Regularization(Section, frozen=True):
     tv_epsilon: Positive = 1e-6
 
 
+class ContinuationStage(Section, frozen=True):
+    """one stage of frequency continuation: iterations on data low-passed at max_frequency (Hz)"""
+
+    max_frequency: Positive  # the zero-phase Butterworth's -6 dB point (odecli.pde.filtering)
+    iterations: Count
+
+
 class Optimizer(Section, frozen=True, kw_only=True):
-    """the optimiser; the same keys as an ODE fit's (odecli.optim.settings.OptimizerSettings)"""
+    """the optimiser; the same keys as an ODE fit's (odecli.optim.settings.OptimizerSettings), and
+    a pde-inverse fit's frequency_continuation"""
 
     # L-BFGS by default, as in ODE fits: with its strong-Wolfe line search it beat Adam on every
     # bundled unknown (heat2d MLP 0.24x vs 0.47x, acoustic MLP 0.15x vs 0.20x; benchmarks/RESULTS.md)
@@ -95,6 +103,9 @@ class Optimizer(Section, frozen=True, kw_only=True):
     schedule: Literal["none", "cosine", "step"] = "none"
     # L-BFGS on a grid unknown: its first inverse-Hessian guess smooths over this many cells (0: none)
     smoothing: Annotated[Union[Literal["auto"], NonNegative], expected("auto or a number of cells >= 0")] = "auto"
+    # stages on low-passed data (rising max_frequency), each its own iterations, before
+    # ``iterations`` on the full band; the optimiser restarts at each stage (a new misfit)
+    frequency_continuation: Optional[list[ContinuationStage]] = None
 
 
 class Loss(Section, frozen=True):
