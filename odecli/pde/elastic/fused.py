@@ -5,9 +5,10 @@ a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five deri
 per step, then runs the adjoint steps back to the segment's start (each in two vectorised
 passes: the weighted derivative adjoints per point, then their gathers).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
-dot-product test.  On one rank and one thread without a free surface a step is one sweep
-over the rows (``elastic_sweep``); otherwise two half-step kernels with the halo exchange and
-the free-surface image between them.  A backward's large scratch tensors (stores, padded
+dot-product test.  On one rank without a free surface a step is one sweep over the rows
+(``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
+cuts: :func:`sweep_phases`); otherwise two half-step kernels with the halo exchange and the
+free-surface image between them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
@@ -113,6 +114,21 @@ def _mirror_top_(fp: Tensor, image) -> None:
         fp[:, c, 1] = fp[:, c, b] * sign
 
 
+MIN_SWEEP_ROWS = 8  # rows a thread's piece needs for sweep_phases (its own rows, then the cuts')
+
+
+def sweep_phases(ny: int, pieces: list[tuple[int, int]]) -> tuple[list, list]:
+    """``elastic_sweep_rows``'s ``(v0, v1, s0, s1)`` for each row piece (run at once), then for
+    each cut between pieces (run after them), so that no piece reads a row another one writes
+    in the same phase (elastic.c explains it).  One piece: one sweep of every row."""
+    first = []
+    for k, (a, b) in enumerate(pieces):
+        last = k == len(pieces) - 1
+        first.append((a, b if last else b - 2, a if k == 0 else a + 2, b if last else b - 4))
+    cuts = [(h - 2, h, h - 4, h + 2) for _, h in pieces[:-1]]
+    return first, cuts
+
+
 def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ctypes.c_long]:
     """``[jlo, jhi)``: the one run of columns outside the x layers (both coefficients 0),
     where the kernels take their branch-free loop; ``(nx, nx)`` if there is none."""
@@ -138,7 +154,7 @@ class FusedLoop:
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
-        self.sweep = getattr(lib, f"elastic_sweep_{name}")
+        self.sweep = getattr(lib, f"elastic_sweep_rows_{name}")
         self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
@@ -224,7 +240,8 @@ class FusedLoop:
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        if len(self.pieces) == 1 and prop.comm.size == 1 and not prop.free_surface_here:
+        if (prop.comm.size == 1 and not prop.free_surface_here
+                and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS):
             sweep = self._sweep_calls(vr, sr, psi, force, stores)
         else:
             sweep = None
@@ -257,9 +274,10 @@ class FusedLoop:
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
     def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
-        """``step(it)``: step ``it`` of every shot by ``elastic_sweep`` (both half steps in one
-        pass over the rows; one rank, no free surface, one thread), the point forces included
-        with the values :meth:`ElasticPropagator._inject` adds."""
+        """``step(it)``: step ``it`` of every shot by ``elastic_sweep_rows`` (both half steps
+        in one pass over the rows; one rank, no free surface), the point forces included with
+        the values :meth:`ElasticPropagator._inject` adds.  On several threads each takes a
+        piece of the rows, then this thread the rows around the cuts (:func:`sweep_phases`)."""
         prop, geom = self.prop, self.prop.geom
         b = vr.shape[0]
         plane = vr.shape[-2] * vr.shape[-1]
@@ -276,6 +294,8 @@ class FusedLoop:
         fixed = [_ptr(t) for t in self.mats]
         pml = [_ptr(t) for t in self.pml]
         dims = (ctypes.c_long(self.ny), ctypes.c_long(self.nx))
+        pieces, cuts = sweep_phases(self.ny, self.pieces)
+        rows = lambda r: [ctypes.c_long(k) for k in r]
 
         def step(it: int) -> None:
             k = None if stores is None else it - self._t0
@@ -290,8 +310,12 @@ class FusedLoop:
                     src = (ctypes.c_long(0), _ptr(None), _ptr(None))
                 st = ((None, None) if stores is None
                       else (stores[0][k, shot], stores[1][k, shot]))
-                self.sweep(*dims, _ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
-                           _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+                args = (_ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
+                        _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+                run_on_pool([lambda r=r, a=args: self.sweep(*dims, *rows(r), *a)
+                             for r in pieces])
+                for r in cuts:
+                    self.sweep(*dims, *rows(r), *args)
         return step
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
