@@ -351,6 +351,56 @@ def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeyp
     assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_one_sweep_adjoint_step_equals_the_two_passes_bit_for_bit(dtype):
+    """elastic_adjoint_step (both halves in one sweep, w in rings of 8 rows) against the two
+    adjoint sweeps on full w planes, on random adjoints, stores and parameters with CPML rows
+    and columns on every side: every output bit for bit, the adjoints' ghost rings included."""
+    import ctypes
+
+    from odecli.pde import native
+
+    lib, _ = native.load("elastic")
+    if lib is None:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    sfx, real = ("f64", ctypes.c_double) if dtype == torch.float64 else ("f32", ctypes.c_float)
+    ny, nx = 21, 17
+    gen = torch.Generator().manual_seed(5)
+    rand = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64).to(dtype)
+    lv, ls, lp = rand(2, ny + 4, nx + 4), rand(3, ny + 4, nx + 4), rand(8, ny, nx)
+    mats, store_v, store_s = [rand(ny, nx) for _ in range(5)], rand(2, ny, nx), rand(3, ny, nx)
+    pml = []
+    for n in (ny, ny, nx, nx):  # a and b at integer and half nodes, y then x
+        a, b = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=dtype)
+        a[:3], a[-4:], b[:3], b[-4:] = rand(3) - 1, rand(4) - 1, rand(3), rand(4)
+        pml += [a, b]
+    ptr = lambda t: ctypes.c_void_p(None if t is None else t.data_ptr())
+    scalars = (real(1e-3), real(0.1), real(0.2), ctypes.c_long(4), ctypes.c_long(nx - 4))
+    dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+
+    def run(one_sweep: bool):
+        out = [t.clone() for t in (lv, ls, lp)]
+        grads = [torch.zeros(ny, nx, dtype=dtype) for _ in range(5)]
+        fixed = (*[ptr(t) for t in pml], *scalars)
+        if one_sweep:
+            w = torch.full((2, 4, 8, nx + 8), float("nan"), dtype=dtype)  # zeroed in C
+            getattr(lib, f"elastic_adjoint_step_{sfx}")(
+                *dims, *[ptr(t) for t in out], *[ptr(t) for t in mats], ptr(store_v),
+                ptr(store_s), *[ptr(t) for t in grads], ptr(w[0]), ptr(w[1]), *fixed)
+        else:
+            w = torch.zeros(4, ny + 8, nx + 8, dtype=dtype)
+            getattr(lib, f"elastic_stress_adjoint_sweep_{sfx}")(
+                *dims, ptr(out[0]), ptr(out[1]), ptr(out[2]), *[ptr(t) for t in mats[2:]],
+                ptr(None), ptr(store_s), *[ptr(t) for t in grads[2:]], ptr(None), ptr(w), *fixed)
+            getattr(lib, f"elastic_velocity_adjoint_sweep_{sfx}")(
+                *dims, ptr(out[1]), ptr(out[0]), ptr(out[2]), *[ptr(t) for t in mats[:2]],
+                ptr(store_v), *[ptr(t) for t in grads[:2]], ptr(w), *fixed)
+        return out + grads
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
 def test_the_discrete_adjoint_passes_the_dot_product_test():
     """<F x, y> = <x, F^T y> for the map F from a segment's starting velocities and stresses to
     its traces and final fields (no sources: linear), F^T the hand-written adjoint, with a free

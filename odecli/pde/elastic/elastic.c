@@ -283,6 +283,13 @@ DEFINE_KERNELS(float, f32)
 /* the transposes of the forward's differences, read at Q of w (row stride S) */
 #define T_PLUS(w, Q, S)  (c1 * ((w)[(Q) - (S)] - (w)[Q]) + c2 * ((w)[(Q) - 2 * (S)] - (w)[(Q) + (S)]))
 #define T_MINUS(w, Q, S) (c1 * ((w)[Q] - (w)[(Q) + (S)]) + c2 * ((w)[(Q) - (S)] - (w)[(Q) + 2 * (S)]))
+/* the same along y, from the rows -2 .. 2 around the point's (rows need not be equally spaced:
+ * the adjoint step keeps w in a ring of 8 rows) */
+#define TY_PLUS(m2, m1, z, p1, c)  (c1 * ((m1)[c] - (z)[c]) + c2 * ((m2)[c] - (p1)[c]))
+#define TY_MINUS(m1, z, p1, p2, c) (c1 * ((z)[c] - (p1)[c]) + c2 * ((m1)[c] - (p2)[c]))
+/* row k (ring-4 coordinates) of plane p of w: planes wp apart, rows k & mask (mask -1: all of
+ * them, one after another; 7: a ring of 8) */
+#define WROW(w, p, k) ((w) + (p) * wp + ((k) & mask) * WX)
 
 /* Interior rows of the first pass (no memory variable) and rows of the second, one restrict
  * pointer per array so that GCC vectorises them (as the forward's rows). */
@@ -319,25 +326,29 @@ static __attribute__((noinline)) void velocity_adjoint_row_##sfx(long n, const r
         w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
     }                                                                                              \
 }                                                                                                  \
-static __attribute__((noinline)) void stress_gather_row_##sfx(long n, long WX, real *restrict lvy, real *restrict lvx,      \
-        const real *restrict w0, const real *restrict w1, const real *restrict w2,                \
-        const real *restrict w3)                                                                   \
+static __attribute__((noinline)) void stress_gather_row_##sfx(long n, real *restrict lvy,           \
+        real *restrict lvx, const real *restrict a_m1, const real *restrict a_0,                  \
+        const real *restrict a_p1, const real *restrict a_p2, const real *restrict w1,            \
+        const real *restrict d_m2, const real *restrict d_m1, const real *restrict d_0,           \
+        const real *restrict d_p1, const real *restrict w3)                                        \
 {                                                                                                  \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
     for (long c = 0; c < n; c++) {                                                                 \
-        lvy[c] = lvy[c] + (T_MINUS(w0, c, WX) + T_PLUS(w3, c, 1));                                 \
-        lvx[c] = lvx[c] + (T_MINUS(w1, c, 1) + T_PLUS(w2, c, WX));                                 \
+        lvy[c] = lvy[c] + (TY_MINUS(a_m1, a_0, a_p1, a_p2, c) + T_PLUS(w3, c, 1));                 \
+        lvx[c] = lvx[c] + (T_MINUS(w1, c, 1) + TY_PLUS(d_m2, d_m1, d_0, d_p1, c));                 \
     }                                                                                              \
 }                                                                                                  \
-static __attribute__((noinline)) void velocity_gather_row_##sfx(long n, long WX, real *restrict lyy, real *restrict lxx,    \
-        real *restrict lxy, const real *restrict w0, const real *restrict w1,                     \
-        const real *restrict w2, const real *restrict w3)                                          \
+static __attribute__((noinline)) void velocity_gather_row_##sfx(long n, real *restrict lyy,         \
+        real *restrict lxx, real *restrict lxy, const real *restrict a_m2,                        \
+        const real *restrict a_m1, const real *restrict a_0, const real *restrict a_p1,           \
+        const real *restrict w1, const real *restrict w2, const real *restrict d_m1,              \
+        const real *restrict d_0, const real *restrict d_p1, const real *restrict d_p2)           \
 {                                                                                                  \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
     for (long c = 0; c < n; c++) {                                                                 \
-        lyy[c] = lyy[c] + T_PLUS(w0, c, WX);                                                       \
+        lyy[c] = lyy[c] + TY_PLUS(a_m2, a_m1, a_0, a_p1, c);                                       \
         lxx[c] = lxx[c] + T_PLUS(w2, c, 1);                                                        \
-        lxy[c] = lxy[c] + (T_MINUS(w1, c, 1) + T_MINUS(w3, c, WX));                                \
+        lxy[c] = lxy[c] + (T_MINUS(w1, c, 1) + TY_MINUS(d_m1, d_0, d_p1, d_p2, c));                \
     }                                                                                              \
 }
 
@@ -345,22 +356,22 @@ DEFINE_ADJOINT_ROWS(double, f64)
 DEFINE_ADJOINT_ROWS(float, f32)
 
 #define DEFINE_ADJOINT(real, sfx)                                                                  \
-void elastic_stress_adjoint_##sfx(long ny, long nx, long r0, long r1, real *ls,                   \
+static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *ls,               \
                                   real *lp, const real *lam2mu, const real *lam,                  \
                                   const real *muxy, const real *surface, const real *store,       \
                                   real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface,     \
-                                  real *w,                                                        \
+                                  real *w, long wp, long mask,                                    \
                                   const real *ayi, const real *byi, const real *ayh,              \
                                   const real *byh, const real *axi, const real *bxi,              \
                                   const real *axh, const real *bxh, real dt, real idy, real idx,  \
                                   long jlo, long jhi)                                             \
 {                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8, wp = (ny + 8) * WX; \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     real *lyy = ls, *lxx = ls + plane, *lxy = ls + 2 * plane;                                      \
     for (long i = r0; i < r1; i++) {                                                               \
         const int top = surface != NULL && i == 0;                                                 \
         const int ypml = ayi[i] != 0 || ayh[i] != 0;                                               \
-        real *w0 = w + (i + 4) * WX + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;      \
+        real *w0 = WROW(w, 0, i + 4) + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;     \
         const long ja = (top || ypml || jhi <= jlo) ? nx : jlo;                                   \
         const long jb = (top || ypml || jhi <= jlo) ? nx : jhi;                                   \
         if (jb > ja) {                                                                             \
@@ -398,29 +409,32 @@ void elastic_stress_adjoint_##sfx(long ny, long nx, long r0, long r1, real *ls, 
 }                                                                                                  \
                                                                                                    \
 /* dvy/dy = D-y vy (w0), dvx/dx = D-x vx (w1), dvx/dy = D+y vx (w2), dvy/dx = D+x vy (w3) */      \
-void elastic_stress_gather_##sfx(long ny, long nx, long q0, long q1, real *lv, const real *w)     \
+static void stress_gather_rows_##sfx(long ny, long nx, long q0, long q1, real *lv, const real *w, \
+                                     long wp, long mask)                                           \
 {                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8, wp = (ny + 8) * WX;                \
-    for (long q = q0; q < q1; q++) {                                                               \
-        const real *w0 = w + (q + 2) * WX + 2;                                                     \
-        stress_gather_row_##sfx(NX, WX, lv + q * NX, lv + plane + q * NX, w0, w0 + wp,             \
-                                w0 + 2 * wp, w0 + 3 * wp);                                         \
-    }                                                                                              \
+    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8;                                    \
+    for (long q = q0; q < q1; q++)                                                                 \
+        stress_gather_row_##sfx(NX, lv + q * NX, lv + plane + q * NX, WROW(w, 0, q + 1) + 2,       \
+                                WROW(w, 0, q + 2) + 2, WROW(w, 0, q + 3) + 2,                      \
+                                WROW(w, 0, q + 4) + 2, WROW(w, 1, q + 2) + 2,                      \
+                                WROW(w, 2, q) + 2, WROW(w, 2, q + 1) + 2, WROW(w, 2, q + 2) + 2,   \
+                                WROW(w, 2, q + 3) + 2, WROW(w, 3, q + 2) + 2);                     \
 }                                                                                                  \
                                                                                                    \
-void elastic_velocity_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv,                 \
+static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *lv,             \
                                     real *lp, const real *buy, const real *bux,                   \
                                     const real *store, real *g_by, real *g_bx, real *w,           \
+                                    long wp, long mask,                                           \
                                     const real *ayi, const real *byi, const real *ayh,            \
                                     const real *byh, const real *axi, const real *bxi,            \
                                     const real *axh, const real *bxh, real dt, real idy,          \
                                     real idx, long jlo, long jhi)                                 \
 {                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8, wp = (ny + 8) * WX; \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     real *lvy = lv, *lvx = lv + plane;                                                             \
     for (long i = r0; i < r1; i++) {                                                               \
         const int ypml = ayi[i] != 0 || ayh[i] != 0;                                               \
-        real *w0 = w + (i + 4) * WX + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;      \
+        real *w0 = WROW(w, 0, i + 4) + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;     \
         const long ja = (ypml || jhi <= jlo) ? nx : jlo, jb = (ypml || jhi <= jlo) ? nx : jhi;    \
         if (jb > ja) {                                                                             \
             const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
@@ -445,14 +459,48 @@ void elastic_velocity_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv
 }                                                                                                  \
                                                                                                    \
 /* dsyy/dy = D+y syy (w0), dsxy/dx = D-x sxy (w1), dsxx/dx = D+x sxx (w2), dsxy/dy = D-y sxy (w3) */ \
+static void velocity_gather_rows_##sfx(long ny, long nx, long q0, long q1, real *ls,              \
+                                       const real *w, long wp, long mask)                          \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8;                                    \
+    for (long q = q0; q < q1; q++)                                                                 \
+        velocity_gather_row_##sfx(NX, ls + q * NX, ls + plane + q * NX, ls + 2 * plane + q * NX,   \
+                                  WROW(w, 0, q) + 2, WROW(w, 0, q + 1) + 2, WROW(w, 0, q + 2) + 2, \
+                                  WROW(w, 0, q + 3) + 2, WROW(w, 1, q + 2) + 2,                    \
+                                  WROW(w, 2, q + 2) + 2, WROW(w, 3, q + 1) + 2,                    \
+                                  WROW(w, 3, q + 2) + 2, WROW(w, 3, q + 3) + 2,                    \
+                                  WROW(w, 3, q + 4) + 2);                                          \
+}                                                                                                  \
+                                                                                                   \
+/* The kernels and gathers on w's full planes (ny + 8 rows each) */                               \
+void elastic_stress_adjoint_##sfx(long ny, long nx, long r0, long r1, real *ls, real *lp,         \
+        const real *lam2mu, const real *lam, const real *muxy, const real *surface,               \
+        const real *store, real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface, real *w,   \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    stress_adjoint_rows_##sfx(ny, nx, r0, r1, ls, lp, lam2mu, lam, muxy, surface, store,          \
+                              g_lam2mu, g_lam, g_muxy, g_surface, w, (ny + 8) * (nx + 8), -1,      \
+                              ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);     \
+}                                                                                                  \
+void elastic_velocity_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv, real *lp,       \
+        const real *buy, const real *bux, const real *store, real *g_by, real *g_bx, real *w,     \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    velocity_adjoint_rows_##sfx(ny, nx, r0, r1, lv, lp, buy, bux, store, g_by, g_bx, w,           \
+                                (ny + 8) * (nx + 8), -1, ayi, byi, ayh, byh, axi, bxi, axh, bxh,   \
+                                dt, idy, idx, jlo, jhi);                                           \
+}                                                                                                  \
+void elastic_stress_gather_##sfx(long ny, long nx, long q0, long q1, real *lv, const real *w)     \
+{                                                                                                  \
+    stress_gather_rows_##sfx(ny, nx, q0, q1, lv, w, (ny + 8) * (nx + 8), -1);                     \
+}                                                                                                  \
 void elastic_velocity_gather_##sfx(long ny, long nx, long q0, long q1, real *ls, const real *w)   \
 {                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8, wp = (ny + 8) * WX;                \
-    for (long q = q0; q < q1; q++) {                                                               \
-        const real *w0 = w + (q + 2) * WX + 2;                                                     \
-        velocity_gather_row_##sfx(NX, WX, ls + q * NX, ls + plane + q * NX,                        \
-                                  ls + 2 * plane + q * NX, w0, w0 + wp, w0 + 2 * wp, w0 + 3 * wp); \
-    }                                                                                              \
+    velocity_gather_rows_##sfx(ny, nx, q0, q1, ls, w, (ny + 8) * (nx + 8), -1);                   \
 }
 
 DEFINE_ADJOINT(double, f64)
@@ -543,3 +591,57 @@ void elastic_velocity_adjoint_sweep_##sfx(long ny, long nx, real *ls, real *lv, 
 
 DEFINE_ADJOINT_SWEEP(double, f64)
 DEFINE_ADJOINT_SWEEP(float, f32)
+
+/* A whole adjoint step of one shot in one sweep over the rows, for one rank without a free
+ * surface (no exchange or image between its halves): stress adjoint row i (scratch ws), the
+ * gather of ringed velocity-adjoint row i (its w rows are written), velocity adjoint row i - 2
+ * (its adjoint velocities are now complete; scratch wv) and the gather of ringed stress-adjoint
+ * row i - 2 (field row i - 4, which the stress adjoint has read).  A gather reads 5 rows of w,
+ * so ws and wv are rings of 8 rows (4 planes each, (4, 8, nx + 8)), zeroed here, whose rows
+ * past the grid are zeroed before a gather reads them: w never goes to memory (the full
+ * planes, written and read back each half step, were 16 of about 50 array passes a step).
+ * Same operations in the same order per point as the two passes: the same bits.  The rings of
+ * lv and ls collect what the caller clears (as after the two passes). */
+#define DEFINE_ADJOINT_STEP(real, sfx)                                                             \
+static void zero_ring_rows_##sfx(real *w, long nx, long k)                                        \
+{                                                                                                  \
+    const long WX = nx + 8, wp = 8 * WX, mask = 7;                                                 \
+    for (long p = 0; p < 4; p++) {                                                                 \
+        real *row = WROW(w, p, k);                                                                 \
+        for (long c = 0; c < WX; c++) row[c] = 0;                                                  \
+    }                                                                                              \
+}                                                                                                  \
+void elastic_adjoint_step_##sfx(long ny, long nx, real *lv, real *ls, real *lp,                   \
+        const real *buy, const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
+        const real *store_v, const real *store_s, real *g_by, real *g_bx, real *g_lam2mu,         \
+        real *g_lam, real *g_muxy, real *ws, real *wv,                                            \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    const long wp = 8 * (nx + 8), mask = 7;                                                        \
+    for (long k = 0; k < 8; k++) { zero_ring_rows_##sfx(ws, nx, k); zero_ring_rows_##sfx(wv, nx, k); } \
+    for (long i = 0; i < ny + 4; i++) {                                                            \
+        if (i < ny)                                                                                \
+            stress_adjoint_rows_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, NULL, store_s,  \
+                                      g_lam2mu, g_lam, g_muxy, NULL, ws, wp, mask, ayi, byi, ayh,  \
+                                      byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);            \
+        if (i + 4 >= ny + 4) zero_ring_rows_##sfx(ws, nx, i + 4);                                 \
+        stress_gather_rows_##sfx(ny, nx, i, i + 1, lv, ws, wp, mask);                              \
+        if (i >= 2 && i - 2 < ny)                                                                  \
+            velocity_adjoint_rows_##sfx(ny, nx, i - 2, i - 1, lv, lp, buy, bux, store_v, g_by,     \
+                                        g_bx, wv, wp, mask, ayi, byi, ayh, byh, axi, bxi, axh,     \
+                                        bxh, dt, idy, idx, jlo, jhi);                              \
+        if (i >= 2) {                                                                              \
+            if (i + 2 >= ny + 4) zero_ring_rows_##sfx(wv, nx, i + 2);                             \
+            velocity_gather_rows_##sfx(ny, nx, i - 2, i - 1, ls, wv, wp, mask);                    \
+        }                                                                                          \
+    }                                                                                              \
+    for (long q = ny + 2; q < ny + 4; q++) {                                                       \
+        zero_ring_rows_##sfx(wv, nx, q + 4);                                                       \
+        velocity_gather_rows_##sfx(ny, nx, q, q + 1, ls, wv, wp, mask);                            \
+    }                                                                                              \
+}
+
+DEFINE_ADJOINT_STEP(double, f64)
+DEFINE_ADJOINT_STEP(float, f32)

@@ -2,8 +2,10 @@
 bit, without a graph, and their hand-written adjoint.  The propagator runs the steps for a
 forward without gradient and for each time segment's first pass of a forward with gradient;
 a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
-per step, then runs the adjoint steps back to the segment's start (each in two vectorised
-passes: the weighted derivative adjoints per point, then their gathers).  The adjoint's
+per step, then runs the adjoint steps back to the segment's start (each half step in two
+vectorised passes: the weighted derivative adjoints per point, then their gathers; on one rank
+and thread without a free surface both halves in one sweep over the rows whose scratch stays
+in cache, ``elastic_adjoint_step``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank without a free surface a step is one sweep over the rows
 (``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
@@ -158,6 +160,7 @@ class FusedLoop:
         self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
+        self.adjoint_step = getattr(lib, f"elastic_adjoint_step_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
@@ -382,10 +385,27 @@ class FusedLoop:
                                                      ctypes.c_long(r[1]), o, _ptr(w))
                              for r in self.ringed_pieces])
 
+        one_sweep = (len(self.pieces) == 1 and prop.comm.size == 1
+                     and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
+        if one_sweep:
+            ws = _reused(prop, "ws", (2, 4, 8, nx + 2 * WRING), v)  # rings of rows, zeroed in C
+            mats = [_ptr(t) for t in self.mats]
+            grads_at = [_ptr(t) for t in gm]
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
+            if one_sweep:  # both halves in one sweep over the rows (elastic_adjoint_step)
+                for shot in range(b):
+                    self.adjoint_step(ctypes.c_long(ny), ctypes.c_long(nx), _ptr(lv[shot]),
+                                      _ptr(ls[shot]), _ptr(lp[shot]), *mats,
+                                      _ptr(store_v[k, shot]), _ptr(store_s[k, shot]),
+                                      *grads_at, _ptr(ws[0]), _ptr(ws[1]), *pml, *sc, *jlo_jhi)
+                self._exchange_adjoint(lv, VELOCITY_IMAGE)
+                self._exchange_adjoint(ls, STRESS_IMAGE)
+                if force and geom.has_sources:
+                    self._source_gradient(lv, gm, it)
+                continue
             two_passes(self.stress_adjoint, self.stress_gather, self.stress_adjoint_sweep,
                        lv, lambda shot, k=k: (
                 _ptr(ls[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[2:]],
@@ -393,11 +413,7 @@ class FusedLoop:
                 _ptr(gm[4]), _ptr(g_surface)))
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             if force and geom.has_sources:
-                chan = 0 if prop.source_type == "fy" else 1
-                scale = prop.dt / (prop.grid.dy * prop.grid.dx)
-                vals = geom.src_amp * (geom.wavelet[it] * scale)
-                lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
-                gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
+                self._source_gradient(lv, gm, it)
             two_passes(self.velocity_adjoint, self.velocity_gather, self.velocity_adjoint_sweep,
                        ls, lambda shot, k=k: (
                 _ptr(lv[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[:2]],
@@ -409,6 +425,16 @@ class FusedLoop:
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
+
+    def _source_gradient(self, lv: Tensor, gm: list, it: int) -> None:
+        """Add step ``it``'s point forces' part of the buoyancy gradient (the force is
+        ``dt * b * amp * w / (dy dx)``), from the adjoint velocities ``lv`` after the step."""
+        prop, geom = self.prop, self.prop.geom
+        chan = 0 if prop.source_type == "fy" else 1
+        scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+        vals = geom.src_amp * (geom.wavelet[it] * scale)
+        lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
+        gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
 
     def _record_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> None:
         """Add the traces' adjoints ``g`` ``(B, local receivers)`` where they were recorded."""
