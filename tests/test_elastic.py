@@ -401,6 +401,23 @@ def test_the_one_sweep_adjoint_step_equals_the_two_passes_bit_for_bit(dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("segments", [1, 3])
+def test_a_segment_stored_by_its_first_pass_gives_the_recomputed_gradient(segments):
+    """The last time segment keeps its first pass's stores (store_last_segment) instead of
+    recomputing them: the same gradient bit for bit (one segment: no recomputation at all)."""
+    prop, model, observed = taylor_problem()
+    if not prop.fused:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    prop.segments = [(0, prop.nt)] if segments == 1 else prop.segments
+    grads = []
+    for store in (True, False):
+        prop.store_last_segment = store
+        m = model.clone().requires_grad_(True)
+        ((prop.forward(m) - observed) ** 2).sum().backward()
+        grads.append(m.grad)
+    assert float(grads[0].abs().max()) > 0 and torch.equal(grads[0], grads[1])
+
+
 def test_the_discrete_adjoint_passes_the_dot_product_test():
     """<F x, y> = <x, F^T y> for the map F from a segment's starting velocities and stresses to
     its traces and final fields (no sources: linear), F^T the hand-written adjoint, with a free

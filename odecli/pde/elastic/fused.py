@@ -222,13 +222,23 @@ class FusedLoop:
             return vr.new_zeros((b, 0))
         return torch.cat(cols, dim=1)[:, self.prop.rec_order]
 
+    def store_buffers(self, t0: int, t1: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The stores of steps ``t0 .. t1-1`` (for :meth:`run`), in the backward's reused
+        buffers of the longest segment's size (so a segment stored by its first pass costs no
+        memory the backward would not take anyway)."""
+        prop, b = self.prop, like.shape[0]
+        longest = max(e - a for a, e in prop.segments)
+        steps = t1 - t0
+        return (_reused(prop, "store_v", (longest, b, 2, self.ny, self.nx), like)[:steps],
+                _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
+
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
-            stores: tuple[Tensor, Tensor] | None = None):
+            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False):
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
         sums that the adjoint reads (the velocity update's two, the stress update's three);
-        then the new ``v`` and ``s`` are not returned (None)."""
+        then the new ``v`` and ``s`` are not returned (None) unless ``fields``."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
             vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
@@ -272,7 +282,7 @@ class FusedLoop:
             recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
-        if stores is not None:  # the adjoint's recomputation wants the stores alone
+        if stores is not None and not fields:  # the adjoint's recomputation: the stores alone
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
@@ -322,26 +332,26 @@ class FusedLoop:
         return step
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
-                grads) -> tuple:
+                grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:
         """The segment's hand-written adjoint: the steps ``t0 .. t1-1`` recomputed from their
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
         adjoints ``grads`` of the segment's outputs ``(v, s, psi, traces)``.  Returns the
         adjoints of ``(v, s, psi)`` at the start and the gradients of the staggered parameters
         ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface): summed
         over all segments, returned by the first segment's (``t0 == 0``), None by the others
-        (the backward runs the segments last to first)."""
+        (the backward runs the segments last to first).  ``stored``: the segment's stores,
+        written by its first pass (:meth:`store_buffers`): nothing to recompute."""
         prop = self.prop
-        b, steps = v.shape[0], t1 - t0
+        b = v.shape[0]
         ny, nx = self.ny, self.nx
-        longest = max(e - a for a, e in prop.segments)
-        store_v = _reused(prop, "store_v", (longest, b, 2, ny, nx), v)[:steps]
-        store_s = _reused(prop, "store_s", (longest, b, 3, ny, nx), v)[:steps]
+        store_v, store_s = self.store_buffers(t0, t1, v) if stored is None else stored
         with torch.no_grad():
             # the recomputation's memory variables, then the adjoint's (below) in another
             # scratch tensor, which the next segment's backward gets back as gpsi and reuses
             work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
             start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
-            self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
+            if stored is None:
+                self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv, ls = _padded(prop, "lv", pad(gv, v)), _padded(prop, "ls", pad(gs, s))
