@@ -319,8 +319,10 @@ def test_two_kernel_threads_give_one_threads_results(monkeypatch):
 def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeypatch, threads):
     """Without a free surface a step is one sweep over the rows, on several threads a piece
     each and then the rows around the cuts (fused.sweep_phases): the traces and final fields
-    bit for bit one thread's, the gradient to 1e-12; point forces on the rows beside the cuts
-    (rows 13, 20, 26 of 40), where a wrong phase order would read a half-updated row."""
+    bit for bit one thread's; point forces on the rows beside the cuts (rows 13, 20, 26 of
+    40), where a wrong phase order would read a half-updated row.  The adjoint step likewise
+    on two threads (elastic_adjoint_split): the gradient bit for bit; on three the two-pass
+    adjoint, whose point-force terms add in another order: to 1e-12."""
     import odecli.pde.elastic.propagator as elastic_propagator
 
     monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
@@ -348,6 +350,8 @@ def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeyp
     (tr1, f1, g1), (tr2, f2, g2) = results
     assert float(tr1.abs().max()) > 0
     assert torch.equal(tr1, tr2) and torch.equal(f1, f2)
+    if threads == 2:
+        assert torch.equal(g1, g2)
     assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
 
 

@@ -645,3 +645,98 @@ void elastic_adjoint_step_##sfx(long ny, long nx, real *lv, real *ls, real *lp, 
 
 DEFINE_ADJOINT_STEP(double, f64)
 DEFINE_ADJOINT_STEP(float, f32)
+
+/* The adjoint step on two threads (one rank, no free surface), as the forward's sweep_phases:
+ * in field rows, SA(i) = stress adjoint row i (reads adjoint stress row i, writes ws row i),
+ * GL(f) = gather of adjoint velocity row f (reads ws rows f - 2 .. f + 2), VA(f) = velocity
+ * adjoint row f (reads the finished adjoint velocity row f, writes wv row f), GS(f) = gather of
+ * adjoint stress row f (reads wv rows f - 2 .. f + 2; after SA(f) has read the row).  Around
+ * the cut h the first piece runs SA [0, h - 4), GL and VA [0, h - 6), GS [0, h - 8) top down,
+ * the second SA [h + 4, ny), GL and VA [h + 6, ny), GS [h + 8, ny) bottom up, at the same
+ * time: nothing one touches the other reads.  Each keeps ws and wv in its own rings of 8 rows,
+ * which end holding the rows next to the cut; then one thread copies those into rings of 16
+ * and 32 rows and runs SA [h - 4, h + 4), GL and VA [h - 6, h + 6), GS [h - 8, h + 8).  The
+ * gathers into the ghost rows (cleared by the caller on one rank) are skipped.  Every point's
+ * operations are the one-thread step's: the same bits. */
+#define DEFINE_ADJOINT_SPLIT(real, sfx)                                                            \
+static void adjoint_rows_##sfx(long ny, long nx, real *lv, real *ls, real *lp,                    \
+        const real *buy, const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
+        const real *store_v, const real *store_s, real *g_by, real *g_bx, real *g_lam2mu,         \
+        real *g_lam, real *g_muxy, real *ws, long wsm, real *wv, long wvm,                        \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi, const long *r, int up)                                                \
+{                                                                                                  \
+    /* r: SA [r0, r1), GL [r2, r3), VA [r4, r5), GS [r6, r7); up: bottom up */                   \
+    const long WX = nx + 8, wsp = (wsm + 1) * WX, wvp = (wvm + 1) * WX;                            \
+    long lo = r[0], hi = r[1];                                                                     \
+    if (r[2] - 2 < lo) lo = r[2] - 2;                                                              \
+    if (r[4] - 2 < lo) lo = r[4] - 2;                                                              \
+    if (r[6] - 4 < lo) lo = r[6] - 4;                                                              \
+    if (r[3] + 2 > hi) hi = r[3] + 2;                                                              \
+    if (r[5] + 2 > hi) hi = r[5] + 2;                                                              \
+    if (r[7] + 4 > hi) hi = r[7] + 4;                                                              \
+    for (long n = 0; n < hi - lo; n++) {                                                           \
+        const long i = up ? hi - 1 - n : lo + n, f = up ? i + 2 : i - 2, g = up ? i + 4 : i - 4; \
+        if (i >= r[0] && i < r[1])                                                                 \
+            stress_adjoint_rows_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, NULL, store_s,  \
+                                      g_lam2mu, g_lam, g_muxy, NULL, ws, wsp, wsm, ayi, byi, ayh,  \
+                                      byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);            \
+        if (f >= r[2] && f < r[3])                                                                 \
+            stress_gather_rows_##sfx(ny, nx, f + 2, f + 3, lv, ws, wsp, wsm);                      \
+        if (f >= r[4] && f < r[5])                                                                 \
+            velocity_adjoint_rows_##sfx(ny, nx, f, f + 1, lv, lp, buy, bux, store_v, g_by, g_bx,   \
+                                        wv, wvp, wvm, ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt,  \
+                                        idy, idx, jlo, jhi);                                       \
+        if (g >= r[6] && g < r[7])                                                                 \
+            velocity_gather_rows_##sfx(ny, nx, g + 2, g + 3, ls, wv, wvp, wvm);                    \
+    }                                                                                              \
+}                                                                                                  \
+static void copy_ring_rows_##sfx(real *dst, long dm, const real *src, long sm, long nx, long k0,  \
+                                 long k1)                                                          \
+{                                                                                                  \
+    const long WX = nx + 8;                                                                        \
+    for (long p = 0; p < 4; p++)                                                                   \
+        for (long k = k0; k < k1; k++) {                                                           \
+            real *d = dst + p * (dm + 1) * WX + (k & dm) * WX;                                     \
+            const real *s = src + p * (sm + 1) * WX + (k & sm) * WX;                               \
+            for (long c = 0; c < WX; c++) d[c] = s[c];                                             \
+        }                                                                                          \
+}                                                                                                  \
+/* part 0: the first piece, 1: the second, 2: the cut (after both); w: the rings, (4, 8, nx + 8) \
+ * ws and wv of the first piece, then of the second, then ws (4, 16, nx + 8) and wv (4, 32,     \
+ * nx + 8) of the cut */                                                                          \
+void elastic_adjoint_split_##sfx(long ny, long nx, long h, int part, real *lv, real *ls,          \
+        real *lp, const real *buy, const real *bux, const real *lam2mu, const real *lam,          \
+        const real *muxy, const real *store_v, const real *store_s, real *g_by, real *g_bx,       \
+        real *g_lam2mu, real *g_lam, real *g_muxy, real *w,                                        \
+        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
+        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
+        long jlo, long jhi)                                                                        \
+{                                                                                                  \
+    const long ring = 4 * 8 * (nx + 8);                                                            \
+    real *ws0 = w, *wv0 = w + ring, *ws1 = w + 2 * ring, *wv1 = w + 3 * ring;                      \
+    real *wsc = w + 4 * ring, *wvc = wsc + 2 * ring;                                               \
+    if (part < 2) {                                                                                \
+        real *ws = part ? ws1 : ws0, *wv = part ? wv1 : wv0;                                       \
+        for (long c = 0; c < ring; c++) { ws[c] = 0; wv[c] = 0; }                                  \
+        const long r0[8] = {0, h - 4, 0, h - 6, 0, h - 6, 0, h - 8};                               \
+        const long r1[8] = {h + 4, ny, h + 6, ny, h + 6, ny, h + 8, ny};                           \
+        adjoint_rows_##sfx(ny, nx, lv, ls, lp, buy, bux, lam2mu, lam, muxy, store_v, store_s,      \
+                           g_by, g_bx, g_lam2mu, g_lam, g_muxy, ws, 7, wv, 7, ayi, byi, ayh, byh,  \
+                           axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi, part ? r1 : r0, part);      \
+        return;                                                                                    \
+    }                                                                                              \
+    /* ring-4 row coordinates: field row + 4 */                                                   \
+    copy_ring_rows_##sfx(wsc, 15, ws0, 7, nx, h - 8 + 4, h - 4 + 4);                               \
+    copy_ring_rows_##sfx(wsc, 15, ws1, 7, nx, h + 4 + 4, h + 8 + 4);                               \
+    copy_ring_rows_##sfx(wvc, 31, wv0, 7, nx, h - 10 + 4, h - 6 + 4);                              \
+    copy_ring_rows_##sfx(wvc, 31, wv1, 7, nx, h + 6 + 4, h + 10 + 4);                              \
+    const long rc[8] = {h - 4, h + 4, h - 6, h + 6, h - 6, h + 6, h - 8, h + 8};                   \
+    adjoint_rows_##sfx(ny, nx, lv, ls, lp, buy, bux, lam2mu, lam, muxy, store_v, store_s, g_by,    \
+                       g_bx, g_lam2mu, g_lam, g_muxy, wsc, 15, wvc, 31, ayi, byi, ayh, byh, axi,   \
+                       bxi, axh, bxh, dt, idy, idx, jlo, jhi, rc, 0);                              \
+}
+
+DEFINE_ADJOINT_SPLIT(double, f64)
+DEFINE_ADJOINT_SPLIT(float, f32)

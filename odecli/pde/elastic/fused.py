@@ -5,7 +5,8 @@ a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five deri
 per step, then runs the adjoint steps back to the segment's start (each half step in two
 vectorised passes: the weighted derivative adjoints per point, then their gathers; on one rank
 and thread without a free surface both halves in one sweep over the rows whose scratch stays
-in cache, ``elastic_adjoint_step``).  The adjoint's
+in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
+``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank without a free surface a step is one sweep over the rows
 (``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
@@ -116,6 +117,7 @@ def _mirror_top_(fp: Tensor, image) -> None:
         fp[:, c, 1] = fp[:, c, b] * sign
 
 
+MIN_SPLIT_ROWS = 16  # rows each of the adjoint's two pieces needs (elastic_adjoint_split)
 MIN_SWEEP_ROWS = 8  # rows a thread's piece needs for sweep_phases (its own rows, then the cuts')
 
 
@@ -161,6 +163,7 @@ class FusedLoop:
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
         self.adjoint_step = getattr(lib, f"elastic_adjoint_step_{name}")
+        self.adjoint_split = getattr(lib, f"elastic_adjoint_split_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
@@ -397,20 +400,31 @@ class FusedLoop:
 
         one_sweep = (len(self.pieces) == 1 and prop.comm.size == 1
                      and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
-        if one_sweep:
-            ws = _reused(prop, "ws", (2, 4, 8, nx + 2 * WRING), v)  # rings of rows, zeroed in C
+        # two threads: elastic_adjoint_split (a piece each, then the rows around the cut)
+        split = (len(self.pieces) == 2 and prop.comm.size == 1 and not prop.free_surface_here
+                 and min(e - a for a, e in self.pieces) >= MIN_SPLIT_ROWS)
+        if one_sweep or split:
+            ws = _reused(prop, "ws", (10 if split else 2, 4, 8, nx + 2 * WRING), v)  # rings
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
+            cut = ctypes.c_long(self.pieces[0][1])
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
-            if one_sweep:  # both halves in one sweep over the rows (elastic_adjoint_step)
+            if one_sweep or split:  # both halves in one sweep over the rows
                 for shot in range(b):
-                    self.adjoint_step(ctypes.c_long(ny), ctypes.c_long(nx), _ptr(lv[shot]),
-                                      _ptr(ls[shot]), _ptr(lp[shot]), *mats,
-                                      _ptr(store_v[k, shot]), _ptr(store_s[k, shot]),
-                                      *grads_at, _ptr(ws[0]), _ptr(ws[1]), *pml, *sc, *jlo_jhi)
+                    args = (_ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]), *mats,
+                            _ptr(store_v[k, shot]), _ptr(store_s[k, shot]), *grads_at)
+                    tail = (*pml, *sc, *jlo_jhi)
+                    dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+                    if one_sweep:
+                        self.adjoint_step(*dims, *args, _ptr(ws[0]), _ptr(ws[1]), *tail)
+                        continue
+                    part = lambda n, a=args, t=tail: self.adjoint_split(
+                        *dims, cut, ctypes.c_int(n), *a, _ptr(ws), *t)
+                    run_on_pool([lambda: part(0), lambda: part(1)])
+                    part(2)
                 self._exchange_adjoint(lv, VELOCITY_IMAGE)
                 self._exchange_adjoint(ls, STRESS_IMAGE)
                 if force and geom.has_sources:
