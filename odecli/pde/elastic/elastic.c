@@ -727,6 +727,9 @@ void elastic_adjoint_split_##sfx(long ny, long nx, long h, int part, real *lv, r
                            axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi, part ? r1 : r0, part);      \
         return;                                                                                    \
     }                                                                                              \
+    /* zeroed first: the kernels write a row's inner columns only, the gathers read its ring  \
+     * (the rows copied in bring their zero ring along) */                                        \
+    for (long c = 0; c < 6 * ring; c++) wsc[c] = 0;                                                \
     /* ring-4 row coordinates: field row + 4 */                                                   \
     copy_ring_rows_##sfx(wsc, 15, ws0, 7, nx, h - 8 + 4, h - 4 + 4);                               \
     copy_ring_rows_##sfx(wsc, 15, ws1, 7, nx, h + 4 + 4, h + 8 + 4);                               \

@@ -404,7 +404,11 @@ class FusedLoop:
         split = (len(self.pieces) == 2 and prop.comm.size == 1 and not prop.free_surface_here
                  and min(e - a for a, e in self.pieces) >= MIN_SPLIT_ROWS)
         if one_sweep or split:
-            ws = _reused(prop, "ws", (10 if split else 2, 4, 8, nx + 2 * WRING), v)  # rings
+            # rings of w's rows, zeroed by the kernels; NaN here (a few MB a segment) so that a
+            # kernel reading a part it did not zero shows in the tests (a fresh allocation,
+            # mostly zeros, hid one such bug in elastic_adjoint_split)
+            ws = _reused(prop, "ws", (10 if split else 2, 4, 8, nx + 2 * WRING), v)
+            ws.fill_(float("nan"))
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
