@@ -180,6 +180,18 @@ def rank_worker(mode: str, n: int, steps: int, dtype_name: str) -> dict | None:
     out = {"wall": comm.allreduce_scalar(wall, op="max"),
            "cpu": comm.allreduce_scalar(cpu, op="sum"),
            "exchange": comm.allreduce_scalar(timer.comm_s, op="max")}
+    # one exchange alone: the stresses' 2-cell ring (the larger of a step's two), each started
+    # after a barrier so that a rank waiting for a slower one does not count
+    from odecli.parallel.ops import fill_ring_
+
+    ring = torch.zeros((1, 3, coef.shape[1] + 4, coef.shape[2] + 4), dtype=dtype)
+    best = float("inf")
+    for _ in range(20):
+        comm.barrier()
+        t0 = time.perf_counter()
+        fill_ring_(ring, prop.decomp, comm, 2)
+        best = min(best, time.perf_counter() - t0)
+    out["one_exchange"] = comm.allreduce_scalar(best, op="max")
     return out if comm.rank == 0 else None
 
 
@@ -195,12 +207,15 @@ def measure_ranks(ranks: int, mode: str, n: int, steps: int, dtype: str) -> dict
 
 def ranks_table(ranks: list[int], n: int, steps: int, dtypes: list[str], modes: list[str]) -> None:
     """R ranks against 1 rank on the same problem: speed-up of wall time, and the exchanges'
-    share of a rank's wall time (whether deeper halos, exchanged every k steps, would pay)."""
+    share of a rank's wall time (waiting for the other ranks included), and the cost of a
+    step's two exchanges alone (fastest of 20 after a barrier) against a rank's CPU time per
+    step: whether deeper halos, exchanged every k steps, would pay."""
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"grid {n}^2 model + {PML}-cell PML per side, {steps} steps, 1 kernel thread per rank, "
           f"load average {load} before")
-    print("dtype    mode      ranks  wall_s   cpu_s  exchange_s  exchange_share  speedup")
+    print("dtype    mode      ranks  wall_s   cpu_s  exchange_s  exchange_share  speedup  "
+          "one_exchange_ms  2_exchanges/step")
     for dtype in dtypes:
         for mode in modes:
             base = None
@@ -209,7 +224,8 @@ def ranks_table(ranks: list[int], n: int, steps: int, dtypes: list[str], modes: 
                 base = base or m
                 print(f"{dtype:8s} {mode:9s} {r:5d} {m['wall']:7.2f} {m['cpu']:7.2f} "
                       f"{m['exchange']:11.3f} {m['exchange'] / m['wall']:15.3f} "
-                      f"{base['wall'] / m['wall']:8.2f}", flush=True)
+                      f"{base['wall'] / m['wall']:8.2f} {1e3 * m['one_exchange']:16.3f} "
+                      f"{2 * m['one_exchange'] * steps / (m['cpu'] / r):17.4f}", flush=True)
 
 
 def measure(engine, mode, n, steps, dtype, threads, receiver_row=-1) -> dict:
