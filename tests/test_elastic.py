@@ -356,10 +356,11 @@ def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeyp
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_one_sweep_adjoint_step_equals_the_two_passes_bit_for_bit(dtype):
-    """elastic_adjoint_step (both halves in one sweep, w in rings of 8 rows) against the two
-    adjoint sweeps on full w planes, on random adjoints, stores and parameters with CPML rows
-    and columns on every side: every output bit for bit, the adjoints' ghost rings included."""
+def test_the_one_sweep_adjoint_steps_equal_the_two_passes_bit_for_bit(dtype):
+    """elastic_adjoint_step (both halves in one sweep, w in rings of 8 rows) and the per-half
+    sweeps (w in a ring) against the two passes per half on full w planes, on random adjoints,
+    stores and parameters with CPML rows and columns on every side: every output bit for bit,
+    the adjoints' ghost rings included."""
     import ctypes
 
     from odecli.pde import native
@@ -382,27 +383,40 @@ def test_the_one_sweep_adjoint_step_equals_the_two_passes_bit_for_bit(dtype):
     scalars = (real(1e-3), real(0.1), real(0.2), ctypes.c_long(4), ctypes.c_long(nx - 4))
     dims = (ctypes.c_long(ny), ctypes.c_long(nx))
 
-    def run(one_sweep: bool):
+    def run(how: str):
         out = [t.clone() for t in (lv, ls, lp)]
         grads = [torch.zeros(ny, nx, dtype=dtype) for _ in range(5)]
         fixed = (*[ptr(t) for t in pml], *scalars)
-        if one_sweep:
-            w = torch.full((2, 4, 8, nx + 8), float("nan"), dtype=dtype)  # zeroed in C
-            getattr(lib, f"elastic_adjoint_step_{sfx}")(
-                *dims, *[ptr(t) for t in out], *[ptr(t) for t in mats], ptr(store_v),
-                ptr(store_s), *[ptr(t) for t in grads], ptr(w[0]), ptr(w[1]), *fixed)
-        else:
+        kernel = lambda name: getattr(lib, f"elastic_{name}_{sfx}")
+        stress = (ptr(out[2]), *[ptr(t) for t in mats[2:]], ptr(None), ptr(store_s),
+                  *[ptr(t) for t in grads[2:]], ptr(None))
+        velocity = (ptr(out[2]), *[ptr(t) for t in mats[:2]], ptr(store_v),
+                    *[ptr(t) for t in grads[:2]])
+        rows, ringed = (ctypes.c_long(0), ctypes.c_long(ny)), (ctypes.c_long(0),
+                                                               ctypes.c_long(ny + 4))
+        if how == "step":  # both halves in one sweep, w in rings of 8 rows (zeroed in C)
+            w = torch.full((2, 4, 8, nx + 8), float("nan"), dtype=dtype)
+            kernel("adjoint_step")(*dims, *[ptr(t) for t in out], *[ptr(t) for t in mats],
+                                   ptr(store_v), ptr(store_s), *[ptr(t) for t in grads],
+                                   ptr(w[0]), ptr(w[1]), *fixed)
+        elif how == "sweeps":  # each half in one sweep, w in a ring of 8 rows
+            w = torch.full((4, 8, nx + 8), float("nan"), dtype=dtype)
+            kernel("stress_adjoint_sweep")(*dims, ptr(out[0]), ptr(out[1]), *stress, ptr(w),
+                                           *fixed)
+            kernel("velocity_adjoint_sweep")(*dims, ptr(out[1]), ptr(out[0]), *velocity, ptr(w),
+                                             *fixed)
+        else:  # the two passes per half on full w planes (the several-thread path)
             w = torch.zeros(4, ny + 8, nx + 8, dtype=dtype)
-            getattr(lib, f"elastic_stress_adjoint_sweep_{sfx}")(
-                *dims, ptr(out[0]), ptr(out[1]), ptr(out[2]), *[ptr(t) for t in mats[2:]],
-                ptr(None), ptr(store_s), *[ptr(t) for t in grads[2:]], ptr(None), ptr(w), *fixed)
-            getattr(lib, f"elastic_velocity_adjoint_sweep_{sfx}")(
-                *dims, ptr(out[1]), ptr(out[0]), ptr(out[2]), *[ptr(t) for t in mats[:2]],
-                ptr(store_v), *[ptr(t) for t in grads[:2]], ptr(w), *fixed)
+            kernel("stress_adjoint")(*dims, *rows, ptr(out[1]), *stress, ptr(w), *fixed)
+            kernel("stress_gather")(*dims, *ringed, ptr(out[0]), ptr(w))
+            kernel("velocity_adjoint")(*dims, *rows, ptr(out[0]), *velocity, ptr(w), *fixed)
+            kernel("velocity_gather")(*dims, *ringed, ptr(out[1]), ptr(w))
         return out + grads
 
-    for a, b in zip(run(True), run(False)):
-        assert torch.equal(a, b)
+    reference = run("passes")
+    for how in ("step", "sweeps"):
+        for a, b in zip(run(how), reference):
+            assert torch.equal(a, b), how
 
 
 @pytest.mark.parametrize("segments", [1, 3])

@@ -556,9 +556,14 @@ DEFINE_SWEEP(float, f32)
 
 /* Both adjoint passes of one shot on one thread, the gathers two rows behind: the ringed row
  * q gathers w of rows q - 4 .. q (ring-4 coordinates), so it runs once row q of the first pass
- * is written, while those rows of w are still in cache (the separate gather re-read w from
- * memory).  Same operations, same order per point: the same bits as the two calls. */
+ * is written.  w is here a ring of 8 rows per plane, (4, 8, nx + 8), zeroed here (rows past the
+ * grid before a gather reads them), so it stays in cache (full planes were written to memory and
+ * read back).  Same operations, same order per point: the same bits as the two calls. */
 #define DEFINE_ADJOINT_SWEEP(real, sfx)                                                            \
+static void zero_ring_##sfx(real *w, long nx)                                                     \
+{                                                                                                  \
+    for (long c = 0; c < 4 * 8 * (nx + 8); c++) w[c] = 0;                                          \
+}                                                                                                  \
 void elastic_stress_adjoint_sweep_##sfx(long ny, long nx, real *lv, real *ls, real *lp,           \
         const real *lam2mu, const real *lam, const real *muxy, const real *surface,               \
         const real *store, real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface, real *w,   \
@@ -566,13 +571,19 @@ void elastic_stress_adjoint_sweep_##sfx(long ny, long nx, real *lv, real *ls, re
         const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
         long jlo, long jhi)                                                                        \
 {                                                                                                  \
+    const long WX = nx + 8, wp = 8 * WX, mask = 7;                                                 \
+    zero_ring_##sfx(w, nx);                                                                        \
     for (long i = 0; i < ny; i++) {                                                                \
-        elastic_stress_adjoint_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, surface, store,  \
-                                     g_lam2mu, g_lam, g_muxy, g_surface, w, ayi, byi, ayh, byh,    \
-                                     axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                  \
-        elastic_stress_gather_##sfx(ny, nx, i, i + 1, lv, w);                                      \
+        stress_adjoint_rows_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, surface, store,    \
+                                  g_lam2mu, g_lam, g_muxy, g_surface, w, wp, mask, ayi, byi, ayh,  \
+                                  byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                \
+        stress_gather_rows_##sfx(ny, nx, i, i + 1, lv, w, wp, mask);                               \
     }                                                                                              \
-    elastic_stress_gather_##sfx(ny, nx, ny, ny + 4, lv, w);                                        \
+    for (long q = ny; q < ny + 4; q++) {                                                           \
+        for (long p = 0; p < 4; p++)                                                               \
+            for (long c = 0; c < WX; c++) WROW(w, p, q + 4)[c] = 0;                                \
+        stress_gather_rows_##sfx(ny, nx, q, q + 1, lv, w, wp, mask);                               \
+    }                                                                                              \
 }                                                                                                  \
 void elastic_velocity_adjoint_sweep_##sfx(long ny, long nx, real *ls, real *lv, real *lp,         \
         const real *buy, const real *bux, const real *store, real *g_by, real *g_bx, real *w,     \
@@ -580,13 +591,19 @@ void elastic_velocity_adjoint_sweep_##sfx(long ny, long nx, real *ls, real *lv, 
         const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
         long jlo, long jhi)                                                                        \
 {                                                                                                  \
+    const long WX = nx + 8, wp = 8 * WX, mask = 7;                                                 \
+    zero_ring_##sfx(w, nx);                                                                        \
     for (long i = 0; i < ny; i++) {                                                                \
-        elastic_velocity_adjoint_##sfx(ny, nx, i, i + 1, lv, lp, buy, bux, store, g_by, g_bx, w,  \
-                                       ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo,  \
-                                       jhi);                                                       \
-        elastic_velocity_gather_##sfx(ny, nx, i, i + 1, ls, w);                                    \
+        velocity_adjoint_rows_##sfx(ny, nx, i, i + 1, lv, lp, buy, bux, store, g_by, g_bx, w, wp,  \
+                                    mask, ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx,    \
+                                    jlo, jhi);                                                     \
+        velocity_gather_rows_##sfx(ny, nx, i, i + 1, ls, w, wp, mask);                             \
     }                                                                                              \
-    elastic_velocity_gather_##sfx(ny, nx, ny, ny + 4, ls, w);                                      \
+    for (long q = ny; q < ny + 4; q++) {                                                           \
+        for (long p = 0; p < 4; p++)                                                               \
+            for (long c = 0; c < WX; c++) WROW(w, p, q + 4)[c] = 0;                                \
+        velocity_gather_rows_##sfx(ny, nx, q, q + 1, ls, w, wp, mask);                             \
+    }                                                                                              \
 }
 
 DEFINE_ADJOINT_SWEEP(double, f64)

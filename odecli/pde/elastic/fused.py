@@ -3,7 +3,8 @@ bit, without a graph, and their hand-written adjoint.  The propagator runs the s
 forward without gradient and for each time segment's first pass of a forward with gradient;
 a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
 per step, then runs the adjoint steps back to the segment's start (each half step in two
-vectorised passes: the weighted derivative adjoints per point, then their gathers; on one rank
+vectorised passes: the weighted derivative adjoints per point, then their gathers, on one thread
+in one sweep with their scratch in a ring of 8 rows; on one rank
 and thread without a free surface both halves in one sweep over the rows whose scratch stays
 in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
 ``elastic_adjoint_split``).  The adjoint's
@@ -378,6 +379,8 @@ class FusedLoop:
         sc = self.scalars[:3]
 
         w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
+        ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
+        ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
         jlo_jhi = self.scalars[3:]
 
         def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
@@ -387,8 +390,9 @@ class FusedLoop:
             dims = (ctypes.c_long(ny), ctypes.c_long(nx))
             for shot in range(b):
                 args = (*per_shot(shot), _ptr(w), *pml, *sc, *jlo_jhi)
-                if len(self.pieces) == 1:  # one thread: both passes in one sweep
-                    both(*dims, _ptr(out[shot]), *args)
+                if len(self.pieces) == 1:  # one thread: both passes in one sweep, w in a ring
+                    both(*dims, _ptr(out[shot]), *per_shot(shot), _ptr(ring), *pml, *sc,
+                         *jlo_jhi)
                     continue
                 run_on_pool([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
                                                         ctypes.c_long(r[1]), *a)
