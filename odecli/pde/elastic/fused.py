@@ -429,10 +429,10 @@ class FusedLoop:
                     if one_sweep:
                         self.adjoint_step(*dims, *args, _ptr(ws[0]), _ptr(ws[1]), *tail)
                         continue
-                    part = lambda n, a=args, t=tail: self.adjoint_split(
-                        *dims, cut, ctypes.c_int(n), *a, _ptr(ws), *t)
-                    run_on_pool([lambda: part(0), lambda: part(1)])
-                    part(2)
+                    calls = [lambda n=n, a=args, t=tail, d=dims: self.adjoint_split(
+                        *d, cut, ctypes.c_int(n), *a, _ptr(ws), *t) for n in range(3)]
+                    run_on_pool(calls[:2])  # the two pieces at once, then the cut
+                    calls[2]()
                 self._exchange_adjoint(lv, VELOCITY_IMAGE)
                 self._exchange_adjoint(ls, STRESS_IMAGE)
                 if force and geom.has_sources:
