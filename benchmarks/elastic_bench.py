@@ -2,12 +2,14 @@
 
     python benchmarks/elastic_bench.py                      # 1000^2 model, 100 steps
     python benchmarks/elastic_bench.py --n 500 --steps 60 --threads 1 2 --dtypes float64 float32
+    python benchmarks/elastic_bench.py --ranks 1 2 --n 2000 --steps 50   # odecli on MPI ranks
 
 Both propagate the same model (vp 2000-2600 m/s increasing with depth, vs = vp/1.8 with a
 slower lens, rho 1800-2200) on the same cells: Deepwave pads the n x n model with its 20-cell
 PML on every side, odecli is given the padded (n + 40)^2 grid with a 20-cell CPML inside it;
 4th order in space, the same dt and steps, one vertical-force shot in the middle, 100 vy
-receivers on a line.  Each measurement runs in a fresh subprocess (worker mode) with
+receivers on a line.  Each measurement runs in a fresh subprocess (worker mode; with
+``--repeat N`` the engines alternate N times and each row shows each one's fastest) with
 ``torch.set_num_threads(threads)`` and odecli's ``threads`` kernel threads, times one call
 after a small warm-up (the C build is cached), and reports its peak resident memory above the
 process's memory before the call (``ru_maxrss``, the model and the imports excluded).
@@ -130,6 +132,102 @@ def worker(engine: str, mode: str, n: int, steps: int, dtype_name: str, threads:
     return out
 
 
+def rank_worker(mode: str, n: int, steps: int, dtype_name: str) -> dict | None:
+    """One rank of ``mpiexec -n R``: the benchmark's odecli problem on this rank's block (one
+    kernel thread), timed after a warm-up; rank 0 returns the ranks' slowest wall time, summed
+    process CPU time and the halo exchanges' wall time (largest over the ranks)."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from elastic_setup import build, elastic_setup
+
+    from odecli.parallel.comm import get_comm
+    from odecli.parallel.ops import local_block
+    from odecli.pde.sources import ricker
+
+    comm = get_comm()
+    dtype = getattr(torch, dtype_name)
+    vp, vs, rho = model(n, dtype)
+    pad = lambda t: torch.nn.functional.pad(t[None, None], (PML,) * 4, mode="replicate")[0, 0]
+    ny = nx = n + 2 * PML
+    recs = [(PML + 10, PML + int(k * (n - 1) / 99)) for k in range(100)]
+
+    def problem(nt):
+        setup = elastic_setup(comm, (ny, nx), (H, H), DT, nt, [[(PML + n // 2, PML + n // 2, 1.0)]],
+                              recs, ricker(F, nt, DT), width=PML, segments=round(nt**0.5),
+                              dtype=dtype, pml_speed=2600.0)
+        coef = local_block(torch.stack([pad(vp), pad(vs), pad(rho)]), setup.decomp).contiguous()
+        return build(setup), coef, setup.timer
+
+    def run(prop, coef):
+        if mode == "gradient":
+            c = coef.clone().requires_grad_(True)
+            traces = prop.forward(c)
+            (traces * traces).sum().backward()
+        else:
+            with torch.no_grad():
+                prop.forward(coef)
+
+    run(*problem(3)[:2])  # warm-up: the C build, the pool, MPI's first messages
+    prop, coef, timer = problem(steps)
+    timer.reset()
+    comm.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    run(prop, coef)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    comm.barrier()
+    out = {"wall": comm.allreduce_scalar(wall, op="max"),
+           "cpu": comm.allreduce_scalar(cpu, op="sum"),
+           "exchange": comm.allreduce_scalar(timer.comm_s, op="max")}
+    # one exchange alone: the stresses' 2-cell ring (the larger of a step's two), each started
+    # after a barrier so that a rank waiting for a slower one does not count
+    from odecli.parallel.ops import fill_ring_
+
+    ring = torch.zeros((1, 3, coef.shape[1] + 4, coef.shape[2] + 4), dtype=dtype)
+    best = float("inf")
+    for _ in range(20):
+        comm.barrier()
+        t0 = time.perf_counter()
+        fill_ring_(ring, prop.decomp, comm, 2)
+        best = min(best, time.perf_counter() - t0)
+    out["one_exchange"] = comm.allreduce_scalar(best, op="max")
+    return out if comm.rank == 0 else None
+
+
+def measure_ranks(ranks: int, mode: str, n: int, steps: int, dtype: str) -> dict:
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    cmd = [str(mpiexec) if mpiexec.exists() else "mpiexec", "-n", str(ranks), sys.executable,
+           __file__, "--rank-worker", mode, str(n), str(steps), dtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ranks_table(ranks: list[int], n: int, steps: int, dtypes: list[str], modes: list[str]) -> None:
+    """R ranks against 1 rank on the same problem: speed-up of wall time, and the exchanges'
+    share of a rank's wall time (waiting for the other ranks included), and the cost of a
+    step's two exchanges alone (fastest of 20 after a barrier) against a rank's CPU time per
+    step: whether deeper halos, exchanged every k steps, would pay."""
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    print(f"grid {n}^2 model + {PML}-cell PML per side, {steps} steps, 1 kernel thread per rank, "
+          f"load average {load} before")
+    print("dtype    mode      ranks  wall_s   cpu_s  exchange_s  exchange_share  speedup  "
+          "one_exchange_ms  2_exchanges/step")
+    for dtype in dtypes:
+        for mode in modes:
+            base = None
+            for r in ranks:
+                m = measure_ranks(r, mode, n, steps, dtype)
+                base = base or m
+                print(f"{dtype:8s} {mode:9s} {r:5d} {m['wall']:7.2f} {m['cpu']:7.2f} "
+                      f"{m['exchange']:11.3f} {m['exchange'] / m['wall']:15.3f} "
+                      f"{base['wall'] / m['wall']:8.2f} {1e3 * m['one_exchange']:16.3f} "
+                      f"{2 * m['one_exchange'] * steps / (m['cpu'] / r):17.4f}", flush=True)
+
+
 def measure(engine, mode, n, steps, dtype, threads, receiver_row=-1) -> dict:
     cmd = [sys.executable, __file__, "--worker", engine, mode, str(n), str(steps), dtype,
            str(threads), str(receiver_row)]
@@ -148,8 +246,22 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["forward", "gradient"])
     ap.add_argument("--compare", type=int, nargs=2, default=[200, 600], metavar=("N", "STEPS"),
                     help="the traces' agreement on this model size and steps (0 0: skip)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="alternating runs of each engine per row; the fastest of each is shown")
+    ap.add_argument("--ranks", type=int, nargs="+", metavar="R",
+                    help="instead: odecli alone on R MPI ranks each (mpiexec), against the first")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    ap.add_argument("--rank-worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rank_worker:
+        mode, n, steps, dtype = args.rank_worker
+        out = rank_worker(mode, int(n), int(steps), dtype)
+        if out is not None:
+            print(json.dumps(out))
+        return
+    if args.ranks:
+        ranks_table(args.ranks, args.n, args.steps, args.dtypes, args.modes)
+        return
     if args.worker:
         e, m, n, s, d, t, row = args.worker
         print(json.dumps(worker(e, m, int(n), int(s), d, int(t),
@@ -163,8 +275,11 @@ def main() -> None:
     for dtype in args.dtypes:
         for threads in args.threads:
             for mode in args.modes:
-                a = measure("odecli", mode, args.n, args.steps, dtype, threads)
-                b = measure("deepwave", mode, args.n, args.steps, dtype, threads)
+                runs = [(measure("odecli", mode, args.n, args.steps, dtype, threads),
+                         measure("deepwave", mode, args.n, args.steps, dtype, threads))
+                        for _ in range(args.repeat)]
+                # the fastest of the alternating runs of each (others' load only slows them)
+                a, b = ({k: min(r[e][k] for r in runs) for k in runs[0][e]} for e in (0, 1))
                 print(f"{dtype:8s} {threads:7d} {mode:9s} {a['wall']:9.3f} {b['wall']:11.3f} "
                       f"{a['wall'] / b['wall']:11.2f} {a['cpu'] / b['cpu']:10.2f} "
                       f"{a['peak_mb']:10.0f} {b['peak_mb']:12.0f} "

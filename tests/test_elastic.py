@@ -315,6 +315,127 @@ def test_two_kernel_threads_give_one_threads_results(monkeypatch):
     assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeypatch, threads):
+    """Without a free surface a step is one sweep over the rows, on several threads a piece
+    each and then the rows around the cuts (fused.sweep_phases): the traces and final fields
+    bit for bit one thread's; point forces on the rows beside the cuts (rows 13, 20, 26 of
+    40), where a wrong phase order would read a half-updated row.  The adjoint step likewise
+    on two threads (elastic_adjoint_split): the gradient bit for bit; on three the two-pass
+    adjoint, whose point-force terms add in another order: to 1e-12."""
+    import odecli.pde.elastic.propagator as elastic_propagator
+
+    monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    ny, nx, nt = 40, 30, 50
+    y, x = torch.meshgrid(torch.arange(float(ny), dtype=torch.float64),
+                          torch.arange(float(nx), dtype=torch.float64), indexing="ij")
+    model = torch.stack([2200 + 10 * y, 1100 + 5 * y + 3 * x, 1900 + 4 * x])
+    shots = [[(19, 10, 1.0), (21, 20, -0.5)], [(12, 15, 1.0), (26, 8, 0.7)],
+             [(13, 5, 1.0), (20, 25, 0.3)]]
+    recs = [(14, 4), (19, 17), (21, 29), (25, 8), (2, 27)]
+    setup = elastic_setup(get_comm(), (ny, nx), (10.0, 10.0), 0.001, nt, shots, recs,
+                          ricker(25.0, nt, 0.001), source_type="fy",
+                          components=["vy", "vx", "pressure", "vy", "vx"], width=6, segments=3)
+    prop = build(setup)
+    if not prop.fused:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    results = []
+    for n in (1, threads):
+        prop.threads = n
+        with torch.no_grad():
+            fields = prop.forward(model, return_field=True)
+        m = model.clone().requires_grad_(True)
+        (prop.forward(m) ** 2).sum().backward()
+        results.append((*fields, m.grad))
+    (tr1, f1, g1), (tr2, f2, g2) = results
+    assert float(tr1.abs().max()) > 0
+    assert torch.equal(tr1, tr2) and torch.equal(f1, f2)
+    if threads == 2:
+        assert torch.equal(g1, g2)
+    assert float((g1 - g2).abs().max()) <= 1e-12 * float(g1.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_one_sweep_adjoint_steps_equal_the_two_passes_bit_for_bit(dtype):
+    """elastic_adjoint_step (both halves in one sweep, w in rings of 8 rows) and the per-half
+    sweeps (w in a ring) against the two passes per half on full w planes, on random adjoints,
+    stores and parameters with CPML rows and columns on every side: every output bit for bit,
+    the adjoints' ghost rings included."""
+    import ctypes
+
+    from odecli.pde import native
+
+    lib, _ = native.load("elastic")
+    if lib is None:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    sfx, real = ("f64", ctypes.c_double) if dtype == torch.float64 else ("f32", ctypes.c_float)
+    ny, nx = 21, 17
+    gen = torch.Generator().manual_seed(5)
+    rand = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64).to(dtype)
+    lv, ls, lp = rand(2, ny + 4, nx + 4), rand(3, ny + 4, nx + 4), rand(8, ny, nx)
+    mats, store_v, store_s = [rand(ny, nx) for _ in range(5)], rand(2, ny, nx), rand(3, ny, nx)
+    pml = []
+    for n in (ny, ny, nx, nx):  # a and b at integer and half nodes, y then x
+        a, b = torch.zeros(n, dtype=dtype), torch.ones(n, dtype=dtype)
+        a[:3], a[-4:], b[:3], b[-4:] = rand(3) - 1, rand(4) - 1, rand(3), rand(4)
+        pml += [a, b]
+    ptr = lambda t: ctypes.c_void_p(None if t is None else t.data_ptr())
+    scalars = (real(1e-3), real(0.1), real(0.2), ctypes.c_long(4), ctypes.c_long(nx - 4))
+    dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+
+    def run(how: str):
+        out = [t.clone() for t in (lv, ls, lp)]
+        grads = [torch.zeros(ny, nx, dtype=dtype) for _ in range(5)]
+        fixed = (*[ptr(t) for t in pml], *scalars)
+        kernel = lambda name: getattr(lib, f"elastic_{name}_{sfx}")
+        stress = (ptr(out[2]), *[ptr(t) for t in mats[2:]], ptr(None), ptr(store_s),
+                  *[ptr(t) for t in grads[2:]], ptr(None))
+        velocity = (ptr(out[2]), *[ptr(t) for t in mats[:2]], ptr(store_v),
+                    *[ptr(t) for t in grads[:2]])
+        rows, ringed = (ctypes.c_long(0), ctypes.c_long(ny)), (ctypes.c_long(0),
+                                                               ctypes.c_long(ny + 4))
+        if how == "step":  # both halves in one sweep, w in rings of 8 rows (zeroed in C)
+            w = torch.full((2, 4, 8, nx + 8), float("nan"), dtype=dtype)
+            kernel("adjoint_step")(*dims, *[ptr(t) for t in out], *[ptr(t) for t in mats],
+                                   ptr(store_v), ptr(store_s), *[ptr(t) for t in grads],
+                                   ptr(w[0]), ptr(w[1]), *fixed)
+        elif how == "sweeps":  # each half in one sweep, w in a ring of 8 rows
+            w = torch.full((4, 8, nx + 8), float("nan"), dtype=dtype)
+            kernel("stress_adjoint_sweep")(*dims, ptr(out[0]), ptr(out[1]), *stress, ptr(w),
+                                           *fixed)
+            kernel("velocity_adjoint_sweep")(*dims, ptr(out[1]), ptr(out[0]), *velocity, ptr(w),
+                                             *fixed)
+        else:  # the two passes per half on full w planes (the several-thread path)
+            w = torch.zeros(4, ny + 8, nx + 8, dtype=dtype)
+            kernel("stress_adjoint")(*dims, *rows, ptr(out[1]), *stress, ptr(w), *fixed)
+            kernel("stress_gather")(*dims, *ringed, ptr(out[0]), ptr(w))
+            kernel("velocity_adjoint")(*dims, *rows, ptr(out[0]), *velocity, ptr(w), *fixed)
+            kernel("velocity_gather")(*dims, *ringed, ptr(out[1]), ptr(w))
+        return out + grads
+
+    reference = run("passes")
+    for how in ("step", "sweeps"):
+        for a, b in zip(run(how), reference):
+            assert torch.equal(a, b), how
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_a_segment_stored_by_its_first_pass_gives_the_recomputed_gradient(segments):
+    """The last time segment keeps its first pass's stores (store_last_segment) instead of
+    recomputing them: the same gradient bit for bit (one segment: no recomputation at all)."""
+    prop, model, observed = taylor_problem()
+    if not prop.fused:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    prop.segments = [(0, prop.nt)] if segments == 1 else prop.segments
+    grads = []
+    for store in (True, False):
+        prop.store_last_segment = store
+        m = model.clone().requires_grad_(True)
+        ((prop.forward(m) - observed) ** 2).sum().backward()
+        grads.append(m.grad)
+    assert float(grads[0].abs().max()) > 0 and torch.equal(grads[0], grads[1])
+
+
 def test_the_discrete_adjoint_passes_the_dot_product_test():
     """<F x, y> = <x, F^T y> for the map F from a segment's starting velocities and stresses to
     its traces and final fields (no sources: linear), F^T the hand-written adjoint, with a free

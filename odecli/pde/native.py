@@ -1,10 +1,12 @@
 """Load an equation's C kernels: ``<name>.c`` in the equation's package (``odecli/pde/<name>/``),
-built and cached by source hash by :mod:`odecli.native`."""
+with the ``.c`` files it ``#include``s beside it, built and cached by source hash by
+:mod:`odecli.native`."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import re
 from pathlib import Path
 
 from odecli import native
@@ -25,7 +27,17 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str]:
     """
     if not native.enabled():  # checked before reading the file: the switch must always work
         return None, "turned off by ODECLI_NATIVE=0"
-    return native.load_source(name, source_path(name).read_bytes())
+    return native.load_source(name, source_text(source_path(name)))
+
+
+def source_text(path: Path) -> bytes:
+    """The C file with each of its ``#include "file.c"`` lines replaced by that file (beside
+    it, recursively): one text to build and hash, while a long kernel file can be split."""
+    out = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        local = re.match(rb'#include "([\w.]+\.c)"', line)
+        out.append(source_text(path.parent / local.group(1).decode()) if local else line)
+    return b"".join(out)
 
 
 DTYPES = ("float64", "float32")  # the kernels' real types

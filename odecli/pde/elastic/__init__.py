@@ -6,8 +6,8 @@
 - ``reference``: one time step in plain PyTorch (autograd differentiates it; CUDA's path and
   the tests' oracle).
 - ``pml``: the convolutional PML's coefficients.
-- ``fused`` + ``elastic.c``: the steps on C kernels (bit for bit the reference's) and their
-  hand-written adjoint.
+- ``fused`` + ``elastic.c`` (+ ``elastic_adjoint.c``, which it includes): the steps on C
+  kernels (bit for bit the reference's) and their hand-written adjoint.
 - ``propagator``: :class:`~odecli.pde.elastic.propagator.ElasticPropagator`, the time loop over
   ranks with recomputed time segments.
 """

@@ -10,7 +10,7 @@
  * reference bit for bit.  Where a CPML coefficient a is 0 (outside the layers) the memory
  * variable stays 0 and d + 0 == d, so its update is skipped there without changing a bit.
  *
- * One pass over the grid per half step (or one per step: elastic_sweep, at the end), against
+ * One pass over the grid per half step (or one per step: elastic_sweep_rows, at the end), against
  * about forty full-size temporaries in eager PyTorch.  Every row runs as row functions with one
  * restrict pointer per array, which GCC vectorises (the same loop inline in the kernel, with
  * pointers derived from one restrict base, stayed scalar: -fopt-info-vec showed no vectorised
@@ -266,207 +266,26 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
 
-/* The adjoint steps, in two passes so that both vectorise.  The first (elastic_*_adjoint) runs
- * over rows [r0, r1) of one shot: it reads the adjoints la_* of the fields after the step, adds
- * the parameter gradients g_* (summed into), runs the CPML memory variables' adjoints lp, and
- * writes the four weighted derivative adjoints of each point to w, (4, ny + 8, nx + 8) with a
- * ring of width 4 that stays 0.  The second (elastic_*_gather) adds each difference's adjoint
- * at every point of the ringed adjoint fields, ringed rows [q0, q1), by reading w at the four
- * points whose differences read it (the transpose of the forward's stencils).  The ring thus
- * collects what belongs to the neighbours (sent by fill_ring_adjoint_) and to the free-surface
- * image (folded back by the caller).  The old scatter form (each point adding into its four
- * neighbours) could not vectorise: 5.2 ms per step of 1.9 for the forward's kernels (640^2,
- * float64); the sums now round in another order, 1e-15 apart.  store: the forward's corrected
- * derivatives of this step (see the forward kernels). */
-#define CPML_ADJOINT(k, a, b, e) do { if ((a) != 0) { __typeof__(lp[0]) pb = lp[(k) * pp + P] + (e);          \
-                                      lp[(k) * pp + P] = (b) * pb; (e) = (e) + (a) * pb; } } while (0)
-/* the transposes of the forward's differences, read at Q of w (row stride S) */
-#define T_PLUS(w, Q, S)  (c1 * ((w)[(Q) - (S)] - (w)[Q]) + c2 * ((w)[(Q) - 2 * (S)] - (w)[(Q) + (S)]))
-#define T_MINUS(w, Q, S) (c1 * ((w)[Q] - (w)[(Q) + (S)]) + c2 * ((w)[(Q) - (S)] - (w)[(Q) + 2 * (S)]))
-
-/* Interior rows of the first pass (no memory variable) and rows of the second, one restrict
- * pointer per array so that GCC vectorises them (as the forward's rows). */
-#define DEFINE_ADJOINT_ROWS(real, sfx)                                                             \
-static __attribute__((noinline)) void stress_adjoint_row_##sfx(long n, const real *restrict lyy, const real *restrict lxx,  \
-        const real *restrict lxy, const real *restrict st0, const real *restrict st1,             \
-        const real *restrict st2, const real *restrict lam2mu, const real *restrict lam,          \
-        const real *restrict muxy, real *restrict g_lam2mu, real *restrict g_lam,                 \
-        real *restrict g_muxy, real *restrict w0, real *restrict w1, real *restrict w2,           \
-        real *restrict w3, real dt, real idy, real idx)                                            \
-{                                                                                                  \
-    for (long j = 0; j < n; j++) {                                                                 \
-        const real Lyy = lyy[j], Lxx = lxx[j], Lxy = lxy[j];                                       \
-        const real e_xy = (dt * muxy[j]) * Lxy;                                                    \
-        const real e_xx = dt * (lam[j] * Lyy + lam2mu[j] * Lxx);                                   \
-        const real e_yy = dt * (lam2mu[j] * Lyy + lam[j] * Lxx);                                   \
-        g_muxy[j] += dt * Lxy * st2[j];                                                            \
-        g_lam[j] += dt * (Lyy * st0[j] + Lxx * st1[j]);                                            \
-        g_lam2mu[j] += dt * (Lyy * st1[j] + Lxx * st0[j]);                                         \
-        w0[j] = e_yy * idy; w1[j] = e_xx * idx; w2[j] = e_xy * idy; w3[j] = e_xy * idx;            \
-    }                                                                                              \
-}                                                                                                  \
-static __attribute__((noinline)) void velocity_adjoint_row_##sfx(long n, const real *restrict lvy,                          \
-        const real *restrict lvx, const real *restrict st0, const real *restrict st1,             \
-        const real *restrict buy, const real *restrict bux, real *restrict g_by,                  \
-        real *restrict g_bx, real *restrict w0, real *restrict w1, real *restrict w2,             \
-        real *restrict w3, real dt, real idy, real idx)                                            \
-{                                                                                                  \
-    for (long j = 0; j < n; j++) {                                                                 \
-        const real Ly = lvy[j], Lx = lvx[j];                                                       \
-        g_by[j] += dt * Ly * st0[j];                                                               \
-        g_bx[j] += dt * Lx * st1[j];                                                               \
-        const real e0 = (dt * buy[j]) * Ly, e2 = (dt * bux[j]) * Lx;                               \
-        w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
-    }                                                                                              \
-}                                                                                                  \
-static __attribute__((noinline)) void stress_gather_row_##sfx(long n, long WX, real *restrict lvy, real *restrict lvx,      \
-        const real *restrict w0, const real *restrict w1, const real *restrict w2,                \
-        const real *restrict w3)                                                                   \
-{                                                                                                  \
-    const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    for (long c = 0; c < n; c++) {                                                                 \
-        lvy[c] = lvy[c] + (T_MINUS(w0, c, WX) + T_PLUS(w3, c, 1));                                 \
-        lvx[c] = lvx[c] + (T_MINUS(w1, c, 1) + T_PLUS(w2, c, WX));                                 \
-    }                                                                                              \
-}                                                                                                  \
-static __attribute__((noinline)) void velocity_gather_row_##sfx(long n, long WX, real *restrict lyy, real *restrict lxx,    \
-        real *restrict lxy, const real *restrict w0, const real *restrict w1,                     \
-        const real *restrict w2, const real *restrict w3)                                          \
-{                                                                                                  \
-    const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    for (long c = 0; c < n; c++) {                                                                 \
-        lyy[c] = lyy[c] + T_PLUS(w0, c, WX);                                                       \
-        lxx[c] = lxx[c] + T_PLUS(w2, c, 1);                                                        \
-        lxy[c] = lxy[c] + (T_MINUS(w1, c, 1) + T_MINUS(w3, c, WX));                                \
-    }                                                                                              \
-}
-
-DEFINE_ADJOINT_ROWS(double, f64)
-DEFINE_ADJOINT_ROWS(float, f32)
-
-#define DEFINE_ADJOINT(real, sfx)                                                                  \
-void elastic_stress_adjoint_##sfx(long ny, long nx, long r0, long r1, real *ls,                   \
-                                  real *lp, const real *lam2mu, const real *lam,                  \
-                                  const real *muxy, const real *surface, const real *store,       \
-                                  real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface,     \
-                                  real *w,                                                        \
-                                  const real *ayi, const real *byi, const real *ayh,              \
-                                  const real *byh, const real *axi, const real *bxi,              \
-                                  const real *axh, const real *bxh, real dt, real idy, real idx,  \
-                                  long jlo, long jhi)                                             \
-{                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8, wp = (ny + 8) * WX; \
-    real *lyy = ls, *lxx = ls + plane, *lxy = ls + 2 * plane;                                      \
-    for (long i = r0; i < r1; i++) {                                                               \
-        const int top = surface != NULL && i == 0;                                                 \
-        const int ypml = ayi[i] != 0 || ayh[i] != 0;                                               \
-        real *w0 = w + (i + 4) * WX + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;      \
-        const long ja = (top || ypml || jhi <= jlo) ? nx : jlo;                                   \
-        const long jb = (top || ypml || jhi <= jlo) ? nx : jhi;                                   \
-        if (jb > ja) {                                                                             \
-            const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
-            stress_adjoint_row_##sfx(jb - ja, lyy + R0, lxx + R0, lxy + R0, store + P0,            \
-                                     store + pp + P0, store + 2 * pp + P0, lam2mu + P0, lam + P0,  \
-                                     muxy + P0, g_lam2mu + P0, g_lam + P0, g_muxy + P0, w0 + ja,   \
-                                     w1 + ja, w2 + ja, w3 + ja, dt, idy, idx);                      \
-        }                                                                                          \
-        for (long j = 0; j < nx; j++) {                                                            \
-            if (j == ja && jb > ja) { j = jb - 1; continue; }                                      \
-            const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
-            const real Lyy = lyy[R], Lxx = lxx[R], Lxy = lxy[R];                                   \
-            const real dvx_dx = store[P], dvy_dy = store[pp + P], shear = store[2 * pp + P];       \
-            real e_xx, e_yy, e_xy = (dt * muxy[P]) * Lxy, e_yx;                                    \
-            g_muxy[P] += dt * Lxy * shear;                                                         \
-            if (top) {                                                                             \
-                e_xx = dt * surface[j] * Lxx; e_yy = 0;                                            \
-                g_surface[j] += dt * Lxx * dvx_dx;                                                 \
-                lyy[R] = 0;                                                                        \
-            } else {                                                                               \
-                e_xx = dt * (lam[P] * Lyy + lam2mu[P] * Lxx);                                      \
-                e_yy = dt * (lam2mu[P] * Lyy + lam[P] * Lxx);                                      \
-                g_lam[P] += dt * (Lyy * dvx_dx + Lxx * dvy_dy);                                    \
-                g_lam2mu[P] += dt * (Lyy * dvy_dy + Lxx * dvx_dx);                                 \
-            }                                                                                      \
-            e_yx = e_xy;                                                                           \
-            CPML_ADJOINT(4, ayi[i], byi[i], e_yy);                                                 \
-            CPML_ADJOINT(5, axi[j], bxi[j], e_xx);                                                 \
-            CPML_ADJOINT(6, ayh[i], byh[i], e_xy);                                                 \
-            CPML_ADJOINT(7, axh[j], bxh[j], e_yx);                                                 \
-            w0[j] = e_yy * idy; w1[j] = e_xx * idx; w2[j] = e_xy * idy; w3[j] = e_yx * idx;        \
-        }                                                                                          \
-    }                                                                                              \
-}                                                                                                  \
-                                                                                                   \
-/* dvy/dy = D-y vy (w0), dvx/dx = D-x vx (w1), dvx/dy = D+y vx (w2), dvy/dx = D+x vy (w3) */      \
-void elastic_stress_gather_##sfx(long ny, long nx, long q0, long q1, real *lv, const real *w)     \
-{                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8, wp = (ny + 8) * WX;                \
-    for (long q = q0; q < q1; q++) {                                                               \
-        const real *w0 = w + (q + 2) * WX + 2;                                                     \
-        stress_gather_row_##sfx(NX, WX, lv + q * NX, lv + plane + q * NX, w0, w0 + wp,             \
-                                w0 + 2 * wp, w0 + 3 * wp);                                         \
-    }                                                                                              \
-}                                                                                                  \
-                                                                                                   \
-void elastic_velocity_adjoint_##sfx(long ny, long nx, long r0, long r1, real *lv,                 \
-                                    real *lp, const real *buy, const real *bux,                   \
-                                    const real *store, real *g_by, real *g_bx, real *w,           \
-                                    const real *ayi, const real *byi, const real *ayh,            \
-                                    const real *byh, const real *axi, const real *bxi,            \
-                                    const real *axh, const real *bxh, real dt, real idy,          \
-                                    real idx, long jlo, long jhi)                                 \
-{                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8, wp = (ny + 8) * WX; \
-    real *lvy = lv, *lvx = lv + plane;                                                             \
-    for (long i = r0; i < r1; i++) {                                                               \
-        const int ypml = ayi[i] != 0 || ayh[i] != 0;                                               \
-        real *w0 = w + (i + 4) * WX + 4, *w1 = w0 + wp, *w2 = w0 + 2 * wp, *w3 = w0 + 3 * wp;      \
-        const long ja = (ypml || jhi <= jlo) ? nx : jlo, jb = (ypml || jhi <= jlo) ? nx : jhi;    \
-        if (jb > ja) {                                                                             \
-            const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
-            velocity_adjoint_row_##sfx(jb - ja, lvy + R0, lvx + R0, store + P0, store + pp + P0,   \
-                                       buy + P0, bux + P0, g_by + P0, g_bx + P0, w0 + ja, w1 + ja, \
-                                       w2 + ja, w3 + ja, dt, idy, idx);                             \
-        }                                                                                          \
-        for (long j = 0; j < nx; j++) {                                                            \
-            if (j == ja && jb > ja) { j = jb - 1; continue; }                                      \
-            const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
-            const real Ly = lvy[R], Lx = lvx[R];                                                   \
-            g_by[P] += dt * Ly * store[P];                                                         \
-            g_bx[P] += dt * Lx * store[pp + P];                                                    \
-            real e0 = (dt * buy[P]) * Ly, e1 = e0, e2 = (dt * bux[P]) * Lx, e3 = e2;               \
-            CPML_ADJOINT(0, ayh[i], byh[i], e0);                                                   \
-            CPML_ADJOINT(1, axi[j], bxi[j], e1);                                                   \
-            CPML_ADJOINT(2, axh[j], bxh[j], e2);                                                   \
-            CPML_ADJOINT(3, ayi[i], byi[i], e3);                                                   \
-            w0[j] = e0 * idy; w1[j] = e1 * idx; w2[j] = e2 * idx; w3[j] = e3 * idy;                \
-        }                                                                                          \
-    }                                                                                              \
-}                                                                                                  \
-                                                                                                   \
-/* dsyy/dy = D+y syy (w0), dsxy/dx = D-x sxy (w1), dsxx/dx = D+x sxx (w2), dsxy/dy = D-y sxy (w3) */ \
-void elastic_velocity_gather_##sfx(long ny, long nx, long q0, long q1, real *ls, const real *w)   \
-{                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX, WX = nx + 8, wp = (ny + 8) * WX;                \
-    for (long q = q0; q < q1; q++) {                                                               \
-        const real *w0 = w + (q + 2) * WX + 2;                                                     \
-        velocity_gather_row_##sfx(NX, WX, ls + q * NX, ls + plane + q * NX,                        \
-                                  ls + 2 * plane + q * NX, w0, w0 + wp, w0 + 2 * wp, w0 + 3 * wp); \
-    }                                                                                              \
-}
-
-DEFINE_ADJOINT(double, f64)
-DEFINE_ADJOINT(float, f32)
-
 /* One whole step of one shot in a single sweep over the rows, for one rank without a free
- * surface on one thread (no halo exchange or image between the half steps): velocity row i,
- * the point forces on that row (src_at: flat indices into v, src_val: the values the caller's
- * index_put_ would add), then stress row i - 2, whose stencil reads velocity rows up to i,
- * while the velocity rows still to come read stress rows from i - 1 on.  The stress rows are
- * read by both half steps while they are in cache: about 15 array passes per step instead of
- * 20.  Every point's operations are the half-step kernels', so the bits are theirs. */
+ * surface (no halo exchange or image between the half steps): velocity row i, the point forces
+ * on that row (src_at: flat indices into v, src_val: the values the caller's index_put_ would
+ * add), then stress row i - 2, whose stencil reads velocity rows up to i, while the velocity
+ * rows still to come read stress rows from i - 1 on.  The stress rows are read by both half
+ * steps while they are in cache: about 15 array passes per step instead of 20.  Every point's
+ * operations are the half-step kernels', so the bits are theirs.
+ *
+ * elastic_sweep_rows runs velocity rows [v0, v1) and stress rows [s0, s1) in that order (a
+ * stress row j once velocity row j + 2 is done, or, past v1, at the end: velocity row i reads
+ * stress rows i - 2 .. i + 2 and stress row j velocity rows j - 2 .. j + 2).  Several threads
+ * share a step with it (sweep_phases in fused.py): each piece [a, b) of the rows first sweeps
+ * velocity rows [a, b - 2) and stress rows [a + 2, b - 4) (the first piece from 0, the last to
+ * ny), which read and write nothing another piece touches in that phase; then, after all
+ * pieces, one thread runs each cut h's velocity rows [h - 2, h) and stress rows
+ * [h - 4, h + 2), whose stencils cross it.  So two threads also get the one-sweep traffic,
+ * bit for bit the one-thread step. */
 #define DEFINE_SWEEP(real, sfx)                                                                    \
-void elastic_sweep_##sfx(long ny, long nx, real *v, real *s, real *psi, const real *buy,          \
+void elastic_sweep_rows_##sfx(long ny, long nx, long v0, long v1, long s0, long s1, real *v,      \
+                         real *s, real *psi, const real *buy,                                     \
                          const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
                          real *vstore, real *sstore,                                              \
                          const real *ayi, const real *byi, const real *ayh, const real *byh,      \
@@ -475,56 +294,25 @@ void elastic_sweep_##sfx(long ny, long nx, real *v, real *s, real *psi, const re
                          const long *src_at, const real *src_val)                                 \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX;                                                 \
-    for (long i = 0; i < ny + 2; i++) {                                                            \
-        if (i < ny) {                                                                              \
-            elastic_velocity_##sfx(ny, nx, i, i + 1, v, s, psi, buy, bux, vstore, ayi, byi, ayh,  \
-                                   byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);               \
-            for (long k = 0; k < nsrc; k++)                                                        \
-                if ((src_at[k] % plane) / NX - 2 == i) v[src_at[k]] = v[src_at[k]] + src_val[k];   \
-        }                                                                                          \
-        if (i >= 2)                                                                                \
+    for (long j = s0; j < s1 && j < v0 - 2; j++)                                                   \
+        elastic_stress_##sfx(ny, nx, j, j + 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL,        \
+                             ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);      \
+    for (long i = v0; i < v1; i++) {                                                               \
+        elastic_velocity_##sfx(ny, nx, i, i + 1, v, s, psi, buy, bux, vstore, ayi, byi, ayh,      \
+                               byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                   \
+        for (long k = 0; k < nsrc; k++)                                                            \
+            if ((src_at[k] % plane) / NX - 2 == i) v[src_at[k]] = v[src_at[k]] + src_val[k];       \
+        if (i - 2 >= s0 && i - 2 < s1)                                                             \
             elastic_stress_##sfx(ny, nx, i - 2, i - 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL, \
                                  ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);  \
     }                                                                                              \
+    for (long j = (v1 > v0 ? v1 : v0) - 2 > s0 ? (v1 > v0 ? v1 : v0) - 2 : s0; j < s1; j++)      \
+        elastic_stress_##sfx(ny, nx, j, j + 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL,        \
+                             ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);      \
 }
 
 DEFINE_SWEEP(double, f64)
 DEFINE_SWEEP(float, f32)
 
-/* Both adjoint passes of one shot on one thread, the gathers two rows behind: the ringed row
- * q gathers w of rows q - 4 .. q (ring-4 coordinates), so it runs once row q of the first pass
- * is written, while those rows of w are still in cache (the separate gather re-read w from
- * memory).  Same operations, same order per point: the same bits as the two calls. */
-#define DEFINE_ADJOINT_SWEEP(real, sfx)                                                            \
-void elastic_stress_adjoint_sweep_##sfx(long ny, long nx, real *lv, real *ls, real *lp,           \
-        const real *lam2mu, const real *lam, const real *muxy, const real *surface,               \
-        const real *store, real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface, real *w,   \
-        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
-        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
-        long jlo, long jhi)                                                                        \
-{                                                                                                  \
-    for (long i = 0; i < ny; i++) {                                                                \
-        elastic_stress_adjoint_##sfx(ny, nx, i, i + 1, ls, lp, lam2mu, lam, muxy, surface, store,  \
-                                     g_lam2mu, g_lam, g_muxy, g_surface, w, ayi, byi, ayh, byh,    \
-                                     axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                  \
-        elastic_stress_gather_##sfx(ny, nx, i, i + 1, lv, w);                                      \
-    }                                                                                              \
-    elastic_stress_gather_##sfx(ny, nx, ny, ny + 4, lv, w);                                        \
-}                                                                                                  \
-void elastic_velocity_adjoint_sweep_##sfx(long ny, long nx, real *ls, real *lv, real *lp,         \
-        const real *buy, const real *bux, const real *store, real *g_by, real *g_bx, real *w,     \
-        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
-        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
-        long jlo, long jhi)                                                                        \
-{                                                                                                  \
-    for (long i = 0; i < ny; i++) {                                                                \
-        elastic_velocity_adjoint_##sfx(ny, nx, i, i + 1, lv, lp, buy, bux, store, g_by, g_bx, w,  \
-                                       ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo,  \
-                                       jhi);                                                       \
-        elastic_velocity_gather_##sfx(ny, nx, i, i + 1, ls, w);                                    \
-    }                                                                                              \
-    elastic_velocity_gather_##sfx(ny, nx, ny, ny + 4, ls, w);                                      \
-}
-
-DEFINE_ADJOINT_SWEEP(double, f64)
-DEFINE_ADJOINT_SWEEP(float, f32)
+/* the hand-written adjoint of these steps */
+#include "elastic_adjoint.c"

@@ -2,12 +2,17 @@
 bit, without a graph, and their hand-written adjoint.  The propagator runs the steps for a
 forward without gradient and for each time segment's first pass of a forward with gradient;
 a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five derivative fields
-per step, then runs the adjoint steps back to the segment's start (each in two vectorised
-passes: the weighted derivative adjoints per point, then their gathers).  The adjoint's
+per step, then runs the adjoint steps back to the segment's start (each half step in two
+vectorised passes: the weighted derivative adjoints per point, then their gathers, on one thread
+in one sweep with their scratch in a ring of 8 rows; on one rank
+and thread without a free surface both halves in one sweep over the rows whose scratch stays
+in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
+``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
-dot-product test.  On one rank and one thread without a free surface a step is one sweep
-over the rows (``elastic_sweep``); otherwise two half-step kernels with the halo exchange and
-the free-surface image between them.  A backward's large scratch tensors (stores, padded
+dot-product test.  On one rank without a free surface a step is one sweep over the rows
+(``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
+cuts: :func:`sweep_phases`); otherwise two half-step kernels with the halo exchange and the
+free-surface image between them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
@@ -113,6 +118,22 @@ def _mirror_top_(fp: Tensor, image) -> None:
         fp[:, c, 1] = fp[:, c, b] * sign
 
 
+MIN_SPLIT_ROWS = 16  # rows each of the adjoint's two pieces needs (elastic_adjoint_split)
+MIN_SWEEP_ROWS = 8  # rows a thread's piece needs for sweep_phases (its own rows, then the cuts')
+
+
+def sweep_phases(ny: int, pieces: list[tuple[int, int]]) -> tuple[list, list]:
+    """``elastic_sweep_rows``'s ``(v0, v1, s0, s1)`` for each row piece (run at once), then for
+    each cut between pieces (run after them), so that no piece reads a row another one writes
+    in the same phase (elastic.c explains it).  One piece: one sweep of every row."""
+    first = []
+    for k, (a, b) in enumerate(pieces):
+        last = k == len(pieces) - 1
+        first.append((a, b if last else b - 2, a if k == 0 else a + 2, b if last else b - 4))
+    cuts = [(h - 2, h, h - 4, h + 2) for _, h in pieces[:-1]]
+    return first, cuts
+
+
 def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ctypes.c_long]:
     """``[jlo, jhi)``: the one run of columns outside the x layers (both coefficients 0),
     where the kernels take their branch-free loop; ``(nx, nx)`` if there is none."""
@@ -138,10 +159,12 @@ class FusedLoop:
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
-        self.sweep = getattr(lib, f"elastic_sweep_{name}")
+        self.sweep = getattr(lib, f"elastic_sweep_rows_{name}")
         self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
+        self.adjoint_step = getattr(lib, f"elastic_adjoint_step_{name}")
+        self.adjoint_split = getattr(lib, f"elastic_adjoint_split_{name}")
         c = lambda t: t.detach().contiguous()
         self.mats = [c(m.by), c(m.bx), c(m.lam2mu), c(m.lam), c(m.mu_xy)]
         self.surface = None if m.surface is None else c(m.surface)
@@ -203,13 +226,23 @@ class FusedLoop:
             return vr.new_zeros((b, 0))
         return torch.cat(cols, dim=1)[:, self.prop.rec_order]
 
+    def store_buffers(self, t0: int, t1: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The stores of steps ``t0 .. t1-1`` (for :meth:`run`), in the backward's reused
+        buffers of the longest segment's size (so a segment stored by its first pass costs no
+        memory the backward would not take anyway)."""
+        prop, b = self.prop, like.shape[0]
+        longest = max(e - a for a, e in prop.segments)
+        steps = t1 - t0
+        return (_reused(prop, "store_v", (longest, b, 2, self.ny, self.nx), like)[:steps],
+                _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
+
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
-            stores: tuple[Tensor, Tensor] | None = None):
+            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False):
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
         sums that the adjoint reads (the velocity update's two, the stress update's three);
-        then the new ``v`` and ``s`` are not returned (None)."""
+        then the new ``v`` and ``s`` are not returned (None) unless ``fields``."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
             vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
@@ -224,7 +257,8 @@ class FusedLoop:
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        if len(self.pieces) == 1 and prop.comm.size == 1 and not prop.free_surface_here:
+        if (prop.comm.size == 1 and not prop.free_surface_here
+                and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS):
             sweep = self._sweep_calls(vr, sr, psi, force, stores)
         else:
             sweep = None
@@ -252,14 +286,15 @@ class FusedLoop:
             recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
-        if stores is not None:  # the adjoint's recomputation wants the stores alone
+        if stores is not None and not fields:  # the adjoint's recomputation: the stores alone
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
     def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
-        """``step(it)``: step ``it`` of every shot by ``elastic_sweep`` (both half steps in one
-        pass over the rows; one rank, no free surface, one thread), the point forces included
-        with the values :meth:`ElasticPropagator._inject` adds."""
+        """``step(it)``: step ``it`` of every shot by ``elastic_sweep_rows`` (both half steps
+        in one pass over the rows; one rank, no free surface), the point forces included with
+        the values :meth:`ElasticPropagator._inject` adds.  On several threads each takes a
+        piece of the rows, then this thread the rows around the cuts (:func:`sweep_phases`)."""
         prop, geom = self.prop, self.prop.geom
         b = vr.shape[0]
         plane = vr.shape[-2] * vr.shape[-1]
@@ -276,6 +311,8 @@ class FusedLoop:
         fixed = [_ptr(t) for t in self.mats]
         pml = [_ptr(t) for t in self.pml]
         dims = (ctypes.c_long(self.ny), ctypes.c_long(self.nx))
+        pieces, cuts = sweep_phases(self.ny, self.pieces)
+        rows = lambda r: [ctypes.c_long(k) for k in r]
 
         def step(it: int) -> None:
             k = None if stores is None else it - self._t0
@@ -290,31 +327,35 @@ class FusedLoop:
                     src = (ctypes.c_long(0), _ptr(None), _ptr(None))
                 st = ((None, None) if stores is None
                       else (stores[0][k, shot], stores[1][k, shot]))
-                self.sweep(*dims, _ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
-                           _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+                args = (_ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
+                        _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
+                run_on_pool([lambda r=r, a=args: self.sweep(*dims, *rows(r), *a)
+                             for r in pieces])
+                for r in cuts:
+                    self.sweep(*dims, *rows(r), *args)
         return step
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
-                grads) -> tuple:
+                grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:
         """The segment's hand-written adjoint: the steps ``t0 .. t1-1`` recomputed from their
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
         adjoints ``grads`` of the segment's outputs ``(v, s, psi, traces)``.  Returns the
         adjoints of ``(v, s, psi)`` at the start and the gradients of the staggered parameters
         ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface): summed
         over all segments, returned by the first segment's (``t0 == 0``), None by the others
-        (the backward runs the segments last to first)."""
+        (the backward runs the segments last to first).  ``stored``: the segment's stores,
+        written by its first pass (:meth:`store_buffers`): nothing to recompute."""
         prop = self.prop
-        b, steps = v.shape[0], t1 - t0
+        b = v.shape[0]
         ny, nx = self.ny, self.nx
-        longest = max(e - a for a, e in prop.segments)
-        store_v = _reused(prop, "store_v", (longest, b, 2, ny, nx), v)[:steps]
-        store_s = _reused(prop, "store_s", (longest, b, 3, ny, nx), v)[:steps]
+        store_v, store_s = self.store_buffers(t0, t1, v) if stored is None else stored
         with torch.no_grad():
             # the recomputation's memory variables, then the adjoint's (below) in another
             # scratch tensor, which the next segment's backward gets back as gpsi and reuses
             work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
             start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
-            self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
+            if stored is None:
+                self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
         gv, gs, gpsi, gtr = grads
         pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
         lv, ls = _padded(prop, "lv", pad(gv, v)), _padded(prop, "ls", pad(gs, s))
@@ -338,6 +379,8 @@ class FusedLoop:
         sc = self.scalars[:3]
 
         w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
+        ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
+        ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
         jlo_jhi = self.scalars[3:]
 
         def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
@@ -347,8 +390,9 @@ class FusedLoop:
             dims = (ctypes.c_long(ny), ctypes.c_long(nx))
             for shot in range(b):
                 args = (*per_shot(shot), _ptr(w), *pml, *sc, *jlo_jhi)
-                if len(self.pieces) == 1:  # one thread: both passes in one sweep
-                    both(*dims, _ptr(out[shot]), *args)
+                if len(self.pieces) == 1:  # one thread: both passes in one sweep, w in a ring
+                    both(*dims, _ptr(out[shot]), *per_shot(shot), _ptr(ring), *pml, *sc,
+                         *jlo_jhi)
                     continue
                 run_on_pool([lambda r=r, a=args: kernel(*dims, ctypes.c_long(r[0]),
                                                         ctypes.c_long(r[1]), *a)
@@ -358,10 +402,42 @@ class FusedLoop:
                                                      ctypes.c_long(r[1]), o, _ptr(w))
                              for r in self.ringed_pieces])
 
+        one_sweep = (len(self.pieces) == 1 and prop.comm.size == 1
+                     and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
+        # two threads: elastic_adjoint_split (a piece each, then the rows around the cut)
+        split = (len(self.pieces) == 2 and prop.comm.size == 1 and not prop.free_surface_here
+                 and min(e - a for a, e in self.pieces) >= MIN_SPLIT_ROWS)
+        if one_sweep or split:
+            # rings of w's rows, zeroed by the kernels; NaN here (a few MB a segment) so that a
+            # kernel reading a part it did not zero shows in the tests (a fresh allocation,
+            # mostly zeros, hid one such bug in elastic_adjoint_split)
+            ws = _reused(prop, "ws", (10 if split else 2, 4, 8, nx + 2 * WRING), v)
+            ws.fill_(float("nan"))
+            mats = [_ptr(t) for t in self.mats]
+            grads_at = [_ptr(t) for t in gm]
+            cut = ctypes.c_long(self.pieces[0][1])
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
+            if one_sweep or split:  # both halves in one sweep over the rows
+                for shot in range(b):
+                    args = (_ptr(lv[shot]), _ptr(ls[shot]), _ptr(lp[shot]), *mats,
+                            _ptr(store_v[k, shot]), _ptr(store_s[k, shot]), *grads_at)
+                    tail = (*pml, *sc, *jlo_jhi)
+                    dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+                    if one_sweep:
+                        self.adjoint_step(*dims, *args, _ptr(ws[0]), _ptr(ws[1]), *tail)
+                        continue
+                    calls = [lambda n=n, a=args, t=tail, d=dims: self.adjoint_split(
+                        *d, cut, ctypes.c_int(n), *a, _ptr(ws), *t) for n in range(3)]
+                    run_on_pool(calls[:2])  # the two pieces at once, then the cut
+                    calls[2]()
+                self._exchange_adjoint(lv, VELOCITY_IMAGE)
+                self._exchange_adjoint(ls, STRESS_IMAGE)
+                if force and geom.has_sources:
+                    self._source_gradient(lv, gm, it)
+                continue
             two_passes(self.stress_adjoint, self.stress_gather, self.stress_adjoint_sweep,
                        lv, lambda shot, k=k: (
                 _ptr(ls[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[2:]],
@@ -369,11 +445,7 @@ class FusedLoop:
                 _ptr(gm[4]), _ptr(g_surface)))
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             if force and geom.has_sources:
-                chan = 0 if prop.source_type == "fy" else 1
-                scale = prop.dt / (prop.grid.dy * prop.grid.dx)
-                vals = geom.src_amp * (geom.wavelet[it] * scale)
-                lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
-                gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
+                self._source_gradient(lv, gm, it)
             two_passes(self.velocity_adjoint, self.velocity_gather, self.velocity_adjoint_sweep,
                        ls, lambda shot, k=k: (
                 _ptr(lv[shot]), _ptr(lp[shot]), *[_ptr(t) for t in self.mats[:2]],
@@ -385,6 +457,16 @@ class FusedLoop:
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
+
+    def _source_gradient(self, lv: Tensor, gm: list, it: int) -> None:
+        """Add step ``it``'s point forces' part of the buoyancy gradient (the force is
+        ``dt * b * amp * w / (dy dx)``), from the adjoint velocities ``lv`` after the step."""
+        prop, geom = self.prop, self.prop.geom
+        chan = 0 if prop.source_type == "fy" else 1
+        scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+        vals = geom.src_amp * (geom.wavelet[it] * scale)
+        lam_src = lv[geom.src_shot, chan, geom.src_iy + RING, geom.src_ix + RING]
+        gm[chan].index_put_((geom.src_iy, geom.src_ix), vals * lam_src, accumulate=True)
 
     def _record_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> None:
         """Add the traces' adjoints ``g`` ``(B, local receivers)`` where they were recorded."""

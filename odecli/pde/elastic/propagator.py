@@ -11,7 +11,8 @@ bit the reference's) and the gradient on their hand-written adjoint; elsewhere (
 compiler) autograd differentiates the PyTorch reference steps.  Either way the time loop is
 split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
 state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
-not like ``nt``.
+not like ``nt``; on the fused path the last segment's first pass writes its stores into that
+buffer and its recomputation is skipped.
 
 Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
 (dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
@@ -75,8 +76,19 @@ class _Segment(torch.autograd.Function):
         # the C kernels' backward: psi kept where it can be non-zero, and updated in place
         ctx.packed = PackedPsi(psi.detach(), prop._profiles)
         ctx.save_for_backward(v, s, *mats)
+        ctx.stored = None
         with torch.no_grad():
-            out = prop._run_without_graph(t0, t1, v, s, psi.contiguous(), *materials, own=True)
+            if prop.store_last_segment and t1 == prop.nt:
+                # the backward's first segment: its first pass writes the stores into the
+                # buffers that its recomputation would have filled (no more memory at the
+                # backward's peak), which it then skips
+                loop = FusedLoop(prop, Materials(*materials), prop._profiles, prop.threads)
+                ctx.stored = loop.store_buffers(t0, t1, v)
+                out = loop.run(t0, t1, v, s, psi.contiguous(), own=True, stores=ctx.stored,
+                               fields=True)
+            else:
+                out = prop._run_without_graph(t0, t1, v, s, psi.contiguous(), *materials,
+                                              own=True)
         if out[2].data_ptr() == psi.data_ptr():
             ctx.mark_dirty(psi)
         return out
@@ -89,7 +101,9 @@ class _Segment(torch.autograd.Function):
             if not ctx.has_surface:
                 mats.append(None)
             loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
-            return (None, None, None, *loop.adjoint(*ctx.span, v, s, ctx.packed, grads))
+            out = loop.adjoint(*ctx.span, v, s, ctx.packed, grads, stored=ctx.stored)
+            ctx.stored = None
+            return (None, None, None, *out)
         saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         inputs = saved + ([] if ctx.has_surface else [None])
         with torch.enable_grad():
@@ -107,6 +121,9 @@ class ElasticPropagator:
     steps under autograd, checkpointed by time segment)."""
 
     halo = HALO
+    # the last time segment's first pass keeps its stores for the backward (False: recompute it
+    # as the others; the tests compare the two)
+    store_last_segment = True
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, source_type: str, receiver_components: list[str],
