@@ -60,6 +60,12 @@ CASES = {
                   "{type: lbfgs, iterations: 40}"),
     "heat-mlp": (HEAT, "unknown: {type: mlp, base: 0.0002, scale: 0.0004, bounds: [0.00005, 0.002]}",
                  "{iterations: 100}"),
+    # a slow anomaly under bounds: the bounds are the field's, not the amplitude's (it was clamped to 1500)
+    "acoustic-scalars-slow-bounded": (
+        ACOUSTIC.replace("amplitude: 250, center: [155, 155]", "amplitude: -250, center: [120, 175]"),
+        ("unknown: {type: scalars, model: {type: gaussian, background: 2050, amplitude: -50, "
+         "center: [120, 175], sigma: 45}, bounds: [1500, 2600]}"),
+        "{type: lbfgs, iterations: 10}"),
     "heat-scalars": (HEAT, ("unknown: {type: scalars, model: {type: gaussian, background: 0.0003, amplitude: 0.0001, "
                             "center: [0.19, 0.19], sigma: 0.06}, bounds: [0.00001, 0.002]}"),
                      "{type: lbfgs, iterations: 10}"),
