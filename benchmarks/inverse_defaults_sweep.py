@@ -270,6 +270,7 @@ def main() -> None:
     print(f"| problem | unknown | optimizer | ranks | start | end/start | <= {TARGET} | iterations | stop | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     passed = total = 0
+    table: dict[str, dict[tuple[str, str], str]] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)
         for p in chosen:
@@ -282,9 +283,15 @@ def main() -> None:
                     e0, e1, n, stop, wall = run(spec, work, args.ranks)
                     ok = e1 <= TARGET * e0
                     passed, total = passed + ok, total + 1
+                    table.setdefault(p.name, {})[unknown, optimizer] = f"{e1 / e0:.2f}" + ("" if ok else " ✗")
                     print(f"| {p.name} | {unknown} | {optimizer} | {args.ranks} | {e0:.3g} | {e1 / e0:.3f} | "
                           f"{'yes' if ok else 'NO'} | {n} | {stop[:50]} | {wall:.1f} |", flush=True)
-    print(f"\n{passed} of {total} runs reach <= {TARGET}x")
+    print(f"\n{passed} of {total} runs reach <= {TARGET}x\n")
+    columns = [(u, o) for u in args.unknowns for o in args.optimizers]  # the compact table (RESULTS.md)
+    print("| problem (end/start; ✗: > 0.35) | " + " | ".join(f"{u} {o}" for u, o in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for name, row in table.items():
+        print(f"| {name} | " + " | ".join(row.get(c, "") for c in columns) + " |")
 
 
 if __name__ == "__main__":
