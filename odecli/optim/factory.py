@@ -21,10 +21,13 @@ def make_optimizer(settings: OptimizerSettings, params: Vector, space: Space, bo
     ``max_first_step``; ``scales``: each parameter's natural range, see :mod:`odecli.optim.adam`;
     ``iterations``: the run's length for a schedule, default ``settings.iterations``)."""
     if settings.type == "adam":  # a learning_rate given is a step in the unknown's own units
+        default = settings.learning_rate is None  # the scale-aware step, field-shaped on grids
         return Adam(params, settings.learning_rate, settings.betas, bounds=bounds,
-                    scales=scales if settings.learning_rate is None else None,
+                    scales=scales if default else None,
                     schedule=settings.schedule,
-                    total=settings.iterations if iterations is None else iterations)
+                    total=settings.iterations if iterations is None else iterations,
+                    precondition=precondition if default else None,
+                    fields=space if default and any(space.distributed) else None)
     if settings.type == "lbfgs":
         search = {"strong_wolfe": strong_wolfe, "armijo": armijo_backtracking}[settings.line_search]
         if bounds is not None:

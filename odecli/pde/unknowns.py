@@ -173,14 +173,24 @@ class MLPUnknown(Unknown):
         self.base_p = float(base_p.detach())
         self.out_scale = float(spec["scale"]) * (slope if math.isfinite(slope) and slope > 0 else 1.0)
         self.act = torch.sin if self.features == "siren" else _ACT[spec["activation"]]
+        self.free = None  # the border follows the network at the nearest free node (_inputs)
 
     def _out_size(self) -> int:
         """The network's outputs: one field (:class:`MultiMLPUnknown`: one per parameter)."""
         return 1
 
     def _inputs(self, block: Block) -> torch.Tensor:
-        """The network's inputs at ``block``'s nodes: coordinates in [-1, 1] over the grid."""
+        """The network's inputs at ``block``'s nodes: coordinates in [-1, 1] over the grid. With a
+        ``fixed_border`` a border node takes the nearest free node's coordinates, so the border
+        continues the inverted field outwards (a layer reaches the edge) instead of either holding
+        the start (a layered model's sponge would keep 83 % of its error) or being inverted (the
+        data barely see the sponge: a free network filled it with error, 0.47x instead of 0.31x)."""
         Y, X = block.coords(self.grid, self.dtype, self.device)
+        border = int(self.spec.get("fixed_border", 0) or 0)
+        if border:
+            g = self.grid
+            Y = Y.clamp(border * g.dy, (g.ny - 1 - border) * g.dy)
+            X = X.clamp(border * g.dx, (g.nx - 1 - border) * g.dx)
         depth, width = self.grid.extent
         return torch.stack([2.0 * Y / depth - 1.0, 2.0 * X / width - 1.0], dim=-1).reshape(-1, 2)
 
@@ -214,32 +224,66 @@ class MLPUnknown(Unknown):
         target_field = models.evaluate(initial, self.grid, whole, self.dtype, self.device,
                                        base_dir=self.base_dir)
         target = ((self.transform.inverse(target_field) - self.base_p) / self.out_scale).reshape(-1, 1)
+        self.fixed_values = None  # a fixed border keeps the pretrained field, not the base
         return fit_network(self.network, self.params, self._inputs(whole), target)
 
 
+OFFSETS = ("amplitude",)  # a model's numbers that are added to a value, not values of the field
+
+
+def offset_transform(transform: Transform) -> Transform:
+    """The transform of an offset (a Gaussian's or checkerboard's ``amplitude``): the unknown's
+    bounds are the field's, so an offset may be anything in ``[low - high, high - low]`` and of
+    either sign (a slow anomaly's amplitude of -300 under bounds [1500, 2600] must not be clamped
+    to 1500); without two bounds (softplus, none) it is free."""
+    if transform.kind in ("clamp", "sigmoid"):
+        width = transform.hi - transform.lo
+        return Transform(transform.kind, (-width, width))
+    return Transform("none", None)
+
+
 class ScalarsUnknown(Unknown):
+    """A few numbers of an analytic model. The bounds are the field's: each value-like number
+    (a background, a layer's value) goes through the unknown's transform, an offset (amplitude)
+    through :func:`offset_transform`, and with two bounds the field is clamped into them (a
+    background near a bound plus an amplitude must not leave them: the stability limit is
+    checked against the upper bound)."""
+
     def __init__(self, spec, grid, block, dtype, device, base_dir) -> None:
         super().__init__(spec, grid, block, dtype, device, base_dir)
         self.model = spec["model"]
-        self.params, self.names = [], []
+        self.params, self.names, self.transforms = [], [], []
         for k in spec["trainable"]:
+            transform = offset_transform(self.transform) if k in OFFSETS else self.transform
             v = torch.as_tensor(self.model[k], dtype=dtype, device=device)
-            self.params.append(self.transform.inverse(v).detach().clone().requires_grad_(True))
+            self.params.append(transform.inverse(v).detach().clone().requires_grad_(True))
             self.names.append(k)
+            self.transforms.append(transform)
         self.distributed = [False] * len(self.params)
 
     def scales(self, global_max) -> list[float]:
         """One scale for all the model's numbers, the largest's (they are values of one field: a
-        Gaussian's amplitude of 50 on a background of 1900 is moved in steps of the field's size)."""
-        each = super().scales(global_max)
+        Gaussian's amplitude of 50 on a background of 1900 is moved in steps of the field's size);
+        an offset with two bounds is measured by the field's range, as the values are."""
+        with torch.no_grad():
+            each = []
+            for p, t in zip(self.params, self.transforms):
+                v = t.forward(p)
+                if t.kind == "softplus":
+                    v = v - t.lo
+                each.append(self.transform.scale(float(v.abs().max())) if t.kind == "clamp"
+                            else t.scale(float(v.abs().max())))
         return [max(each)] * len(each) if self.transform.kind != "sigmoid" else each
 
     def values(self) -> dict:
-        return {k: self.transform.forward(p) for k, p in zip(self.names, self.params)}
+        return {k: t.forward(p) for k, p, t in zip(self.names, self.params, self.transforms)}
 
     def raw_field(self):
-        return models.evaluate(self.model, self.grid, self.block, self.dtype, self.device,
-                               params=self.values(), base_dir=self.base_dir)
+        f = models.evaluate(self.model, self.grid, self.block, self.dtype, self.device,
+                            params=self.values(), base_dir=self.base_dir)
+        if self.transform.kind in ("clamp", "sigmoid") and any(k in OFFSETS for k in self.names):
+            f = torch.clamp(f, self.transform.lo, self.transform.hi)
+        return f
 
 
 def make_unknown(spec: dict, grid: Grid, block: Block, dtype, device, base_dir) -> Unknown:
@@ -336,6 +380,7 @@ class MultiMLPUnknown(MLPUnknown):
             f = models.evaluate(m, self.grid, whole, self.dtype, self.device, base_dir=self.base_dir)
             columns.append(((t.inverse(f) - b) / s).reshape(-1))
         target = torch.stack(columns, dim=-1)
+        self.fixed_values = None  # a fixed border keeps the pretrained field, not the base
         return fit_network(self.network, self.params, self._inputs(whole), target)
 
 

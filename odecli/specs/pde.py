@@ -156,6 +156,10 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     for key, section in (("loss", sections.Loss), ("parallel", sections.Parallel),
                          ("checkpoint", sections.Checkpoint), ("compute", sections.Compute)):
         out[key] = V.section(raw, key, section)
+    sponge = out["boundary"]["absorbing_width"] if eq in ("acoustic2d", "elastic2d") else 0
+    for unknown in (out["unknown"], *out["unknown"]["parameters"].values()):
+        if unknown["fixed_border"] is None:  # an MLP continues the interior into the sponge (unknowns.py)
+            unknown["fixed_border"] = sponge if unknown["type"] == "mlp" else 0
     check_physical(V, out, raw)
     most = min((ny - 1) // 2, (nx - 1) // 2)
     if out["unknown"]["fixed_border"] > most:

@@ -288,8 +288,10 @@ def _unknown_largest(unk: dict, nodes: Nodes, single: bool = False) -> float | N
         model = dict(unk["model"])
         for k in unk["trainable"]:
             v = model[k]
-            model[k] = [_transformed(unk, x) for x in v] if isinstance(v, list) else _transformed(unk, v)
-        return _largest(model, nodes, single)
+            if k != "amplitude":  # an offset is bounded by the field's range, the field by the bounds
+                model[k] = [_transformed(unk, x) for x in v] if isinstance(v, list) else _transformed(unk, v)
+        v = _largest(model, nodes, single)
+        return v if v is None or unk["transform"] not in ("clamp", "sigmoid") else min(v, unk["bounds"][1])
     return None
 
 

@@ -136,7 +136,8 @@ class Unknown(Section, frozen=True):
     seed: int = 0
     model: Optional[Model] = None
     trainable: Optional[Union[str, list[str]]] = None
-    fixed_border: Annotated[int, Meta(ge=0)] = 0
+    # default: an mlp's acoustic2d/elastic2d absorbing_width (the sponge continues the interior), else 0
+    fixed_border: Optional[Annotated[int, Meta(ge=0)]] = None
     # which of the equation's parameters are inverted (default: all), each with its own keys;
     # a list of names is the same as names with no keys of their own (odecli.specs.pde_params)
     parameters: Optional[dict[str, ParameterUnknown]] = None
