@@ -226,3 +226,15 @@ def test_the_schedules_start_at_one_and_decay():
     assert [schedule_factor("none", t, 100) for t in (1, 100)] == [1.0, 1.0]
     assert schedule_factor("cosine", 1, 100) == 1.0 and schedule_factor("cosine", 100, 100) == pytest.approx(COSINE_FLOOR)
     assert [schedule_factor("step", t, 100) for t in (1, 30, 60, 100)] == [1.0, 0.5, 0.25, 0.125]
+
+
+def test_a_line_search_at_the_loss_floor_is_convergence_not_failure():
+    """Once the gradient has fallen to FLOOR_GRADIENT of its first norm, a line search that finds
+    no lower loss has met the loss's precision (a quartic known to 1e-9 here): the fit converged."""
+    def fn(n, x):
+        d = x - torch.tensor([1.0, -2.0], dtype=x.dtype)
+        return round(float(torch.sum(d**4 + 0.5 * d * d * d.flip(0) ** 2)) + 1.0, 9), [4 * d**3 + 2 * d * d.flip(0) ** 2]
+
+    out = _scripted_fit("lbfgs", None, fn)
+    assert out.stop is Stop.NO_DECREASE and out.message == ""
+    assert out.history["grad_norm"][-1] <= 1e-4 * out.history["grad_norm"][0]

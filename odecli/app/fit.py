@@ -44,6 +44,7 @@ class Stop(enum.Enum):
     LOSS_CHANGE = "loss change"  # |f_prev - f| <= tolerance * |f_prev|
     GRADIENT = "gradient"  # |g| <= gtol, or a loss of exactly 0
     LINE_SEARCH = "line search"  # no acceptable point along the search direction
+    NO_DECREASE = "no further decrease"  # the same, once the gradient is FLOOR_GRADIENT of its first
     FAILED = "failed"  # the new point could not be evaluated (a sample did not solve)
     RISING = "rising loss"  # the loss rose at RISING_PATIENCE recorded points in a row
     NON_FINITE = "non-finite gradient"  # the gradient at a new point has a NaN or an infinity
@@ -52,6 +53,10 @@ class Stop(enum.Enum):
 # A loss that rises this many iterations in a row, to above the initial loss, ends the fit (Adam's
 # momentum makes the loss swing up and back near a minimum: a rise alone is no divergence).
 RISING_PATIENCE = 10
+# A line search that finds no lower loss once the gradient norm has fallen to this fraction of its
+# first value has met the loss's own precision: the fit converged, it did not fail (a converged
+# scalars unknown used to stop with "line search failed").
+FLOOR_GRADIENT = 1e-4
 
 
 class Objective(Protocol):
@@ -196,7 +201,8 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
         before = [p.detach().clone() for p in opt.params] if may_fail else None
         step = opt.step(f, g, lambda completed=done: objective.evaluate(completed))
         if not step.ok:
-            stop = Stop.LINE_SEARCH
+            grad_norm = history["grad_norm"]
+            stop = Stop.NO_DECREASE if grad_norm[-1] <= FLOOR_GRADIENT * grad_norm[0] else Stop.LINE_SEARCH
             break
         done += 1
         if done == n and not settings.record_final:  # neither recorded nor tested, even when known

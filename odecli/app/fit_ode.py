@@ -316,6 +316,7 @@ CHECKPOINT_KIND = "ode-inverse-checkpoint"
 STOP_REASONS = {Stop.ITERATIONS: "max iterations", Stop.LOSS_CHANGE: "converged: loss change",
                 Stop.GRADIENT: "converged: gradient",
                 Stop.LINE_SEARCH: "converged: no further decrease (line search)",
+                Stop.NO_DECREASE: "converged: no further decrease (line search)",
                 Stop.FAILED: "failed: a sample did not solve",
                 Stop.RISING: "stopped: rising loss", Stop.NON_FINITE: "failed: non-finite gradient"}
 

@@ -40,7 +40,8 @@ HISTORY_KEYS = (*LOSS_COLUMNS, "misfit", "regularization", "model_error")
 CHECKPOINT_KIND = "pde-inverse-checkpoint"
 # The run file's ``stop_reason`` for each way the loop stops (the words PDE runs have always used).
 STOP_REASONS = {Stop.ITERATIONS: "iterations", Stop.LOSS_CHANGE: "tolerance", Stop.GRADIENT: "zero gradient",
-                Stop.LINE_SEARCH: "line search failed", Stop.FAILED: "failed",
+                Stop.LINE_SEARCH: "line search failed", Stop.NO_DECREASE: "converged: no further decrease",
+                Stop.FAILED: "failed",
                 Stop.RISING: "rising loss", Stop.NON_FINITE: "non-finite gradient"}
 
 
