@@ -10,6 +10,12 @@ output after the user asked it to stop. So every signal is also recorded, and
 :func:`raise_if_interrupted` raises it again before an output file is moved into place.
 Library users who do not call :func:`install` keep Python's own handling.
 
+Once the command has finished (:func:`finish`), a signal only is recorded: one that arrives
+while the interpreter shuts down (atexit callbacks, MPI_Finalize) would otherwise raise inside a
+callback, print "Exception ignored ... Traceback" and change nothing (issue 42). And an output
+moved into place is recorded (:func:`note_written`), so that a signal arriving after that, while
+the command prints its summary, says the output was written instead of "no output was written".
+
 Python runs a signal's handler in the main thread between bytecodes, so not while that thread
 waits inside a C call that does not return (a blocking MPI collective whose peer has failed).
 :func:`watch_stuck` starts a watchdog thread that the C-level handler wakes (through
@@ -29,6 +35,7 @@ _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP
 _received: int | None = None
 _installed = False
 _watching = False
+_written: list[str] = []  # outputs moved into place by this process (atomic_path)
 STUCK_S = 3.0  # how long a signal may wait for Python's handler before the watchdog acts
 
 
@@ -54,6 +61,33 @@ def install() -> None:
         for sig in _SIGNALS:
             signal.signal(sig, _raise)
         _installed = True
+
+
+def _record(signum: int, _frame) -> None:
+    global _received
+    _received = signum
+
+
+def finish() -> None:
+    """The command has finished (its output, if any, is in place): from now on a termination
+    signal is recorded and the process exits as it was going to, without a traceback from
+    whichever shutdown callback the handler would have interrupted. A no-op unless
+    :func:`install` ran."""
+    global _installed
+    if _installed and threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, _record)
+        _installed = False  # reinstall() must not turn the signals back into exceptions
+
+
+def note_written(path: str) -> None:
+    """Record that an output is complete at ``path`` (for the line a later signal prints)."""
+    _written.append(path)
+
+
+def written() -> list[str]:
+    """The outputs :func:`note_written` recorded, oldest first."""
+    return list(_written)
 
 
 def reinstall() -> None:

@@ -1,0 +1,62 @@
+"""Signals at the worst moments (issue 42's two cases that were never re-verified), made
+deterministic by tests/fault_campaign/signal_at_call.py: the signal is sent from inside the
+process at the K-th call into h5py (during the HDF5 write), right after the output was moved
+into place, or from an atexit callback (during the interpreter's shutdown after a success)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "tests" / "fault_campaign" / "signal_at_call.py"
+SWEEP = ROOT / "examples" / "vdp-sweep.yaml"
+
+
+def _run(k: int, signame: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(DRIVER), str(k), signame, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _clean(stderr: str) -> None:
+    for sign in ("Traceback", "Exception ignored", "internal error"):
+        assert sign not in stderr, stderr
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_shutdown_after_a_success_changes_nothing(tmp_path, signame):
+    result = _run(-1, signame, "solve", str(SWEEP), "-o", "run.h5", "-q", cwd=tmp_path)
+    _clean(result.stderr)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
+
+
+def test_a_signal_during_shutdown_of_validate_changes_nothing(tmp_path):
+    result = _run(-1, "SIGTERM", "validate", str(SWEEP), cwd=tmp_path)
+    _clean(result.stderr)
+    assert result.returncode == 0 and "valid ode spec" in result.stdout
+
+
+@pytest.mark.parametrize("k", [1, 40, 300, 900, 1500, 2000])
+def test_a_signal_inside_the_hdf5_write_stops_cleanly(tmp_path, k):
+    result = _run(k, "SIGTERM", "solve", str(SWEEP), "-o", "run.h5", "-q", cwd=tmp_path)
+    counted = int(result.stderr.rsplit("h5py calls counted: ", 1)[1].split()[0])
+    assert counted >= k, "the signal was not sent: the write makes fewer h5py calls than the test assumes"
+    _clean(result.stderr)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "stopped by SIGTERM; no output was written" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary
+
+
+def test_a_signal_after_the_output_is_in_place_says_so(tmp_path):
+    result = _run(-2, "SIGINT", "solve", str(SWEEP), "-o", "run.h5", "-q", cwd=tmp_path)
+    _clean(result.stderr)
+    assert result.returncode == 130
+    assert "interrupted; run.h5 was written completely before it" in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
