@@ -1,0 +1,80 @@
+"""What the second fault campaign (tests/fault_campaign/campaign.py, issue 42) found in the specs
+added after the first one, each reproduced: one line and exit 2, or a result; never a hang."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from odecli.cli import app
+from odecli.specs import pde_checks
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+runner = CliRunner()
+
+
+def _one_line(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "internal error" not in result.output, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("text, field", [('kind: pde-inverse\nname: "a\\udcff"\n', "name: "),
+                                         ('kind: ode\nsystem: {states: ["\\ud800"]}\n', "system.states[0]: "),
+                                         ('kind: ode\n"\\udcff": 1\n', "")])
+def test_an_unpaired_surrogate_escape_is_one_line(tmp_path, text, field):
+    # YAML's "\udcff" escape is no character: printing the error about it, or writing it to a run
+    # file, was an internal error (UnicodeEncodeError)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text, encoding="ascii")
+    _one_line(runner.invoke(app, ["validate", str(spec)]), f"s.yaml: {field}text holds an unpaired surrogate")
+
+
+def _elastic(tmp_path: Path, shape: str) -> Path:
+    text = (EXAMPLES / "elastic-anomaly.yaml").read_text().replace("shape: [41, 70]", f"shape: {shape}")
+    spec = tmp_path / "big.yaml"
+    spec.write_text(text)
+    return spec
+
+
+def test_a_grid_side_beyond_memory_is_refused_before_visiting_its_nodes(tmp_path):
+    # validate listed every node of each side for the parameter checks: 1e12 never ended
+    spec = _elastic(tmp_path, "[41, 1000000000000]")
+    _one_line(runner.invoke(app, ["validate", str(spec)]), "grid.shape: a 41 x 1000000000000 grid", "GiB")
+
+
+def test_validating_a_large_elastic_grid_does_not_hang(tmp_path):
+    # vs <= vp was checked node by node in Python: 4000 x 4000 took minutes (hard timeout, not a timing)
+    spec = _elastic(tmp_path, "[4000, 4000]")
+    result = subprocess.run([sys.executable, "-m", "odecli", "validate", str(spec)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "valid pde-inverse spec" in result.stdout, result.stderr
+
+
+MODELS = [
+    {"type": "constant", "value": 1500.0},
+    {"type": "layered", "interfaces": [35.0, 72.5], "values": [1000.0, 2100.0, 1800.0]},
+    {"type": "gaussian", "background": 1700.0, "amplitude": 600.0, "center": [40.0, 55.0], "sigma": [12.0, 20.0]},
+    {"type": "checkerboard", "background": 1600.0, "amplitude": 400.0, "size": [30.0, 25.0]},
+]
+
+
+@pytest.mark.parametrize("a, b", list(itertools.permutations(range(len(MODELS)), 2)))
+def test_largest_differences_equal_the_node_by_node_values(a, b):
+    ys = [i * 5.0 for i in range(23)]
+    xs = [i * 5.0 for i in range(31)]
+    got = pde_checks._largest_differences({"p": MODELS[a], "q": MODELS[b]}, (ys, xs))
+    for first, second in (("p", "q"), ("q", "p")):
+        m, n = MODELS[a] if first == "p" else MODELS[b], MODELS[b] if first == "p" else MODELS[a]
+        want = max(pde_checks._value(m, y, x) - pde_checks._value(n, y, x) for y in ys for x in xs)
+        assert math.isclose(got[f"{first} - {second}"], want, rel_tol=1e-12, abs_tol=1e-9)
