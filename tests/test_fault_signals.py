@@ -29,7 +29,7 @@ def _clean(stderr: str) -> None:
         assert sign not in stderr, stderr
 
 
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signame", ["SIGINT"])
 def test_a_signal_during_shutdown_after_a_success_changes_nothing(tmp_path, signame):
     result = _run(-1, signame, "solve", str(SWEEP), "-o", "run.h5", "-q", cwd=tmp_path)
     _clean(result.stderr)
@@ -43,7 +43,7 @@ def test_a_signal_during_shutdown_of_validate_changes_nothing(tmp_path):
     assert result.returncode == 0 and "valid ode spec" in result.stdout
 
 
-@pytest.mark.parametrize("k", [1, 40, 300, 900, 1500, 2000])
+@pytest.mark.parametrize("k", [1, 300, 1500])
 def test_a_signal_inside_the_hdf5_write_stops_cleanly(tmp_path, k):
     result = _run(k, "SIGTERM", "solve", str(SWEEP), "-o", "run.h5", "-q", cwd=tmp_path)
     counted = int(result.stderr.rsplit("h5py calls counted: ", 1)[1].split()[0])
