@@ -91,3 +91,71 @@ def test_a_gaussian_centred_far_away_is_its_background(tmp_path, example, before
     spec.write_text(text.replace(before, "center: [1.0e+308, 100]"))
     result = runner.invoke(app, ["validate", str(spec)])
     assert result.exit_code == 0, result.output
+
+
+IMPLICIT_HEAT = """\
+kind: pde-inverse
+name: heat-implicit-tiny
+equation: heat2d
+grid: {shape: [12, 12], spacing: 0.01}
+time: {dt: 0.05, steps: 4, scheme: implicit}
+boundary: {type: dirichlet, value: 0.0}
+initial_condition: 0.0
+sources:
+  wavelet: {type: constant, value: 1.0}
+  amplitude: 50.0
+  positions: [[0.05, 0.05]]
+receivers:
+  line: [{from: [0.02, 0.02], to: [0.02, 0.09], count: 3}]
+true_model: {type: gaussian, background: 0.0002, amplitude: 0.0004, center: [0.05, 0.05], sigma: 0.03}
+unknown:
+  type: grid
+  initial: {type: constant, value: 0.0002}
+  bounds: [0.00005, 0.002]
+optimizer: {type: adam, learning_rate: 0.00001, iterations: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def implicit_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("implicit")
+    (folder / "s.yaml").write_text(IMPLICIT_HEAT)
+    result = runner.invoke(app, ["train-inverse", str(folder / "s.yaml"), "-o", str(folder / "run.h5"), "-q"])
+    assert result.exit_code == 0, result.output
+    return folder / "run.h5"
+
+
+def _strings(h5, name):
+    import h5py
+    import numpy as np
+
+    shape = h5[name].shape
+    del h5[name]
+    h5.create_dataset(name, data=np.full(shape, "x", dtype=h5py.string_dtype()))
+
+
+def _several_parameters_with_a_text_error(h5):
+    import numpy as np
+
+    h5.attrs["inverted"] = '["k"]'
+    h5["history/model_error_k"] = np.ones(h5["history/loss"].shape)
+    h5.attrs["model_error_final_k"] = "x"
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda h5: _strings(h5, "history/solver_iterations_max"), "'history/solver_iterations_max' has dtype"),
+    (lambda h5: _strings(h5, "history/solver_iterations_mean"), "'history/solver_iterations_mean' has dtype"),
+    (_several_parameters_with_a_text_error, "attribute 'model_error_final_k' must be one number"),
+])
+def test_stats_of_a_damaged_linear_solve_history_is_one_line(implicit_run, tmp_path, damage, fragment):
+    # the implicit scheme's and a multi-parameter fit's extra history was read unchecked (ValueError)
+    import shutil
+
+    import h5py
+
+    copy = tmp_path / "damaged.h5"
+    shutil.copy(implicit_run, copy)
+    with h5py.File(copy, "a") as h5:
+        assert "solver_iterations_max" in h5["history"]
+        damage(h5)
+    _one_line(runner.invoke(app, ["stats", str(copy)]), fragment)
