@@ -159,3 +159,17 @@ def test_stats_of_a_damaged_linear_solve_history_is_one_line(implicit_run, tmp_p
         assert "solver_iterations_max" in h5["history"]
         damage(h5)
     _one_line(runner.invoke(app, ["stats", str(copy)]), fragment)
+
+
+@pytest.mark.parametrize("value", [[[1, 0], [0, 1]], "yes"])
+def test_a_per_sample_flag_that_is_not_one_value_is_one_line(tmp_path, value):
+    # bool() of a 2x2 array was an internal error (ValueError) in stats of an ODE fit
+    import h5py
+    from test_damaged_runs import FIT
+
+    (tmp_path / "fit.yaml").write_text(FIT)
+    run = tmp_path / "fit.h5"
+    assert runner.invoke(app, ["train-inverse", str(tmp_path / "fit.yaml"), "-o", str(run), "-q"]).exit_code == 0
+    with h5py.File(run, "a") as h5:
+        h5["fit/k"].attrs["per_sample"] = value
+    _one_line(runner.invoke(app, ["stats", str(run)]), "attribute 'per_sample' of '/fit/k' must be true or false")
