@@ -173,3 +173,68 @@ def test_a_per_sample_flag_that_is_not_one_value_is_one_line(tmp_path, value):
     with h5py.File(run, "a") as h5:
         h5["fit/k"].attrs["per_sample"] = value
     _one_line(runner.invoke(app, ["stats", str(run)]), "attribute 'per_sample' of '/fit/k' must be true or false")
+
+
+@pytest.fixture(scope="module")
+def event_observations(tmp_path_factory) -> Path:
+    """An ``odecli solve`` output with events (the projectile example's truth), and the example's
+    fit reading its observations from it (inverse.data.file)."""
+    folder = tmp_path_factory.mktemp("events")
+    text = (EXAMPLES / "projectile-landing-fit.yaml").read_text()
+    truth = text.split("inverse:")[0].replace("params: {g: 9.81}", "params: {g: [9.81, 3.71, 24.79, 1.62]}")
+    (folder / "truth.yaml").write_text(truth)
+    fit = text.replace("truth: {params: {g: [9.81, 3.71, 24.79, 1.62]}}", "file: obs.h5")
+    assert "file: obs.h5" in fit
+    (folder / "fit.yaml").write_text(fit.replace("iterations: 40", "iterations: 1"))
+    assert runner.invoke(app, ["solve", str(folder / "truth.yaml"), "-o", str(folder / "good.h5"), "-q"]).exit_code == 0
+    return folder
+
+
+def _replace(name, data):
+    def change(h5):
+        del h5[name]
+        h5[name] = data
+    return change
+
+
+def _group(name):
+    def change(h5):
+        del h5[name]
+        h5.create_group(name)
+    return change
+
+
+def _strings_like(name):
+    def change(h5):
+        import h5py
+        import numpy as np
+
+        shape = h5[name].shape
+        del h5[name]
+        h5.create_dataset(name, data=np.full(shape, "x", dtype=h5py.string_dtype()))
+    return change
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (_strings_like("t"), "'t' is of dtype object, expected numbers"),
+    (_strings_like("y"), "'y' is of dtype object, expected numbers"),
+    (_group("t"), "'t' is a group, expected numbers"),
+    (_group("y"), "'y' is a group, expected numbers"),
+    (lambda h5: h5.attrs.__setitem__("states", 5), "attribute 'states' must be a list of state names"),
+    (_replace("events/ground/t", [[-5.0]] * 4), "events/ground/t has times outside the spec's time spans"),
+    (_replace("events/ground/t", [[1e308]] * 4), "events/ground/t has times outside the spec's time spans"),
+])
+def test_damaged_event_observations_are_one_line(event_observations, damage, fragment):
+    # strings, groups and an integer 'states' were internal errors; event times before the start
+    # were fitted silently, and 1e308 ended in "the initial guess does not solve" (exit 1)
+    import shutil
+
+    import h5py
+
+    folder = event_observations
+    shutil.copy(folder / "good.h5", folder / "obs.h5")
+    with h5py.File(folder / "obs.h5", "a") as h5:
+        damage(h5)
+    result = runner.invoke(app, ["train-inverse", str(folder / "fit.yaml"), "-o", str(folder / "out.h5"), "-q"])
+    _one_line(result, "fit.yaml: inverse.data.file: ", fragment)
+    assert not (folder / "out.h5").exists()
