@@ -238,3 +238,32 @@ def test_damaged_event_observations_are_one_line(event_observations, damage, fra
     result = runner.invoke(app, ["train-inverse", str(folder / "fit.yaml"), "-o", str(folder / "out.h5"), "-q"])
     _one_line(result, "fit.yaml: inverse.data.file: ", fragment)
     assert not (folder / "out.h5").exists()
+
+
+@pytest.fixture(scope="module")
+def events_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("ball")
+    run = folder / "ball.h5"
+    assert runner.invoke(app, ["solve", str(EXAMPLES / "bouncing-ball.yaml"), "-o", str(run), "-q"]).exit_code in (0, 3)
+    return run
+
+
+@pytest.mark.parametrize("command, piece, damage, fragment", [
+    ("plot", "events/ground/y", _strings_like, "events/ground/y: expected a numeric dataset of 3 axes"),
+    ("plot", "events/ground/t", _group, "events/ground/t: expected a numeric dataset of 2 axes"),
+    ("plot", "t_final", _strings_like, "dataset 't_final' must hold numbers"),
+    ("stats", "events/ground/count", _strings_like, "dataset 'events/ground/count' must hold numbers"),
+])
+def test_damaged_events_of_a_solve_are_one_line(events_run, tmp_path, command, piece, damage, fragment):
+    # plot read events/NAME/t and y and t_final as floats unchecked (ValueError, an internal error)
+    import shutil
+
+    import h5py
+
+    copy = tmp_path / "damaged.h5"
+    shutil.copy(events_run, copy)
+    with h5py.File(copy, "a") as h5:
+        damage(piece)(h5)
+    args = [command, str(copy)] + (["-o", str(tmp_path / "fig.png")] if command == "plot" else [])
+    _one_line(runner.invoke(app, args), fragment)
+    assert not (tmp_path / "fig.png").exists()
