@@ -2,7 +2,7 @@
 implicit heat2d, ODE `events:` (terminal events, event-time data), `device: cuda` on a machine
 without a GPU, `odecli init` outputs. Not run by pytest (hundreds of subprocesses); rerun with
 
-    PYTHONPATH=$PWD python tests/fault_campaign/campaign.py specs|runs|signals|ranks [--limit N]
+    PYTHONPATH=$PWD python tests/fault_campaign/campaign.py specs|runs|signals|ranks|h5signals [--limit N]
 
 Each run is a subprocess under a 30 s (60 s for runs) timeout. A finding is any of: exit code
 outside the expected set, a traceback, "internal error", an exit 2 without an `error: ` line, a
@@ -194,7 +194,7 @@ def campaign_specs(tally: Tally, limit: int, execute: bool, seed: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("category", choices=["specs", "runs", "signals", "ranks", "init"])
+    parser.add_argument("category", choices=["specs", "runs", "signals", "ranks", "h5signals"])
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--no-execute", action="store_true")
     parser.add_argument("--seed", type=int, default=42)
@@ -532,6 +532,43 @@ def campaign_signals(tally: Tally, limit: int, seed: int) -> None:
 
 
 CATEGORIES["signals"] = campaign_signals
+
+
+# ---- a signal at the K-th call into h5py (deterministic; signal_at_call.py) ---------------------
+
+def campaign_h5_signals(tally: Tally, limit: int, seed: int) -> None:
+    """For each new kind, SIGTERM at ``limit`` evenly spaced calls into h5py (the HDF5 writes of
+    the output and checkpoints, the reads of model and data files): 143, the line, no output, no
+    temporary, no traceback; past the last call, a success."""
+    folder = workdir()
+    for name in ("elastic-anomaly", "darcy-permeability-mlp", "heat-implicit"):
+        (folder / f"s-{name}.yaml").write_text(_small(name).replace("iterations: 1", "iterations: 2"))
+    commands = [["train-inverse", f"s-{name}.yaml", "-o", "out.h5", "-q"]
+                for name in ("elastic-anomaly", "darcy-permeability-mlp", "heat-implicit")]
+    commands += [["solve", "bouncing-ball.yaml", "-o", "out.h5", "-q"],
+                 ["train-inverse", "projectile-landing-fit.yaml", "-o", "out.h5", "-q", "--iterations", "2"]]
+    driver = [PYTHON, str(Path(__file__).with_name("signal_at_call.py"))]
+    for args in commands:
+        for p in folder.glob("out*"):
+            p.unlink()
+        rc, out, err, _ = run([*driver, "100000000", "SIGTERM", *args], folder, timeout=300)
+        total = int(err.rsplit("h5py calls counted: ", 1)[1].split()[0])
+        for k in sorted({max(1, total * j // limit) for j in range(limit)} | {total + 1}):
+            for p in folder.glob("out*"):
+                p.unlink()
+            before = {p.name for p in folder.iterdir()}
+            rc, out, err, _ = run([*driver, str(k), "SIGTERM", *args], folder, timeout=300)
+            finding = judge(rc, out, err, allowed=(0, 3) if k > total else (143,))
+            left = leftovers(folder, before)
+            if finding is None and rc == 143 and left:
+                finding = f"left behind after rc {rc}: {left}"
+            for p in left:
+                (folder / p).unlink()
+            tally.add(f"signals at an h5py call: {args[0]} {args[1]}", f"{args[1]} at call {k} of {total}", finding)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+CATEGORIES["h5signals"] = campaign_h5_signals
 
 
 if __name__ == "__main__":
