@@ -60,3 +60,22 @@ def test_a_signal_after_the_output_is_in_place_says_so(tmp_path):
     assert result.returncode == 130
     assert "interrupted; run.h5 was written completely before it" in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.h5"]
+
+
+def test_a_signal_to_a_rank_waiting_in_mpi_finalize_changes_nothing(tmp_path):
+    # mpi4py's MPI_Finalize runs after Python's finalisation has put back the default action of
+    # every handled signal: rank 1, done and waiting there for rank 0, was killed by SIGTERM and
+    # the launcher reported the job as killed (code 15, "BAD TERMINATION"; the campaign's finding)
+    pytest.importorskip("mpi4py")
+    from mpi_helpers import find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([mpiexec, "-n", "2", sys.executable, str(DRIVER), "-3", "SIGTERM", "train-inverse",
+                             str(ROOT / "examples" / "vdp-fit.yaml"), "-o", "fit.h5", "-q", "--iterations", "1"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    _clean(result.stderr)
+    assert result.returncode == 0 and "BAD TERMINATION" not in result.stdout + result.stderr, result.stdout + result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.h5"]

@@ -1,6 +1,7 @@
 """Run one odecli command in-process and send this process a signal at the K-th call into h5py
 (or, with K = -1, during interpreter shutdown, after the command has finished; with K = -2, right
-after its output was moved into place, before the command returns).
+after its output was moved into place, before the command returns; with K = -3 under mpiexec, to
+rank 1 while it waits in MPI_Finalize for rank 0, which lingers 3 s in an atexit callback).
 
     python tests/fault_campaign/signal_at_call.py K SIGNAME odecli-args...
 
@@ -61,6 +62,13 @@ def at_shutdown() -> None:
 
 if K == -1:
     atexit.register(at_shutdown)
+elif K == -3:
+    import subprocess
+
+    if os.environ.get("PMI_RANK", "0") == "0":
+        atexit.register(time.sleep, 3.0)
+    else:  # 1 s after its Python shutdown began: inside MPI_Finalize, after Python's own finalisation
+        atexit.register(subprocess.Popen, ["sh", "-c", f"sleep 1; kill -{SIG.name[3:]} {os.getpid()}"])
 elif K == -2:
     from odecli import interrupts
 
