@@ -79,3 +79,24 @@ def test_a_signal_to_a_rank_waiting_in_mpi_finalize_changes_nothing(tmp_path):
     _clean(result.stderr)
     assert result.returncode == 0 and "BAD TERMINATION" not in result.stdout + result.stderr, result.stdout + result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.h5"]
+
+
+def test_a_signal_while_the_command_line_is_imported_is_one_line(tmp_path):
+    # the handlers were installed only after typer and rich were imported: a SIGTERM in that
+    # time killed the process by default (under mpirun: the launcher's report and code 15)
+    code = (
+        "import builtins, os, signal, sys\n"
+        "real = builtins.__import__\n"
+        "def hooked(name, *args, **kwargs):\n"
+        "    if name == 'typer':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = hooked\n"
+        f"sys.argv = ['odecli', 'validate', {str(SWEEP)!r}]\n"
+        "from odecli.__main__ import main\n"
+        "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _clean(result.stderr)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr == "stopped by SIGTERM; no output was written\n"
