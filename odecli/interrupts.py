@@ -12,9 +12,10 @@ Library users who do not call :func:`install` keep Python's own handling.
 
 Once the command has finished (:func:`finish`), termination signals are ignored: one that
 arrived while the interpreter shut down raised inside an atexit callback, printed "Exception
-ignored ... Traceback" and changed nothing, or, inside MPI_Finalize, killed the rank (issue 42). And an output
-moved into place is recorded (:func:`note_written`), so that a signal arriving after that, while
-the command prints its summary, says the output was written instead of "no output was written".
+ignored ... Traceback" and changed nothing, or, inside MPI_Finalize, killed the rank (issue 42).
+And an output moved into place is recorded (:func:`note_written`), so that a signal arriving
+after that, while the command prints its summary, says the output was written instead of "no
+output was written".
 
 Python runs a signal's handler in the main thread between bytecodes, so not while that thread
 waits inside a C call that does not return (a blocking MPI collective whose peer has failed).

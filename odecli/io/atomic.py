@@ -129,10 +129,10 @@ def _free_name(path: Path) -> Path:
 def atomic_path(path: Path, replace: bool = True, final: bool = True) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; move it onto ``path`` only on success.
 
-    ``final``: the command's result (not a checkpoint): once in place it is recorded, so that a
-    signal arriving afterwards says that it was written. ``replace=False`` (an output the user did not allow to be overwritten) keeps a file that
+    ``replace=False`` (an output the user did not allow to be overwritten) keeps a file that
     another process created at ``path`` during the run. A symbolic link is written through,
-    so the link stays."""
+    so the link stays. ``final``: the command's result (not a checkpoint), recorded once in
+    place, so that a signal arriving afterwards says that it was written."""
     path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     mode = _new_file_mode(path)

@@ -126,7 +126,7 @@ def _check_tree(data: Any, file: str) -> None:
             for key, child in items:
                 if isinstance(key, str):
                     _check_text(key, file, where)
-                path = f"{where}[{key!s:.40}]" if isinstance(value, list) else (f"{where}.{key!s:.40}" if where else f"{key!s:.40}")
+                path = f"{where}[{key}]" if isinstance(value, list) else (f"{where}.{key}" if where else str(key))
                 stack.append((child, path, level + 1))
         elif isinstance(value, str):
             _check_text(value, file, where)
