@@ -1,5 +1,28 @@
-"""``python -m odecli`` runs the command line."""
+"""``python -m odecli`` and the ``odecli`` script: the command line, its termination signals turned
+into a clean stop before anything else is imported.
 
-from odecli.cli import run
+Why first: typer and rich take about 0.3 s to import (seconds on a loaded machine), and a SIGTERM
+in that time killed the process by the signal's default action; under mpirun the launcher then
+reported the job as killed (code 15) instead of odecli's line and 143 (issue 42's campaign).
+"""
 
-run()
+import signal
+import sys
+
+from odecli.interrupts import install
+
+
+def main() -> None:
+    install()
+    try:
+        from odecli.cli import run
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP via odecli.interrupts, while importing
+        signum = getattr(exc, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        sys.stderr.write(f"{what}; no output was written\n")
+        sys.exit(128 + signum)
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -121,6 +121,11 @@ def _failure(exc: BaseException) -> tuple[Optional[str], int]:
         signum = getattr(exc, "signum", signal.SIGINT)
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         kept = getattr(exc, "kept", None)  # set by a library that kept something (a checkpoint)
+        from odecli.interrupts import written
+
+        done = written()
+        if kept is None and done:  # it came after the output was complete and in place
+            kept = f"{', '.join(done)} was written completely before it"
         return f"{what}; {kept or 'no output was written'}", 128 + signum
     if _from_h5py(exc) and _READING:  # stats/plot/export: the run file's own bytes are damaged
         return f"error: {_READING[0]}: damaged HDF5 data ({type(exc).__name__}: {' '.join(str(exc).split())})", \
@@ -466,7 +471,7 @@ class _ClosedReaderTolerantStdout:
 def run() -> None:
     """The ``odecli`` console script: the app, with SIGTERM and SIGHUP unwinding like Ctrl-C
     (so no temporary output is left behind) and a reader that closes stdout early tolerated."""
-    from odecli.interrupts import install
+    from odecli.interrupts import finish, install
 
     install()
     sys.stdout = _ClosedReaderTolerantStdout(sys.stdout)
@@ -481,3 +486,5 @@ def run() -> None:
         if line is not None:
             stderr.print(line, markup=False, soft_wrap=True)
         sys.exit(code)
+    finally:  # a signal during the interpreter's shutdown: no traceback from an atexit callback
+        finish()

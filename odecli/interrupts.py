@@ -10,6 +10,13 @@ output after the user asked it to stop. So every signal is also recorded, and
 :func:`raise_if_interrupted` raises it again before an output file is moved into place.
 Library users who do not call :func:`install` keep Python's own handling.
 
+Once the command has finished (:func:`finish`), termination signals are ignored: one that
+arrived while the interpreter shut down raised inside an atexit callback, printed "Exception
+ignored ... Traceback" and changed nothing, or, inside MPI_Finalize, killed the rank (issue 42).
+And an output moved into place is recorded (:func:`note_written`), so that a signal arriving
+after that, while the command prints its summary, says the output was written instead of "no
+output was written".
+
 Python runs a signal's handler in the main thread between bytecodes, so not while that thread
 waits inside a C call that does not return (a blocking MPI collective whose peer has failed).
 :func:`watch_stuck` starts a watchdog thread that the C-level handler wakes (through
@@ -29,6 +36,7 @@ _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP
 _received: int | None = None
 _installed = False
 _watching = False
+_written: list[str] = []  # outputs moved into place by this process (atomic_path)
 STUCK_S = 3.0  # how long a signal may wait for Python's handler before the watchdog acts
 
 
@@ -54,6 +62,34 @@ def install() -> None:
         for sig in _SIGNALS:
             signal.signal(sig, _raise)
         _installed = True
+
+
+def finish() -> None:
+    """The command has finished (its output, if any, is in place): from now on a termination
+    signal is ignored and the process exits as it was going to, without a traceback from
+    whichever shutdown callback the handler would have interrupted.
+
+    Ignored, not recorded by a Python handler: Python's finalisation puts back the default action
+    of every signal that has a Python handler, and mpi4py's MPI_Finalize runs after that (a
+    ``Py_AtExit`` callback), waiting for the slower ranks; a signal there killed the rank, and the
+    launcher reported the job as killed by it (code 15 or -2, once each in 160 signals). An
+    ignored signal stays ignored through both. The watchdog of :func:`watch_stuck` does not
+    run there either way (its thread ends with the interpreter). A no-op unless :func:`install` ran."""
+    global _installed
+    if _installed and threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        _installed = False  # reinstall() must not turn the signals back into exceptions
+
+
+def note_written(path: str) -> None:
+    """Record that an output is complete at ``path`` (for the line a later signal prints)."""
+    _written.append(path)
+
+
+def written() -> list[str]:
+    """The outputs :func:`note_written` recorded, oldest first."""
+    return list(_written)
 
 
 def reinstall() -> None:

@@ -231,7 +231,7 @@ def test_a_starting_point_that_misses_an_observed_event_says_so(tmp_path):
                                                                   "g: {init: 1.0, bounds: [1, 50]}")
     (tmp_path / "spec.yaml").write_text(text)  # g = 1: no sample lands before t = 5
     out = CliRunner().invoke(app, ["train-inverse", str(tmp_path / "spec.yaml"), "-o", str(tmp_path / "o.h5")])
-    assert out.exit_code != 0 and "Traceback" not in out.output
+    assert out.exit_code == 2 and "Traceback" not in out.output
     assert out.output.strip().splitlines()[-1] == (
-        "error: the initial guess does not solve (non-finite loss) or misses an observed event (fewer "
-        "occurrences than inverse.data.events asks); change inverse.unknowns init")
+        f"error: {tmp_path / 'spec.yaml'}: inverse.unknowns: the initial guess does not solve (non-finite loss) or "
+        "misses an observed event (fewer occurrences than inverse.data.events asks); change the init")

@@ -233,7 +233,7 @@ def save(path: Path, layout: Layout, *, kind: str, spec_text: str, iteration: in
     error = None
     if comm.rank == 0:
         try:
-            with atomic_h5(path) as h5:
+            with atomic_h5(path, final=False) as h5:
                 a = h5.attrs
                 a["kind"] = kind
                 a["spec"] = spec_text

@@ -39,7 +39,7 @@ import torch
 from odecli import __version__
 from odecli.app import checkpoint as ckpt
 from odecli.app.fit import LOSS_COLUMNS, FitSettings, Stop, end_every_rank, run_fit
-from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError
+from odecli.errors import EXIT_FAILED_SAMPLES, EXIT_OK, InputError, OdecliError, SpecError
 from odecli.io.atomic import atomic_h5
 from odecli.io.ode_observations import read_observations
 from odecli.optim import Box, Optimizer, Space, make_optimizer
@@ -339,7 +339,9 @@ class OdeObjective:
         if initial and completed == 0 and g is None:
             also = (" or misses an observed event (fewer occurrences than inverse.data.events asks)"
                     if self.problem.inv.data.events else "")
-            raise OdecliError(f"the initial guess does not solve (non-finite loss){also}; change inverse.unknowns init")
+            # the user's starting point: an input to change (exit 2), not an internal error (issue 42)
+            raise SpecError(self.ode.file, "inverse.unknowns",
+                            f"the initial guess does not solve (non-finite loss){also}; change the init")
         return f, None if g is None else [torch.from_numpy(g)]
 
     def columns(self) -> dict[str, float]:

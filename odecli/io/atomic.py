@@ -17,7 +17,7 @@ from typing import Iterator
 import h5py
 
 from odecli.errors import InputError
-from odecli.interrupts import raise_if_interrupted
+from odecli.interrupts import note_written, raise_if_interrupted
 
 
 # The file format's 1.8 features (HDF5 1.8, 2008; every h5py, h5netcdf and netCDF-4 reads them):
@@ -126,12 +126,13 @@ def _free_name(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path, replace: bool = True) -> Iterator[Path]:
+def atomic_path(path: Path, replace: bool = True, final: bool = True) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; move it onto ``path`` only on success.
 
     ``replace=False`` (an output the user did not allow to be overwritten) keeps a file that
     another process created at ``path`` during the run. A symbolic link is written through,
-    so the link stays."""
+    so the link stays. ``final``: the command's result (not a checkpoint), recorded once in
+    place, so that a signal arriving afterwards says that it was written."""
     path = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     mode = _new_file_mode(path)
@@ -146,6 +147,8 @@ def atomic_path(path: Path, replace: bool = True) -> Iterator[Path]:
         os.chmod(tmp, mode)
         raise_if_interrupted()
         _move_into_place(tmp, path, replace)
+        if final:
+            note_written(str(path))
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise InputError(f"{path}: cannot write output file: {exc.strerror or exc}") from exc
@@ -155,7 +158,7 @@ def atomic_path(path: Path, replace: bool = True) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_h5(path: Path, replace: bool = True, in_memory: bool = True) -> Iterator[h5py.File]:
+def atomic_h5(path: Path, replace: bool = True, in_memory: bool = True, final: bool = True) -> Iterator[h5py.File]:
     """Open an HDF5 file for writing that appears at ``path`` only when the block succeeds.
 
     ``in_memory`` (for files that fit in memory: fit results, checkpoints) builds the file in a
@@ -164,7 +167,7 @@ def atomic_h5(path: Path, replace: bool = True, in_memory: bool = True) -> Itera
     ignored" by the dozen) and the process then crashed in HDF5 (SIGSEGV, issue 42); a plain
     write raises one ``OSError`` (ENOSPC, EFBIG), which :func:`atomic_path` turns into one line
     and a removed temporary. Streamed outputs (an ODE batch written chunk by chunk) pass False."""
-    with atomic_path(path, replace) as tmp:
+    with atomic_path(path, replace, final) as tmp:
         if not in_memory:
             with h5py.File(tmp, "w", libver=LIBVER) as handle:
                 yield handle

@@ -265,7 +265,7 @@ def _events(h5, folder: Path, second: str) -> Path:
     n_samples = int(h5["status"].shape[0]) if "status" in h5 else None
     tables = []
     for name in group:
-        times, other = _event_arrays(h5, name, second, n_samples)
+        times, other = event_arrays(h5, name, second, n_samples)
         tables.append((name, times, other))
     if second == "y":
         width = next((other.shape[2] for _, _, other in tables if other is not None), 0)
@@ -282,7 +282,7 @@ def _events(h5, folder: Path, second: str) -> Path:
     return write_csv(folder / "events.csv", ["event", "sample", "occurrence", "t", *columns], rows())
 
 
-def _event_arrays(h5, name: str, second: str, n_samples: int | None) -> tuple[np.ndarray, np.ndarray]:
+def event_arrays(h5, name: str, second: str, n_samples: int | None) -> tuple[np.ndarray, np.ndarray]:
     """``events/NAME/t`` (sample, occurrence) and ``events/NAME/<second>``, their shapes checked."""
     where = f"{h5.filename}: events/{name}"
     arrays = {}

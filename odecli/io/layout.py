@@ -290,6 +290,17 @@ def _conditions(layouts: tuple[tuple[Axis, ...], ...], sizes: Mapping[str, tuple
     return f" with {', '.join(parts)}" if parts else ""
 
 
+def numbers(h5: h5py.File, path: str) -> np.ndarray:
+    """Dataset ``path`` read as floats; a group, strings or records in its place is one line
+    (readers of optional pieces that no :func:`require` covered met ValueError, issue 42)."""
+    node = h5.get(path)
+    if not isinstance(node, h5py.Dataset) or node.dtype.kind not in "biuf":
+        got = "missing" if node is None else (f"dtype {node.dtype}" if isinstance(node, h5py.Dataset) else "a group")
+        raise InputError(f"{h5.filename}: dataset {path!r} must hold numbers, got {got} (written by another "
+                         "program, or damaged)")
+    return np.asarray(node[...], dtype=float)
+
+
 def state_names(h5: h5py.File, n_states: int) -> list[str]:
     """The ``states`` attribute as names (``y0, y1, ...`` where it does not hold ``n_states``);
     names that are not UTF-8 text (a damaged file) are an input error, not a crash in a writer."""

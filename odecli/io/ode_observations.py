@@ -31,8 +31,8 @@ def read_observations(path: str, ode: OdeSpec,
         with h5py.File(path, "r") as h5:
             if "t" not in h5 or "y" not in h5:
                 raise InputError(f"{where}: {path} has no 't' and 'y' datasets (expected an odecli solve output)")
-            t, y = h5["t"][...], h5["y"][...]
-            states = [str(s) for s in h5.attrs.get("states", ode.states)]
+            t, y = _numbers(h5, "t", path, where), _numbers(h5, "y", path, where)
+            states = _state_names(h5, ode.states, path, where)
             for observation in inv.data.events:
                 events[observation.name] = _read_event_times(h5, path, observation, where)
     except OSError:
@@ -58,8 +58,35 @@ def read_observations(path: str, ode: OdeSpec,
         raise InputError(f"{where}: observations contain NaN or inf (failed samples in {path}?)")
     if np.isinf(observed).any():
         raise InputError(f"{where}: observations contain inf")
+    for name, times in events.items():  # before the start or after the end: never met by a solve
+        if (times < lo - 1e-12 * np.abs(lo)).any() or (times > hi + 1e-12 * np.abs(hi)).any():
+            raise InputError(f"{where}: events/{name}/t has times outside the spec's time spans")
     t = np.clip(t, lo, hi)
     return t, observed, events
+
+
+def _numbers(h5: h5py.File, name: str, path: str, where: str) -> np.ndarray:
+    """Dataset ``name`` as numbers: a group, strings or records in its place is one line (they were
+    internal errors, issue 42)."""
+    node = h5[name]
+    if not isinstance(node, h5py.Dataset) or node.dtype.kind not in "iuf":
+        what = "a group" if isinstance(node, h5py.Group) else f"of dtype {node.dtype}"
+        raise InputError(f"{where}: {path}: '{name}' is {what}, expected numbers (an odecli solve output)")
+    return node[...]
+
+
+def _state_names(h5: h5py.File, default: list[str], path: str, where: str) -> list[str]:
+    """The file's ``states`` attribute as a list of names (the spec's where absent)."""
+    if "states" not in h5.attrs:
+        return list(default)
+    value = np.asarray(h5.attrs["states"])
+    if value.ndim != 1 or value.dtype.kind not in "SUO":
+        raise InputError(f"{where}: {path}: attribute 'states' must be a list of state names, got {value.dtype} "
+                         f"of shape {value.shape}")
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value.tolist()]
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: {path}: attribute 'states' is not UTF-8 text") from None
 
 
 def _read_event_times(h5: h5py.File, path: str, observation: EventObservation, where: str) -> np.ndarray:

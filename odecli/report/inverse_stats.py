@@ -19,6 +19,17 @@ def _describe(values: np.ndarray) -> dict[str, float]:
     return {"mean": float(values.mean()), "min": float(values.min()), "max": float(values.max())}
 
 
+def _flag(h5: h5py.File, ds: h5py.Dataset, name: str, default: bool) -> bool:
+    """A dataset's yes/no attribute (``default`` where absent); anything but one value is one line."""
+    if name not in ds.attrs:
+        return default
+    value = np.asarray(ds.attrs[name])
+    if value.shape != () or value.dtype.kind not in "biuf":
+        raise InputError(f"{h5.filename}: attribute {name!r} of {ds.name!r} must be true or false, got "
+                         f"{value.dtype} of shape {value.shape} (written by another program, or damaged)")
+    return bool(value)
+
+
 def inverse_summary(h5: h5py.File) -> dict[str, Any]:
     require(h5, "history/loss", "history/grad_norm", "status", "fit/", "stats/",
             optional=("history/n_evals", "init/", "truth/", "@iterations", "@ranks", "@noise", "@wall_time_s"))
@@ -32,7 +43,7 @@ def inverse_summary(h5: h5py.File) -> dict[str, Any]:
         fitted = ds[...]
         entry: dict[str, Any] = {
             "name": name, "unknown": str(ds.attrs.get("unknown", "param")),
-            "per_sample": bool(ds.attrs.get("per_sample", fitted.size > 1)), "fitted": _describe(fitted),
+            "per_sample": _flag(h5, ds, "per_sample", fitted.size > 1), "fitted": _describe(fitted),
             "initial_guess": _describe(h5["init"][name][...]) if "init" in h5 and name in h5["init"] else None,
         }
         if "truth" in h5 and name in h5["truth"]:

@@ -21,7 +21,7 @@ def pde_summary(h5: h5py.File) -> dict:
     """JSON-serialisable summary: loss history, gradient norm, timing split, model error."""
     # of fields/final and data/observed only the shapes are reported, but those must be datasets'
     require(h5, "history/loss", "history/grad_norm", "history/wall_time_s",
-            optional=("history/model_error", "@ranks", "@model_error_final", "fields/final", "data/observed"))
+            optional=("history/", "@ranks", "@model_error_final", "fields/final", "data/observed"))
     hist = h5["history"]
     loss = np.asarray(hist["loss"][...], dtype=float)
     gn = np.asarray(hist["grad_norm"][...], dtype=float)
@@ -76,7 +76,7 @@ def pde_summary(h5: h5py.File) -> dict:
         each = hist.get(f"model_error_{name}")
         if each is None or not each.size or not math.isfinite(float(each[0])):
             continue
-        first, last = _f(each[0]), _f(h5.attrs.get(f"model_error_final_{name}", each[-1]))
+        first, last = _f(each[0]), _f(_number_attr(h5, f"model_error_final_{name}", each[-1]))
         out.setdefault("model_errors", {})[name] = {
             "initial": first, "final": last, "ratio": _f(last / first) if first and last is not None else None}
     if "solver_iterations_max" in hist:  # linear solves: iterations per solve over the fit
@@ -93,6 +93,17 @@ def pde_summary(h5: h5py.File) -> dict:
     if isinstance(h5.get("data"), h5py.Group) and "observed" in h5["data"]:
         out["data_shape"] = list(h5["data/observed"].shape)
     return out
+
+
+def _number_attr(h5: h5py.File, name: str, default: float) -> float:
+    """A root attribute that must be one real number (``default`` where absent), else one line."""
+    if name not in h5.attrs:
+        return default
+    value = np.asarray(h5.attrs[name])
+    if value.shape != () or value.dtype.kind not in "iuf":
+        raise InputError(f"{h5.filename}: attribute {name!r} must be one number, got {value.dtype} of shape "
+                         f"{value.shape} (written by another program, or damaged)")
+    return float(value)
 
 
 def _names(h5: h5py.File, attr: str) -> list[str]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import as_batched, state_names, require
+from odecli.io.export import event_arrays
+from odecli.io.layout import as_batched, numbers, require, state_names
 from odecli.report.plot import PlotRequest, figure_size, parse_samples, parse_states
 from odecli.report.plot_axes import DPI, add_notes, decade_log_axis, draw_loss, figure_legend
 
@@ -150,7 +151,7 @@ def _through_terminal_events(h5, t: np.ndarray, y: np.ndarray, status) -> tuple[
     ``y_final``) follows their last stored one, so a curve does not stop short of its event."""
     if status is None or not (status == 5).any() or "t_final" not in h5 or "y_final" not in h5:
         return t, y
-    t_final, y_final = np.asarray(h5["t_final"][...], dtype=float), np.asarray(h5["y_final"][...], dtype=float)
+    t_final, y_final = numbers(h5, "t_final"), numbers(h5, "y_final")
     if t_final.shape != status.shape or y_final.shape != (status.size, y.shape[2]):
         return t, y
     t = np.concatenate([t, np.full((t.shape[0], 1), np.nan)], axis=1)
@@ -173,8 +174,8 @@ def _draw_events(h5, axes, picked, states, plt) -> list[tuple]:
     for k, (name, group) in enumerate(sorted(h5["events"].items())):
         if not all(key in group for key in ("t", "y")):
             continue
-        t_ev, y_ev = np.asarray(group["t"][...], dtype=float), np.asarray(group["y"][...], dtype=float)
-        if t_ev.ndim != 2 or y_ev.shape[:2] != t_ev.shape or t_ev.shape[0] <= max(picked, default=0):
+        t_ev, y_ev = event_arrays(h5, name, "y", None)  # numeric, (sample, occurrence) and (..., state)
+        if t_ev.shape[0] <= max(picked, default=0):
             raise InputError(f"{h5.filename}: events/{name}: t has shape {t_ev.shape} and y {y_ev.shape}, "
                              f"expected (sample, occurrence) and (sample, occurrence, state)")
         handle = None

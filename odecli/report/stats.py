@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from odecli.errors import InputError
-from odecli.io.layout import open_run, require, run_kind
+from odecli.io.layout import numbers, open_run, require, run_kind
 from odecli.ode.status import STATUS_NAMES
 
 # Beyond this many rows a rich Table takes seconds (about 1 ms a row): --per-sample prints
@@ -178,7 +178,9 @@ def _events_summary(h5: h5py.File) -> dict[str, dict[str, Any]]:
     for name, group in h5["events"].items():
         if not isinstance(group, h5py.Group) or "count" not in group:
             continue
-        count = group["count"][...]
+        count = numbers(h5, f"events/{name}/count")
+        if not np.isfinite(count).all():
+            raise InputError(f"{h5.filename}: events/{name}/count holds NaN or infinite counts")
         if count.shape != h5["status"].shape:
             raise InputError(f"{h5.filename}: events/{name}/count has shape {count.shape}, "
                              f"expected {h5['status'].shape} (one per sample)")

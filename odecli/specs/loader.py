@@ -124,13 +124,28 @@ def _check_tree(data: Any, file: str) -> None:
                 raise SpecError(file, where, f"nested more than {MAX_DEPTH} levels deep; a spec needs a handful")
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, child in items:
+                if isinstance(key, str):
+                    _check_text(key, file, where)
                 path = f"{where}[{key}]" if isinstance(value, list) else (f"{where}.{key}" if where else str(key))
                 stack.append((child, path, level + 1))
+        elif isinstance(value, str):
+            _check_text(value, file, where)
         elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _LARGEST:
             raise SpecError(file, where, f"integer of {len(str(abs(value)))} digits is too large (at most about 1.8e308)")
 
 
 _LARGEST = int(1.7976931348623157e308)
+
+
+def _check_text(text: str, file: str, where: str) -> None:
+    """Refuse a string YAML's ``"\\udcff"`` escape made of an unpaired surrogate: it is no
+    character, and printing or writing it (an error message, the run file) failed with
+    UnicodeEncodeError, an internal error (issue 42)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SpecError(file, where, f"text holds an unpaired surrogate \\u{ord(text[exc.start]):04x}, which is not "
+                        "a character (a \\uD800-\\uDFFF escape)") from None
 
 
 def _parse_for_errors(text: str, file: str) -> Any:

@@ -25,6 +25,7 @@ import msgspec
 from odecli.errors import SpecError
 from odecli.optim.settings import OptimizerSettings
 from odecli.pde.propagator import EQUATIONS as EQUATION_MODULES
+from odecli.specs import feasibility
 from odecli.specs import pde_inputs as inputs
 from odecli.specs import pde_params as params
 from odecli.specs import pde_sections as sections
@@ -160,6 +161,7 @@ def validate(raw: Any, file: str, base_dir: Path | None = None) -> dict:
     for unknown in (out["unknown"], *out["unknown"]["parameters"].values()):
         if unknown["fixed_border"] is None:  # an MLP continues the interior into the sponge (unknowns.py)
             unknown["fixed_border"] = sponge if unknown["type"] == "mlp" else 0
+    feasibility.check_pde_memory(out)  # first: the checks below visit every node of each side
     check_physical(V, out, raw)
     most = min((ny - 1) // 2, (nx - 1) // 2)
     if out["unknown"]["fixed_border"] > most:
