@@ -100,3 +100,32 @@ def test_a_signal_while_the_command_line_is_imported_is_one_line(tmp_path):
     _clean(result.stderr)
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     assert result.stderr == "stopped by SIGTERM; no output was written\n"
+
+
+def test_a_signal_to_one_rank_while_the_command_line_is_imported_ends_every_rank(tmp_path):
+    # rank 1 stopped cleanly (143) before MPI_Init, while rank 0 waited in MPI_Init for it and
+    # mpiexec for both: the job hung until killed (found with three orphaned 2-rank fits)
+    pytest.importorskip("mpi4py")
+    from mpi_helpers import find_mpiexec
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.fail("mpi4py is installed but no mpiexec was found")
+    code = (
+        "import builtins, os, signal, sys\n"
+        "real = builtins.__import__\n"
+        "def hooked(name, *args, **kwargs):\n"
+        "    if name == 'typer' and os.environ.get('PMI_RANK') == '1':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = hooked\n"
+        f"sys.argv = ['odecli', 'train-inverse', {str(ROOT / 'examples' / 'vdp-fit.yaml')!r}, '-o', 'fit.h5', '-q']\n"
+        "from odecli.__main__ import main\n"
+        "main()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", code], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    _clean(result.stderr)
+    assert result.returncode == 128 + signal.SIGTERM, result.stdout + result.stderr
+    assert "[rank 1] stopped by SIGTERM; no output was written" in result.stderr
+    assert list(tmp_path.iterdir()) == []
