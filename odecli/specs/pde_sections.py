@@ -88,8 +88,9 @@ class Optimizer(Section, frozen=True, kw_only=True):
     """the optimiser; the same keys as an ODE fit's (odecli.optim.settings.OptimizerSettings), and
     a pde-inverse fit's frequency_continuation"""
 
-    # L-BFGS by default, as in ODE fits: with its strong-Wolfe line search it beat Adam on every
-    # bundled unknown (heat2d MLP 0.24x vs 0.47x, acoustic MLP 0.15x vs 0.20x; benchmarks/RESULTS.md)
+    # L-BFGS by default, as in ODE fits: with its strong-Wolfe line search it beat Adam on the
+    # bundled MLP unknowns (heat2d 0.24x vs 0.48x, acoustic 0.060x vs 0.083x) and on most of the
+    # defaults sweep's problems (benchmarks/RESULTS.md)
     type: Literal["adam", "lbfgs"] = "lbfgs"
     # left out: scale-aware (Adam: 2 % of each unknown's range per step; L-BFGS: a first step of 5 %)
     learning_rate: Optional[Positive] = None
