@@ -25,6 +25,7 @@ from rich.console import Console
 
 from odecli import __version__
 from odecli.errors import EXIT_INTERNAL, EXIT_INVALID_INPUT, InputError, OdecliError
+from odecli.interrupts import forget_written
 
 try:  # typer >= 0.20 carries its own copy of click
     from typer._click.exceptions import UsageError
@@ -163,6 +164,7 @@ def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
     def wrapper(*args, **kwargs):
         under_mpi = ranks and _mpi_size() > 1  # no import before the try: a signal may come any time
         try:
+            forget_written()  # a signal's line names this command's outputs only
             if under_mpi:
                 _watch_ranks()
             return command(*args, **kwargs)

@@ -87,6 +87,11 @@ def note_written(path: str) -> None:
     _written.append(path)
 
 
+def forget_written() -> None:
+    """A new command starts: outputs earlier commands of this process wrote are not its own."""
+    _written.clear()
+
+
 def written() -> list[str]:
     """The outputs :func:`note_written` recorded, oldest first."""
     return list(_written)

@@ -223,6 +223,9 @@ def test_ctrl_c_before_any_checkpoint_says_only_that_nothing_was_written(tmp_pat
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Problem, "evaluate", ctrl_c)
+    from odecli.interrupts import note_written
+
+    note_written(str(tmp_path / "earlier.h5"))  # an earlier command of this process wrote it
     result = _cli(spec, "-o", tmp_path / "out.h5", "-q")
     assert result.exit_code == 130
     assert result.output.strip().splitlines()[-1] == "interrupted; no output was written"
