@@ -301,6 +301,20 @@ def numbers(h5: h5py.File, path: str) -> np.ndarray:
     return np.asarray(node[...], dtype=float)
 
 
+def scalar_attr(h5: h5py.File, node: Union[h5py.Group, h5py.Dataset], name: str, default, *,
+                kinds: str, expected: str):
+    """Attribute ``name`` of ``node`` as one value of a dtype kind in ``kinds`` (``default`` where
+    absent); an array, a string or a record there is one line saying it must be ``expected``."""
+    if name not in node.attrs:
+        return default
+    value = np.asarray(node.attrs[name])
+    if value.shape != () or value.dtype.kind not in kinds:
+        where = "" if node.name == "/" else f" of {node.name!r}"
+        raise InputError(f"{h5.filename}: attribute {name!r}{where} must be {expected}, got {value.dtype} of "
+                         f"shape {value.shape} (written by another program, or damaged)")
+    return value
+
+
 def state_names(h5: h5py.File, n_states: int) -> list[str]:
     """The ``states`` attribute as names (``y0, y1, ...`` where it does not hold ``n_states``);
     names that are not UTF-8 text (a damaged file) are an input error, not a crash in a writer."""

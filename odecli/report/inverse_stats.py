@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from odecli.errors import InputError
-from odecli.io.layout import require
+from odecli.io.layout import require, scalar_attr
 from odecli.ode.status import STATUS_NAMES
 
 
@@ -21,13 +21,7 @@ def _describe(values: np.ndarray) -> dict[str, float]:
 
 def _flag(h5: h5py.File, ds: h5py.Dataset, name: str, default: bool) -> bool:
     """A dataset's yes/no attribute (``default`` where absent); anything but one value is one line."""
-    if name not in ds.attrs:
-        return default
-    value = np.asarray(ds.attrs[name])
-    if value.shape != () or value.dtype.kind not in "biuf":
-        raise InputError(f"{h5.filename}: attribute {name!r} of {ds.name!r} must be true or false, got "
-                         f"{value.dtype} of shape {value.shape} (written by another program, or damaged)")
-    return bool(value)
+    return bool(scalar_attr(h5, ds, name, default, kinds="biuf", expected="true or false"))
 
 
 def inverse_summary(h5: h5py.File) -> dict[str, Any]:

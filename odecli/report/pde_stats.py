@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 
 from odecli.errors import InputError
-from odecli.io.layout import require
+from odecli.io.layout import require, scalar_attr
 
 
 def _f(x) -> float | None:
@@ -97,13 +97,7 @@ def pde_summary(h5: h5py.File) -> dict:
 
 def _number_attr(h5: h5py.File, name: str, default: float) -> float:
     """A root attribute that must be one real number (``default`` where absent), else one line."""
-    if name not in h5.attrs:
-        return default
-    value = np.asarray(h5.attrs[name])
-    if value.shape != () or value.dtype.kind not in "iuf":
-        raise InputError(f"{h5.filename}: attribute {name!r} must be one number, got {value.dtype} of shape "
-                         f"{value.shape} (written by another program, or damaged)")
-    return float(value)
+    return float(scalar_attr(h5, h5, name, default, kinds="iuf", expected="one number"))
 
 
 def _names(h5: h5py.File, attr: str) -> list[str]:
