@@ -10,7 +10,6 @@ MPICH's launcher). So it initialises MPI and aborts the job with 143, as every l
 of one rank does (:func:`odecli.parallel.comm.abort_now`).
 """
 
-import os
 import signal
 import sys
 
@@ -25,21 +24,15 @@ def main() -> None:
         signum = getattr(exc, "signum", signal.SIGINT)
         what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         line = f"{what}; no output was written"
-        if _launched_ranks() > 1:
+        from odecli.parallel.launcher import launched_ranks
+
+        if launched_ranks() > 1:
             from odecli.parallel.comm import abort_now
 
             abort_now(line, 128 + signum)  # does not return
         sys.stderr.write(line + "\n")
         sys.exit(128 + signum)
     run()
-
-
-def _launched_ranks() -> int:
-    """The number of ranks an MPI launcher started, from its environment (odecli.cli's rule)."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from rich.console import Console
 from odecli import __version__
 from odecli.errors import EXIT_INTERNAL, EXIT_INVALID_INPUT, InputError, OdecliError
 from odecli.interrupts import forget_written
+from odecli.parallel.launcher import launched_rank, launched_ranks
 
 try:  # typer >= 0.20 carries its own copy of click
     from typer._click.exceptions import UsageError
@@ -99,14 +100,6 @@ stdout = Console(highlight=False, soft_wrap=True)  # lines are never wrapped, al
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def _mpi_rank() -> int:
-    """This process's MPI rank from the launcher's environment (no MPI import needed)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
 def _failure(exc: BaseException) -> tuple[Optional[str], int]:
     """The one line to print for a failure, and its exit code (raises what is not a failure)."""
     if isinstance(exc, typer.Exit):
@@ -162,7 +155,7 @@ def _clean_errors(command: Callable, ranks: bool = False) -> Callable:
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
-        under_mpi = ranks and _mpi_size() > 1  # no import before the try: a signal may come any time
+        under_mpi = ranks and launched_ranks() > 1  # no import before the try: a signal may come any time
         try:
             forget_written()  # a signal's line names this command's outputs only
             if under_mpi:
@@ -187,14 +180,6 @@ def _ranked(command: Callable) -> Callable:
 
 
 _RANKED = {"solve", "train-inverse"}  # the commands that run over MPI ranks under mpirun
-
-
-def _mpi_size() -> int:
-    """The number of ranks the MPI launcher started, from its environment (no MPI import)."""
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
 
 
 def _watch_ranks() -> None:
@@ -244,7 +229,7 @@ def _is_hdf5(path: Path) -> bool:
 
 
 def _note_oversubscription(note: Optional[str], quiet: bool) -> None:
-    if note and not quiet and _mpi_rank() == 0:
+    if note and not quiet and launched_rank() == 0:
         stderr.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
@@ -389,7 +374,7 @@ def train_inverse(
     gc.collect()
     gc.freeze()
     code = train_inverse_file(spec, output, iterations=iterations, resume=resume, force=force, quiet=quiet,
-                              logger=_file_logger(log if _mpi_rank() == 0 else None))
+                              logger=_file_logger(log if launched_rank() == 0 else None))
     raise typer.Exit(code)
 
 
@@ -481,7 +466,7 @@ def run() -> None:
         app(prog_name="odecli")
     except (KeyboardInterrupt, _Signal) as exc:  # a signal outside a command's own handler
         line, code = _failure(exc.interrupted if isinstance(exc, _Signal) else exc)
-        if _mpi_size() > 1 and _RANKED.intersection(sys.argv[1:]):
+        if launched_ranks() > 1 and _RANKED.intersection(sys.argv[1:]):
             from odecli.parallel.comm import end_together
 
             line, code = end_together(line, code)
