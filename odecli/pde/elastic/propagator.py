@@ -7,9 +7,10 @@ the stress update (out of place and differentiable, :func:`odecli.parallel.ops.h
 the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
 bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
-bit the reference's) and the gradient on their hand-written adjoint; elsewhere (CUDA, no
-compiler) autograd differentiates the PyTorch reference steps.  Either way the time loop is
-split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
+bit the reference's) and the gradient on their hand-written adjoint; on a CUDA device and one
+rank on the same loop's CUDA kernels (:mod:`odecli.pde.elastic.cuda_loop`); elsewhere (several
+ranks on CUDA, no compiler, no NVRTC) autograd differentiates the PyTorch reference steps.
+Either way the time loop is split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
 state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
 not like ``nt``; on the fused path the last segment's first pass writes its stores into that
 buffer and its recomputation is skipped.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from odecli.pde.elastic import cuda_loop
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
 from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
 from odecli.pde.elastic.pml import axis_coefficients
@@ -82,7 +84,7 @@ class _Segment(torch.autograd.Function):
                 # the backward's first segment: its first pass writes the stores into the
                 # buffers that its recomputation would have filled (no more memory at the
                 # backward's peak), which it then skips
-                loop = FusedLoop(prop, Materials(*materials), prop._profiles, prop.threads)
+                loop = prop.loop_class(prop, Materials(*materials), prop._profiles, prop.threads)
                 ctx.stored = loop.store_buffers(t0, t1, v)
                 out = loop.run(t0, t1, v, s, psi.contiguous(), own=True, stores=ctx.stored,
                                fields=True)
@@ -100,7 +102,7 @@ class _Segment(torch.autograd.Function):
             v, s, *mats = ctx.saved_tensors
             if not ctx.has_surface:
                 mats.append(None)
-            loop = FusedLoop(prop, Materials(*mats), prop._profiles, prop.threads)
+            loop = prop.loop_class(prop, Materials(*mats), prop._profiles, prop.threads)
             out = loop.adjoint(*ctx.span, v, s, ctx.packed, grads, stored=ctx.stored)
             ctx.stored = None
             return (None, None, None, *out)
@@ -146,6 +148,10 @@ class ElasticPropagator:
         self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
         like = torch.zeros(0, dtype=dtype, device=device)
         ok = native_available(like)[0] if fused is not False else False
+        # on a GPU (one rank) the CUDA kernels take the C kernels' place (cuda_loop.py)
+        self.cuda_launcher, self.cuda_why = cuda_loop.launcher_for(like, comm)
+        self.loop_class = FusedLoop if self.cuda_launcher is None else cuda_loop.CudaLoop
+        ok = ok or (self.cuda_launcher is not None and fused is not False)
         if fused and not ok:
             raise RuntimeError(f"fused elastic kernels unavailable: {native_available(like)[1]}")
         # every rank takes the same path (they exchange halos in the same pattern)
@@ -179,10 +185,13 @@ class ElasticPropagator:
     def engine(self) -> str:
         """What runs the time loop, for result files and ``odecli stats``."""
         segs = len(self.segments)
+        if self.fused and self.cuda_launcher is not None:
+            return f"CUDA kernels and hand-written adjoint on {self.device}, {segs} time segment(s)"
         if self.fused:
             return (f"fused C kernels and hand-written adjoint, {self.threads} thread(s) per "
                     f"rank, {segs} time segment(s)")
-        return f"PyTorch reference on {self.device}, {segs} time segment(s)"
+        why = f" ({self.cuda_why})" if torch.device(self.device or "cpu").type == "cuda" else ""
+        return f"PyTorch reference on {self.device}, {segs} time segment(s){why}"
 
     # -------------------------------------------------------------------------- set-up
 
@@ -289,7 +298,7 @@ class ElasticPropagator:
         memory variables ``psi`` may be updated in place)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
-        loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
+        loop = self.loop_class(self, Materials(*materials), self._profiles, self.threads)
         return loop.run(t0, t1, v, s, psi, own=own)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
