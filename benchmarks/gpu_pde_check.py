@@ -1,11 +1,14 @@
-"""The acoustic CUDA kernel on a GPU, checked and timed in one run that fits a lent GPU's minutes.
+"""The acoustic and elastic CUDA kernels on a GPU, checked and timed in one run that fits a lent
+GPU's minutes.
 
     python benchmarks/gpu_pde_check.py [--sizes 2000 4000] [--steps 200] [--budget 170]
+                                       [--elastic-sizes 2000] [--elastic-steps 100]
     python benchmarks/gpu_pde_check.py --host-dry-run     # no GPU: the kernel's host build, tiny
 
 In order, each section skipped once the time budget (seconds) is spent:
 
-1. ``tests/test_pde_cuda.py`` (its GPU tests skip everywhere else) unless ``--skip-tests``;
+1. ``tests/test_pde_cuda.py`` and ``tests/test_elastic_cuda.py`` (their GPU tests skip
+   everywhere else) unless ``--skip-tests``;
 2. correctness on the GPU: the kernel (odecli/pde/acoustic/cuda_*) against odecli's PyTorch
    reference on the same card, float64 and float32 (a 401^2 problem with a free surface and two
    shots): whether the traces are bit for bit the same, max |difference| / max |traces|, and the
@@ -19,6 +22,10 @@ In order, each section skipped once the time budget (seconds) is spent:
    numbers of this run.  The kernel's gradient keeps every step's lap(u) when it fits in half the
    free GPU memory (one time segment, as Deepwave stores every step), else the fewest segments
    that fit.
+
+The elastic kernels' check and timings (``benchmarks/gpu_elastic_check.py``: against the
+reference, then at ``--elastic-sizes`` beside ``deepwave.elastic``) run after the acoustic check
+and after the acoustic timing of the first size.
 
 ``--host-dry-run`` runs all of it on the CPU at a tiny size through the kernel's host build
 (Deepwave on the CPU), to prove the script works without a GPU; its numbers mean nothing.
@@ -40,12 +47,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import gpu_elastic_check
+
 from odecli.app.pde_problem import Problem
 from odecli.parallel.comm import get_comm
 from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.build import fused_auto_segments
 from odecli.pde.acoustic.cuda_build import host_launcher
 from odecli.pde.acoustic.reference import RING
+from odecli.pde.elastic import cuda_build as elastic_cuda_build
+from odecli.pde.elastic import cuda_loop as elastic_cuda_loop
 from odecli.pde.segments import default_segment_count, segment_bounds
 from odecli.specs.pde import validate
 
@@ -255,6 +266,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[2000, 4000])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--budget", type=float, default=170.0, help="seconds before sections are skipped")
+    ap.add_argument("--elastic-sizes", type=int, nargs="*", default=[2000])
+    ap.add_argument("--elastic-steps", type=int, default=100)
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference timing")
     ap.add_argument("--host-dry-run", action="store_true",
@@ -263,8 +276,11 @@ def main() -> None:
     if args.host_dry_run:
         DEVICE = "cpu"
         cuda_loop.launcher_for = lambda like, comm: (host_launcher(like.dtype), "")
+        elastic_cuda_loop.launcher_for = lambda like, comm: (elastic_cuda_build.host_launcher(like.dtype), "")
         if args.sizes == [2000, 4000]:
             args.sizes, args.steps = [48, 64], 30
+        if args.elastic_sizes == [2000]:
+            args.elastic_sizes, args.elastic_steps = [64], 20
     elif not torch.cuda.is_available():
         sys.exit("no CUDA device (use --host-dry-run to check the script on the CPU)")
     card = torch.cuda.get_device_name() if DEVICE == "cuda" else f"host build on {platform.processor() or 'CPU'}"
@@ -272,13 +288,22 @@ def main() -> None:
           f"{torch.__version__}, command: python benchmarks/gpu_pde_check.py {' '.join(sys.argv[1:])}")
     if not args.skip_tests and not args.host_dry_run:
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        str(ROOT / "tests" / "test_pde_cuda.py")], cwd=ROOT, check=False)
+                        str(ROOT / "tests" / "test_pde_cuda.py"),
+                        str(ROOT / "tests" / "test_elastic_cuda.py")], cwd=ROOT, check=False)
     check_against_reference(args.budget)
-    for n in args.sizes:
+    if left(args.budget):
+        gpu_elastic_check.check_against_reference(DEVICE, small=args.host_dry_run)
+    for k, n in enumerate(args.sizes):
         if not left(args.budget):
             print(f"\n(time budget spent: {n}^2 skipped)")
             continue
         time_size(n, args.steps, args.budget, not args.no_reference)
+        for m in args.elastic_sizes if k == 0 else []:
+            if not left(args.budget):
+                print(f"\n(time budget spent: elastic2d {m}^2 skipped)")
+                continue
+            gpu_elastic_check.time_size(m, args.elastic_steps, DEVICE, not args.no_reference,
+                                        lambda: left(args.budget))
     print(f"\ntotal {time.perf_counter() - START:.0f} s")
 
 
