@@ -32,6 +32,9 @@ REALS = {torch.float32: "float", torch.float64: "double"}
 _GRID = (("odecli_i64", "B"), ("odecli_i64", "ny"), ("odecli_i64", "nx"), ("odecli_i64", "tiles_x"))
 _PML = tuple(("const REAL *", n) for n in ("ayi", "byi", "ayh", "byh", "axi", "bxi", "axh", "bxh"))
 _STEP = (("REAL", "dt"), ("REAL", "idy"), ("REAL", "idx"))
+# the free-surface image's rows (r<channel><ghost row>) and signs per channel
+_IMAGE = (*(("odecli_i64", f"r{c}{g}") for c in range(3) for g in range(2)),
+          *(("REAL", f"s{c}") for c in range(3)))
 
 
 def _ptrs(text: str, const: bool = False) -> tuple[tuple[str, str], ...]:
@@ -53,6 +56,18 @@ KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
                                  *_ptrs("g_by g_bx w"), *_PML, *_STEP),
     "elastic_stress_gather": (*_GRID, ("REAL *", "lv"), ("const REAL *", "w")),
     "elastic_velocity_gather": (*_GRID, ("REAL *", "ls"), ("const REAL *", "w")),
+    # between the half steps (not over the grid: Call's ``threads`` says how many)
+    "elastic_image": (("odecli_i64", "B"), ("odecli_i64", "C"), ("odecli_i64", "ny"),
+                      ("odecli_i64", "nx"), ("REAL *", "f"), *_IMAGE),
+    "elastic_fold": (("odecli_i64", "B"), ("odecli_i64", "C"), ("odecli_i64", "ny"),
+                     ("odecli_i64", "nx"), ("REAL *", "f"), ("odecli_i64", "surface"), *_IMAGE),
+    "elastic_source": (("odecli_i64", "B"), ("odecli_i64", "plane"), ("odecli_i64", "channels"),
+                       ("REAL *", "f"), ("const odecli_i64 *", "ptr"), ("const odecli_i64 *", "at"),
+                       ("const REAL *", "values")),
+    "elastic_receiver": (("odecli_i64", "n"), ("odecli_i64", "plane"), *_ptrs("v s", True),
+                         ("const odecli_i64 *", "at"), ("const odecli_i64 *", "kind"),
+                         ("const odecli_i64 *", "slot"), ("REAL *", "traces"),
+                         ("odecli_i64", "steps"), ("odecli_i64", "step")),
 }
 GATHERS = ("elastic_stress_gather", "elastic_velocity_gather")  # over the ringed grid
 
@@ -115,9 +130,10 @@ def _ctype(c_type: str, real):
 class Call:
     """One kernel's launch arguments as ctypes objects made once, and the array of their
     addresses the launch reads; :meth:`set` re-points them between launches.  ``blocks``
-    covers the grid (the ringed one for a gather) with tiles of 32 x 8."""
+    covers the grid (the ringed one for a gather) with tiles of 32 x 8, or ``threads``
+    threads for the kernels that do not run over the grid."""
 
-    def __init__(self, entry: str, dtype: torch.dtype, **values) -> None:
+    def __init__(self, entry: str, dtype: torch.dtype, threads: int | None = None, **values) -> None:
         params = KERNELS[entry]
         real = ctypes.c_float if dtype == torch.float32 else ctypes.c_double
         self.entry = entry
@@ -125,6 +141,10 @@ class Call:
         self._slot = {name: arg for (_, name), arg in zip(params, self.args)}
         self.pointers = (ctypes.c_void_p * len(self.args))(*(ctypes.addressof(a) for a in self.args))
         self._tensors: dict = {}  # the tensors pointed to, kept alive while they are
+        if threads is not None:
+            self.set(**values)
+            self.blocks = max(1, -(-threads // THREADS))
+            return
         ring = 4 if entry in GATHERS else 0
         ny, nx = values["ny"] + ring, values["nx"] + ring
         self.set(tiles_x=-(-nx // TILE_X), **values)

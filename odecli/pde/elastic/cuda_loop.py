@@ -3,20 +3,24 @@ C loop's interface (:class:`~odecli.pde.elastic.fused.FusedLoop`: ``run``, ``adj
 ``store_buffers``), so the propagator's time segments, checkpoints and stored last segment
 drive it unchanged, with the GPU's kernels in place of the C kernels.
 
-A step is two launches (velocity, then stress, every shot in each), with what lies between
-them in torch, as on the CPU's multi-rank path: the free-surface image of the fields' ghost
-rows, the point sources (``index_put_``) and the receivers (a gather), whose helpers it
-inherits from ``FusedLoop``.  The adjoint step is four launches: each half step's point pass
-(parameter gradients, memory variables' adjoints, the weighted derivative adjoints into the
-scratch ``w``) and its gather (the transposed stencils, one thread per ringed point: no
-atomics), the image folded back and the traces' adjoints added in torch.  Forward steps equal
-the PyTorch reference's bit for bit (same operations, same order, no contraction); gradients
-equal autograd's through the reference to round-off (the tests' bounds: 1e-12 relative in
-float64).
+A step is two launches over the grid (velocity, then stress, every shot in each), with small
+launches between them where the CPU's multi-rank path runs torch: the free-surface image of the
+fields' ghost rows, the point sources and the receivers.  Why: as torch operations these cost
+the host ~50 us a step without a free surface and ~140 us with one (CPU tensors, 64^2, a
+launcher that does nothing; more on CUDA tensors), while a step of the kernels at 2000^2 should
+take an H100 ~0.1-0.2 ms (~320 MB of memory traffic in float32; not yet measured): the GPU would
+wait on Python.  As launches the loop's own Python is ~3 us a step besides the launch calls.  The adjoint step is four launches over the grid:
+each half step's point pass (parameter gradients, memory variables' adjoints, the weighted
+derivative adjoints into the scratch ``w``) and its gather (the transposed stencils, one thread
+per ringed point: no atomics), each followed by the image folded back and the ring cleared
+(``elastic_fold``); the traces' adjoints and the point forces' buoyancy gradient stay in torch
+(``FusedLoop``'s helpers).  Forward steps equal the PyTorch reference's bit for bit (same
+operations, same order, no contraction); gradients equal autograd's through the reference to
+round-off (the tests' bound: 1e-12 relative in float64).
 
 On the host build (:func:`~.cuda_build.host_launcher`) the same loop runs on CPU tensors: the
 tests route the propagator's CUDA path there.  One rank: several ranks (halo exchanges of
-CUDA tensors between the half steps) keep the PyTorch reference, untested here without a GPU.
+CUDA tensors between the half steps) keep the PyTorch reference.
 """
 
 from __future__ import annotations
@@ -76,6 +80,70 @@ class CudaLoop(FusedLoop):
         extra = {} if entry.endswith("gather") else {**self.pml, **self.steps}
         return Call(entry, self.dtype, B=shots, ny=self.ny, nx=self.nx, **extra, **values)
 
+    def _image(self, entry: str, f: Tensor, image, **values) -> Call:
+        """The launch of ``elastic_image`` or ``elastic_fold`` on ringed ``f`` for ``image``
+        (:data:`~odecli.pde.elastic.reference.STRESS_IMAGE` or ``VELOCITY_IMAGE``)."""
+        b, c = f.shape[:2]
+        rows, signs = image
+        rows, signs = [*rows, (0, 0)][:3], [*signs, 0.0][:3]
+        args = {f"r{k}{g}": rows[k][g] for k in range(3) for g in range(2)}
+        args.update({f"s{k}": float(signs[k]) for k in range(3)})
+        per = 2 * (self.nx + 4) if entry == "elastic_image" else self.nx + 4 + self.ny
+        return Call(entry, self.dtype, threads=b * c * per, B=b, C=c, ny=self.ny, nx=self.nx,
+                    f=f, **args, **values)
+
+    def _sources(self, vr: Tensor, sr: Tensor) -> Call | None:
+        """The launch adding a step's point sources (``values`` re-pointed per step to the
+        row of :attr:`source_values`), with the values the reference's ``_inject`` adds."""
+        prop, g = self.prop, self.prop.geom
+        if not g.has_sources:
+            return None
+        b, rows, cols = vr.shape[0], vr.shape[-2], vr.shape[-1]
+        plane = rows * cols
+        order = torch.sort(g.src_shot, stable=True).indices
+        shot, iy, ix = g.src_shot[order], g.src_iy[order], g.src_ix[order]
+        scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+        values = g.src_amp[order][None, :] * (g.wavelet[:, None] * scale)  # as _inject's, per step
+        at = (iy + RING) * cols + ix + RING
+        if prop.source_type == "pressure":
+            values, at, f, channels = -values, at + shot * 3 * plane, sr, 2
+        else:
+            chan = 0 if prop.source_type == "fy" else 1
+            buoy = self.materials.by if chan == 0 else self.materials.bx
+            values = values * buoy.detach()[iy, ix][None, :]
+            at, f, channels = at + (shot * 2 + chan) * plane, vr, 1
+        self.source_values = values.contiguous()
+        ptr = torch.zeros(b + 1, dtype=torch.int64, device=vr.device)
+        ptr[1:] = torch.cumsum(torch.bincount(shot, minlength=b), 0)
+        return Call("elastic_source", self.dtype, threads=b, B=b, plane=plane, channels=channels,
+                    f=f, ptr=ptr, at=at.to(torch.int64).contiguous(), values=self.source_values)
+
+    def _receiver_call(self, vr: Tensor, sr: Tensor, traces: Tensor) -> Call | None:
+        """The launch recording a step's receivers into ``traces`` ``(B, receivers, steps)``
+        (``step`` set per step), in the receivers' order (the propagator's ``rec_order``)."""
+        prop = self.prop
+        b, rows, cols = vr.shape[0], vr.shape[-2], vr.shape[-1]
+        plane = rows * cols
+        nrec = traces.shape[1]
+        if nrec == 0:
+            return None
+        at, kind = [], []
+        for c, iy, ix in prop.rec_groups:
+            flat = (iy + RING) * cols + ix + RING
+            at.append(flat + (plane if c == "vx" else 0))
+            kind.append(torch.full_like(flat, 1 if c == "pressure" else 0))
+        at, kind = torch.cat(at), torch.cat(kind)
+        column = torch.argsort(prop.rec_order)  # group entry q lands in column column[q]
+        shots = torch.arange(b, device=at.device)[:, None]
+        stride = torch.where(kind == 1, 3 * plane, 2 * plane)
+        at_all = (shots * stride[None, :] + at[None, :]).reshape(-1)
+        slot = (shots * nrec + column[None, :]).reshape(-1)
+        return Call("elastic_receiver", self.dtype, threads=at_all.numel(), n=at_all.numel(),
+                    plane=plane, v=vr, s=sr, at=at_all.to(torch.int64).contiguous(),
+                    kind=kind.repeat(b).to(torch.int64).contiguous(),
+                    slot=slot.to(torch.int64).contiguous(), traces=traces,
+                    steps=traces.shape[-1], step=0)
+
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
             stores: tuple[Tensor, Tensor] | None = None, fields: bool = False):
         """As :meth:`FusedLoop.run`: steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``."""
@@ -86,30 +154,42 @@ class CudaLoop(FusedLoop):
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
         psi = psi.contiguous() if own else psi.clone().contiguous()
-        self._receivers(vr)
         b = v.shape[0]
         by, bx, lam2mu, lam, muxy = self.mats
         vel = self._call("elastic_velocity", b, v=vr, s=sr, psi=psi, buy=by, bux=bx, store=None)
         st = self._call("elastic_stress", b, v=vr, s=sr, psi=psi, lam2mu=lam2mu, lam=lam,
                         muxy=muxy, store=None, surface=self.surface)
+        images = ((self._image("elastic_image", sr, STRESS_IMAGE),
+                   self._image("elastic_image", vr, VELOCITY_IMAGE))
+                  if prop.free_surface_here else None)
         force = prop.source_type != "pressure"
-        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        recs = []
+        sources = self._sources(vr, sr)
+        traces = v.new_zeros((b, prop.geom.nrec_local, t1 - t0))
+        receivers = self._receiver_call(vr, sr, traces)
+        if sources is not None:
+            row = self.source_values.stride(0) * self.source_values.element_size()
+            first = self.source_values.data_ptr()
+        launch = self.launcher.launch
         for it in range(t0, t1):
             if stores is not None:
                 vel.set(store=stores[0][it - t0])
                 st.set(store=stores[1][it - t0])
-            self._exchange(sr, STRESS_IMAGE)
-            self.launcher.launch(vel)
-            if force:
-                prop._inject(vr[inner], it, self.materials, in_place=True)
-            self._exchange(vr, VELOCITY_IMAGE)
-            self.launcher.launch(st)
-            if not force:
-                prop._inject(sr[inner], it, self.materials, in_place=True)
-            recs.append(self._record(vr, sr))
-        traces = (torch.stack(recs, dim=-1) if recs
-                  else v.new_zeros((b, prop.geom.nrec_local, 0)))
+            if sources is not None:
+                sources.set(values=first + it * row)
+            if images:
+                launch(images[0])
+            launch(vel)
+            if force and sources is not None:
+                launch(sources)
+            if images:
+                launch(images[1])
+            launch(st)
+            if not force and sources is not None:
+                launch(sources)
+            if receivers is not None:
+                receivers.set(step=it - t0)
+                launch(receivers)
+        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         if stores is not None and not fields:
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
@@ -154,20 +234,24 @@ class CudaLoop(FusedLoop):
         velocity_t = self._call("elastic_velocity_adjoint", b, lv=lv, lp=lp, buy=by, bux=bx,
                                 store=None, g_by=gm[0], g_bx=gm[1], w=w)
         velocity_g = self._call("elastic_velocity_gather", b, ls=ls, w=w)
+        surface = int(prop.free_surface_here)
+        fold_v = self._image("elastic_fold", lv, VELOCITY_IMAGE, surface=surface)
+        fold_s = self._image("elastic_fold", ls, STRESS_IMAGE, surface=surface)
+        launch = self.launcher.launch
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
             stress_t.set(store=store_s[k])
-            self.launcher.launch(stress_t)
-            self.launcher.launch(stress_g)
-            self._exchange_adjoint(lv, VELOCITY_IMAGE)
+            launch(stress_t)
+            launch(stress_g)
+            launch(fold_v)
             if force and geom.has_sources:
                 self._source_gradient(lv, gm, it)
             velocity_t.set(store=store_v[k])
-            self.launcher.launch(velocity_t)
-            self.launcher.launch(velocity_g)
-            self._exchange_adjoint(ls, STRESS_IMAGE)
+            launch(velocity_t)
+            launch(velocity_g)
+            launch(fold_s)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         out = [lv[inner], ls[inner], lp]
         if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back

@@ -281,3 +281,96 @@ DEVICE void elastic_velocity_gather_thread(odecli_i64 block, odecli_i64 thread, 
                            + (c1 * (W(3, 0, 0) - W(3, 1, 0)) + c2 * (W(3, -1, 0) - W(3, 2, 0))));
     }
 }
+
+/* What runs between the half steps, as small kernels rather than several torch operations a
+ * step each (their launches cost the host about as much as a half step's kernel costs the GPU
+ * at 2000^2).  Thread `t` of a launch is block * (TILE_X * TILE_Y) + thread. */
+#define FLAT(block, thread) ((block) * (TILE_X * TILE_Y) + (thread))
+
+/* The free-surface image of ringed f (B, C, ny+4, nx+4) (reference.mirror_top): ghost rows 0
+ * and 1 of channel c become rows r_c0 and r_c1 times sign_c; a thread per (b, c, ghost row,
+ * column).  No thread reads a row another writes (r_c0, r_c1 >= 2). */
+DEVICE void elastic_image_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 B, odecli_i64 C,
+                                 odecli_i64 ny, odecli_i64 nx, REAL *f, odecli_i64 r00,
+                                 odecli_i64 r01, odecli_i64 r10, odecli_i64 r11, odecli_i64 r20,
+                                 odecli_i64 r21, REAL s0, REAL s1, REAL s2)
+{
+    const odecli_i64 NX = nx + 4, t = FLAT(block, thread);
+    if (t >= B * C * 2 * NX)
+        return;
+    const odecli_i64 j = t % NX, g = (t / NX) % 2, c = (t / (2 * NX)) % C, b = t / (2 * C * NX);
+    const odecli_i64 row = c == 0 ? (g ? r01 : r00) : c == 1 ? (g ? r11 : r10) : (g ? r21 : r20);
+    const REAL sign = c == 0 ? s0 : c == 1 ? s1 : s2;
+    REAL *plane = f + (b * C + c) * (ny + 4) * NX;
+    plane[g * NX + j] = plane[row * NX + j] * sign;
+}
+
+/* The image's adjoint and the ring cleared, on ringed adjoint fields f (FusedLoop's
+ * _exchange_adjoint, one rank): with a free surface (surface != 0) ghost rows 0 and 1 of
+ * channel c are folded back onto rows r_c0 and r_c1 (times sign_c), then the ring is zeroed.
+ * Threads per (b, c): one per column k < nx+4 (the fold in the inner columns, then the ring
+ * rows 0, 1, ny+2, ny+3 of column k), then one per inner row (its ring columns), so no two
+ * threads touch the same cell.  (Row r_c0's ring columns, which torch folds into and then
+ * clears, are only cleared: the same result.) */
+DEVICE void elastic_fold_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 B, odecli_i64 C,
+                                odecli_i64 ny, odecli_i64 nx, REAL *f, odecli_i64 surface,
+                                odecli_i64 r00, odecli_i64 r01, odecli_i64 r10, odecli_i64 r11,
+                                odecli_i64 r20, odecli_i64 r21, REAL s0, REAL s1, REAL s2)
+{
+    const odecli_i64 NX = nx + 4, per = NX + ny, t = FLAT(block, thread);
+    if (t >= B * C * per)
+        return;
+    const odecli_i64 k = t % per, c = (t / per) % C, b = t / (C * per);
+    REAL *plane = f + (b * C + c) * (ny + 4) * NX;
+    if (k < NX) {
+        if (surface && k >= 2 && k < nx + 2) {
+            const odecli_i64 ra = c == 0 ? r00 : c == 1 ? r10 : r20;
+            const odecli_i64 rb = c == 0 ? r01 : c == 1 ? r11 : r21;
+            const REAL sign = c == 0 ? s0 : c == 1 ? s1 : s2;
+            plane[ra * NX + k] = plane[ra * NX + k] + plane[k] * sign;
+            plane[rb * NX + k] = plane[rb * NX + k] + plane[NX + k] * sign;
+        }
+        plane[k] = 0;
+        plane[NX + k] = 0;
+        plane[(ny + 2) * NX + k] = 0;
+        plane[(ny + 3) * NX + k] = 0;
+    } else {
+        REAL *row = plane + (k - NX + 2) * NX;
+        row[0] = 0;
+        row[1] = 0;
+        row[nx + 2] = 0;
+        row[nx + 3] = 0;
+    }
+}
+
+/* The point sources of one step: thread b adds, in the given order, values[k] at f[at[k]] for
+ * shot b's entries ptr[b] .. ptr[b+1] (at: flat indices into the B-shot field), once per
+ * channel ch < channels at f[at[k] + ch * plane] (an explosive source: syy, then sxx), as the
+ * reference's index_put_ with accumulate does; shots never share a cell. */
+DEVICE void elastic_source_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 B,
+                                  odecli_i64 plane, odecli_i64 channels, REAL *f,
+                                  const odecli_i64 *ptr, const odecli_i64 *at, const REAL *values)
+{
+    const odecli_i64 b = FLAT(block, thread);
+    if (b >= B)
+        return;
+    for (odecli_i64 ch = 0; ch < channels; ++ch)
+        for (odecli_i64 k = ptr[b]; k < ptr[b + 1]; ++k)
+            f[at[k] + ch * plane] = f[at[k] + ch * plane] + values[k];
+}
+
+/* The receivers of step `step`: entry e records v[at[e]] (kind 0) or the pressure
+ * -(syy + sxx) / 2 at s[at[e]] (kind 1) into traces[slot[e] * steps + step], traces being
+ * (shots, receivers, steps). */
+DEVICE void elastic_receiver_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 n,
+                                    odecli_i64 plane, const REAL *v, const REAL *s,
+                                    const odecli_i64 *at, const odecli_i64 *kind,
+                                    const odecli_i64 *slot, REAL *traces, odecli_i64 steps,
+                                    odecli_i64 step)
+{
+    const odecli_i64 e = FLAT(block, thread);
+    if (e >= n)
+        return;
+    const REAL value = kind[e] ? (REAL)(-0.5) * (s[at[e]] + s[at[e] + plane]) : v[at[e]];
+    traces[slot[e] * steps + step] = value;
+}
