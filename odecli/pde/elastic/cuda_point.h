@@ -40,8 +40,10 @@ typedef long long odecli_i64;
 DEVICE int elastic_point(odecli_i64 block, odecli_i64 thread, odecli_i64 rows, odecli_i64 cols,
                          odecli_i64 tiles_x, odecli_i64 *i, odecli_i64 *j)
 {
-    *i = (block / tiles_x) * TILE_Y + thread / TILE_X;
-    *j = (block % tiles_x) * TILE_X + thread % TILE_X;
+    /* 32-bit division (a 64-bit one is a long instruction sequence on a GPU); blocks < 2^31 */
+    const unsigned tile = (unsigned)block, across = (unsigned)tiles_x, lane = (unsigned)thread;
+    *i = (odecli_i64)((tile / across) * TILE_Y + lane / TILE_X);
+    *j = (odecli_i64)((tile % across) * TILE_X + lane % TILE_X);
     return *i < rows && *j < cols;
 }
 
