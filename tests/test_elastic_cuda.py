@@ -70,8 +70,13 @@ def host(monkeypatch):
 
 
 def _setup(source: str, free_surface: bool, dtype=torch.float64, nt: int = eq.NT,
-           device: str = "cpu"):
+           device: str = "cpu", shared_cells: bool = False):
+    """``shared_cells``: a third shot whose force sits where the first's does, and receivers
+    on cells other receivers record too (the kernels that add into shared cells group them)."""
     _, shots, recs, comps = eq.variants()
+    if shared_cells:
+        shots = [*shots, [(18, 21, 0.5)]]
+        recs, comps = [*recs, (1, 5), (18, 20), (18, 20)], [*comps, "vy", "vy", "pressure"]
     setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, nt, shots, recs,
                           ricker(25.0, nt, eq.DT), components=comps, width=6, segments=3,
                           dtype=dtype, source_type=source, free_surface=free_surface)
@@ -82,12 +87,14 @@ def _setup(source: str, free_surface: bool, dtype=torch.float64, nt: int = eq.NT
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("source,free_surface", [("fy", True), ("pressure", False)])
-def test_host_build_forward_equals_the_reference_bit_for_bit(host, dtype, source, free_surface):
+@pytest.mark.parametrize("source,free_surface,shared", [("fy", True, False),
+                                                        ("pressure", False, True)])
+def test_host_build_forward_equals_the_reference_bit_for_bit(host, dtype, source, free_surface,
+                                                             shared):
     """Same operations in the same order as the reference, each rounded on its own: equal."""
     results = []
     for fused in (None, False):
-        prop = build(_setup(source, free_surface, dtype))
+        prop = build(_setup(source, free_surface, dtype, shared_cells=shared))
         prop.fused = prop.fused if fused is None else fused
         with torch.no_grad():
             results.append(prop.forward(eq.true_model().to(dtype), return_field=True))
@@ -110,7 +117,7 @@ def test_host_build_adjoint_gives_autograds_gradient(host, source, free_surface)
     nt = 40
     grads = []
     for fused in (None, False):
-        prop = build(_setup(source, free_surface, nt=nt))
+        prop = build(_setup(source, free_surface, nt=nt, shared_cells=True))
         prop.fused = prop.fused if fused is None else fused
         model = eq.true_model().clone().requires_grad_(True)
         weight = torch.cos(torch.arange(nt, dtype=torch.float64) * 0.37)
@@ -118,7 +125,8 @@ def test_host_build_adjoint_gives_autograds_gradient(host, source, free_surface)
         grads.append(model.grad)
     launches = host[torch.float64].launches
     assert launches["elastic_stress_adjoint"] == launches["elastic_velocity_gather"] == nt
-    assert launches["elastic_fold"] == 2 * nt
+    assert launches["elastic_fold"] == 2 * nt and launches["elastic_receiver_adjoint"] == nt
+    assert launches.get("elastic_source_gradient", 0) == (0 if source == "pressure" else nt)
     for k, name in enumerate(equation.PARAMETERS):
         scale = float(grads[1][k].abs().max())
         err = float((grads[0][k] - grads[1][k]).abs().max()) / scale

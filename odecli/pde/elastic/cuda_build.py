@@ -68,6 +68,13 @@ KERNELS: dict[str, tuple[tuple[str, str], ...]] = {
                          ("const odecli_i64 *", "at"), ("const odecli_i64 *", "kind"),
                          ("const odecli_i64 *", "slot"), ("REAL *", "traces"),
                          ("odecli_i64", "steps"), ("odecli_i64", "step")),
+    "elastic_receiver_adjoint": (("odecli_i64", "n"), *_ptrs("lv ls"),
+                                 *(("const odecli_i64 *", k) for k in ("at", "which", "ptr", "src")),
+                                 *_ptrs("coef g", True), ("odecli_i64", "steps"),
+                                 ("odecli_i64", "step")),
+    "elastic_source_gradient": (("odecli_i64", "n"), ("REAL *", "grad"),
+                                *(("const odecli_i64 *", k) for k in ("at", "ptr", "lam_at")),
+                                *_ptrs("values lv", True)),
 }
 GATHERS = ("elastic_stress_gather", "elastic_velocity_gather")  # over the ringed grid
 

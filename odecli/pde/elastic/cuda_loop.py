@@ -9,12 +9,14 @@ fields' ghost rows, the point sources and the receivers.  Why: as torch operatio
 the host ~50 us a step without a free surface and ~140 us with one (CPU tensors, 64^2, a
 launcher that does nothing; more on CUDA tensors), while a step of the kernels at 2000^2 should
 take an H100 ~0.1-0.2 ms (~320 MB of memory traffic in float32; not yet measured): the GPU would
-wait on Python.  As launches the loop's own Python is ~3 us a step besides the launch calls.  The adjoint step is four launches over the grid:
+wait on Python.  The adjoint step is four launches over the grid:
 each half step's point pass (parameter gradients, memory variables' adjoints, the weighted
 derivative adjoints into the scratch ``w``) and its gather (the transposed stencils, one thread
 per ringed point: no atomics), each followed by the image folded back and the ring cleared
-(``elastic_fold``); the traces' adjoints and the point forces' buoyancy gradient stay in torch
-(``FusedLoop``'s helpers).  Forward steps equal the PyTorch reference's bit for bit (same
+(``elastic_fold``), and small launches for the traces' adjoints and the point forces' buoyancy
+gradient (one thread per cell they add into, its entries in order: no atomics either).  The
+loop's own Python is ~3 us a forward step and ~14 us a forward + adjoint step (was 47 and 148
+with those parts in torch; 64^2 CPU tensors, a launcher that does nothing).  Forward steps equal the PyTorch reference's bit for bit (same
 operations, same order, no contraction); gradients equal autograd's through the reference to
 round-off (the tests' bound: 1e-12 relative in float64).
 
@@ -29,13 +31,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde.elastic.cuda_build import Call, cuda_launcher
-from odecli.pde.elastic.fused import (
-    FusedLoop,
-    PackedPsi,
-    _padded,
-    _reused,
-    _reused_zeroed,
-)
+from odecli.pde.elastic.fused import PackedPsi, _padded, _reused, _reused_zeroed
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -58,9 +54,21 @@ def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:
     return cuda_launcher(like)
 
 
-class CudaLoop(FusedLoop):
+def _cells(keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Entries grouped by the cell they add into: ``(order, cells, ptr)``, ``order`` the entries
+    by cell (stable: the given order within a cell), ``cells`` the distinct keys, ``ptr`` the
+    CSR offsets of each cell's entries in ``order``."""
+    order = torch.sort(keys, stable=True).indices
+    cells, counts = torch.unique_consecutive(keys[order], return_counts=True)
+    ptr = torch.zeros(cells.numel() + 1, dtype=torch.int64, device=keys.device)
+    ptr[1:] = torch.cumsum(counts, 0)
+    return order, cells, ptr
+
+
+class CudaLoop:
     """The CUDA kernels bound to one forward's parameters and CPML coefficients (the launcher is
-    the propagator's ``cuda_launcher``)."""
+    the propagator's ``cuda_launcher``).  FusedLoop's interface, not its subclass: nothing of
+    the C loop's (whose helpers change with it) runs here."""
 
     def __init__(self, prop, m: Materials, p: Profiles, threads: int = 1) -> None:
         self.prop, self.launcher = prop, prop.cuda_launcher
@@ -75,6 +83,15 @@ class CudaLoop(FusedLoop):
         self.steps = {"dt": prop.dt, "idy": 1.0 / g.dy, "idx": 1.0 / g.dx}
         self.ny, self.nx = m.by.shape
         self.dtype = m.by.dtype
+
+    def store_buffers(self, t0: int, t1: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """The stores of steps ``t0 .. t1-1`` (as :meth:`FusedLoop.store_buffers`: the
+        backward's reused buffers of the longest segment's size)."""
+        prop, b = self.prop, like.shape[0]
+        longest = max(e - a for a, e in prop.segments)
+        steps = t1 - t0
+        return (_reused(prop, "store_v", (longest, b, 2, self.ny, self.nx), like)[:steps],
+                _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
 
     def _call(self, entry: str, shots: int, **values) -> Call:
         extra = {} if entry.endswith("gather") else {**self.pml, **self.steps}
@@ -194,6 +211,58 @@ class CudaLoop(FusedLoop):
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
 
+    def _receiver_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> Call | None:
+        """The launch adding a step's traces' adjoints ``g`` ``(B, receivers, steps)`` (``step``
+        set per step) where they were recorded (the adjoint of :meth:`_receiver_call`)."""
+        prop = self.prop
+        b, rows, cols = lv.shape[0], lv.shape[-2], lv.shape[-1]
+        plane, nrec = rows * cols, g.shape[1]
+        if nrec == 0:
+            return None
+        column = torch.argsort(prop.rec_order)
+        target, which, src, coef, q = [], [], [], [], 0
+        for c, iy, ix in prop.rec_groups:  # the groups' order: index_add_'s in _record_adjoint
+            flat = (iy + RING) * cols + ix + RING
+            cols_q = column[q : q + flat.numel()]
+            q += flat.numel()
+            parts = [(0, plane if c == "vx" else 0, 1.0)] if c != "pressure" else [
+                (1, 0, -0.5), (1, plane, -0.5)]
+            for buf, offset, k in parts:
+                stride = (3 if buf else 2) * plane
+                for shot in range(b):
+                    target.append(shot * stride + offset + flat)
+                    which.append(torch.full_like(flat, buf))
+                    src.append(shot * nrec + cols_q)
+                    coef.append(torch.full(flat.shape, k, dtype=g.dtype, device=g.device))
+        target, which = torch.cat(target), torch.cat(which)
+        # one key per cell of either field (ls's after lv's), so that a cell's entries meet
+        order, cells, ptr = _cells(target * 2 + which)
+        return Call("elastic_receiver_adjoint", self.dtype, threads=cells.numel(),
+                    n=cells.numel(), lv=lv, ls=ls, at=(cells // 2).contiguous(),
+                    which=(cells % 2).contiguous(), ptr=ptr,
+                    src=torch.cat(src)[order].contiguous(), coef=torch.cat(coef)[order].contiguous(),
+                    g=g, steps=g.shape[-1], step=0)
+
+    def _source_gradient(self, lv: Tensor, gm: list) -> list[Call]:
+        """The launch adding a step's point forces' part of the buoyancy gradient (``values``
+        re-pointed per step to the row of :attr:`force_values`): ``amp * w * dt / (dy dx)``
+        times the adjoint velocity at the force, into ``by`` or ``bx``'s gradient."""
+        prop, g = self.prop, self.prop.geom
+        if not g.has_sources:
+            return []
+        rows, cols = lv.shape[-2], lv.shape[-1]
+        plane = rows * cols
+        chan = 0 if prop.source_type == "fy" else 1
+        order, cells, ptr = _cells(g.src_iy * self.nx + g.src_ix)
+        scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+        values = g.src_amp[None, :] * (g.wavelet[:, None] * scale)  # as _inject's, per step
+        self.force_values = values[:, order].contiguous()
+        lam_at = (g.src_shot * 2 + chan) * plane + (g.src_iy + RING) * cols + g.src_ix + RING
+        return [Call("elastic_source_gradient", self.dtype, threads=cells.numel(),
+                     n=cells.numel(), grad=gm[chan], at=cells.contiguous(), ptr=ptr,
+                     lam_at=lam_at[order].to(torch.int64).contiguous(),
+                     values=self.force_values, lv=lv)]
+
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
                 grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:
         """As :meth:`FusedLoop.adjoint`: the segment recomputed storing each step's derivative
@@ -221,9 +290,12 @@ class CudaLoop(FusedLoop):
             cache["gm"] = ([torch.zeros_like(t) for t in self.mats],  # by, bx, lam2mu, lam, mu_xy
                            None if self.surface is None else torch.zeros_like(self.surface))
         gm, g_surface = cache["gm"]
-        self._receivers(lv)
         force = prop.source_type != "pressure"
-        geom = prop.geom
+        residuals = None if gtr is None else self._receiver_adjoint(lv, ls, gtr.contiguous())
+        forces = self._source_gradient(lv, gm) if force else None
+        if forces:
+            row = self.force_values.stride(0) * self.force_values.element_size()
+            first = self.force_values.data_ptr()
         # the point passes' weighted derivative adjoints; its ring stays 0
         w = _reused_zeroed(prop, "w_cuda", (b, 4, ny + 2 * WRING, nx + 2 * WRING), v)
         by, bx, lam2mu, lam, muxy = self.mats
@@ -240,14 +312,16 @@ class CudaLoop(FusedLoop):
         launch = self.launcher.launch
         for it in range(t1 - 1, t0 - 1, -1):
             k = it - t0
-            if gtr is not None:
-                self._record_adjoint(lv, ls, gtr[..., k])
+            if residuals is not None:
+                residuals.set(step=k)
+                launch(residuals)
             stress_t.set(store=store_s[k])
             launch(stress_t)
             launch(stress_g)
             launch(fold_v)
-            if force and geom.has_sources:
-                self._source_gradient(lv, gm, it)
+            for call in forces or ():
+                call.set(values=first + it * row)
+                launch(call)
             velocity_t.set(store=store_v[k])
             launch(velocity_t)
             launch(velocity_g)

@@ -376,3 +376,43 @@ DEVICE void elastic_receiver_thread(odecli_i64 block, odecli_i64 thread, odecli_
     const REAL value = kind[e] ? (REAL)(-0.5) * (s[at[e]] + s[at[e] + plane]) : v[at[e]];
     traces[slot[e] * steps + step] = value;
 }
+
+/* The adjoint of the receivers at step `step`: each unique target cell u (in lv for target
+ * kind 0, ls for 1, at flat index at[u]) adds, in the entries' order ptr[u] .. ptr[u+1],
+ * g[src[e] * steps + step] * coef[e] (coef 1 for a velocity, -1/2 on each normal stress for a
+ * pressure), g being the traces' adjoints (shots, receivers, steps): as index_add_ adds them,
+ * and no two threads share a cell. */
+DEVICE void elastic_receiver_adjoint_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 n,
+                                            REAL *lv, REAL *ls, const odecli_i64 *at,
+                                            const odecli_i64 *which, const odecli_i64 *ptr,
+                                            const odecli_i64 *src, const REAL *coef,
+                                            const REAL *g, odecli_i64 steps, odecli_i64 step)
+{
+    const odecli_i64 u = FLAT(block, thread);
+    if (u >= n)
+        return;
+    REAL *f = (which[u] ? ls : lv) + at[u];
+    REAL value = *f;
+    for (odecli_i64 e = ptr[u]; e < ptr[u + 1]; ++e)
+        value = value + g[src[e] * steps + step] * coef[e];
+    *f = value;
+}
+
+/* The point forces' part of a buoyancy gradient at step `step` (the force is dt b amp w /
+ * (dy dx)): each unique source cell u (flat index at[u] into the (ny, nx) gradient) adds, in
+ * the sources' order ptr[u] .. ptr[u+1], values[e] * lv[lam_at[e]] (values: the step's row of
+ * amp * (w * dt / (dy dx)), lv the adjoint velocities after the step), as index_put_ with
+ * accumulate does. */
+DEVICE void elastic_source_gradient_thread(odecli_i64 block, odecli_i64 thread, odecli_i64 n,
+                                           REAL *grad, const odecli_i64 *at,
+                                           const odecli_i64 *ptr, const odecli_i64 *lam_at,
+                                           const REAL *values, const REAL *lv)
+{
+    const odecli_i64 u = FLAT(block, thread);
+    if (u >= n)
+        return;
+    REAL value = grad[at[u]];
+    for (odecli_i64 e = ptr[u]; e < ptr[u + 1]; ++e)
+        value = value + values[e] * lv[lam_at[e]];
+    grad[at[u]] = value;
+}
