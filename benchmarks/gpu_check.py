@@ -4,7 +4,8 @@
     python benchmarks/gpu_check.py --host-dry-run --batches 300 --budget 150  # no GPU: does it all run?
 
 The ODE solvers first, each section skipped once the time budget (seconds, default 300) is spent,
-then the acoustic CUDA kernels (``benchmarks/gpu_pde_check.py``, its own budget, default 150):
+then the acoustic and elastic CUDA kernels (``benchmarks/gpu_pde_check.py``, its own budget,
+default 150):
 
 1. ``tests/test_ode_gpu.py`` and ``tests/test_ode_gpu_grad.py`` (the GPU tests, which skip everywhere else);
 2. correctness: the generated solver's CUDA kernel (:mod:`odecli.ode.gpu`) against the CPU
@@ -446,7 +447,7 @@ def main() -> None:
     if section(f"tuning at B={max(batches)} float64", 30):
         tuning(max(batches))
     if args.pde_budget > 0:
-        print("\n== benchmarks/gpu_pde_check.py (the acoustic CUDA kernels)", flush=True)
+        print("\n== benchmarks/gpu_pde_check.py (the acoustic and elastic CUDA kernels)", flush=True)
         pde = [sys.executable, str(ROOT / "benchmarks" / "gpu_pde_check.py"), "--budget", str(args.pde_budget)]
         pde += ["--host-dry-run"] if args.host_dry_run else ["--skip-tests"] if args.skip_tests else []
         try:
