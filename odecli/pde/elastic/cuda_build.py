@@ -146,6 +146,7 @@ class Call:
         self.entry = entry
         self.args = [_ctype(t, real)() for t, _ in params]
         self._slot = {name: arg for (_, name), arg in zip(params, self.args)}
+        self.index = {name: i for i, (_, name) in enumerate(params)}
         self.pointers = (ctypes.c_void_p * len(self.args))(*(ctypes.addressof(a) for a in self.args))
         self._tensors: dict = {}  # the tensors pointed to, kept alive while they are
         if threads is not None:
@@ -172,15 +173,27 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.
                            ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
+@functools.cache
+def _steps_library() -> ctypes.CDLL:
+    lib, why = native.load_source("elastic_cuda_steps", (HERE / "cuda_steps.c").read_bytes())
+    if lib is None:
+        raise RuntimeError(f"the elastic CUDA time loop (cuda_steps.c) did not build: {why}")
+    lib.elastic_run_steps.restype = ctypes.c_int
+    return lib
+
+
 class Launcher:
-    """Launches through functions with cuLaunchKernel's signature; ``entries``: per kernel name,
-    the launch function's address and the kernel handle it takes."""
+    """Launches through functions with cuLaunchKernel's signature, one at a time
+    (:meth:`launch`) or as steps of a fixed list of launches in C (:meth:`run`); ``entries``:
+    per kernel name, the launch function's address and the kernel handle it takes."""
 
     device_type = "cpu"
 
     def __init__(self, entries: dict[str, tuple[int, ctypes.c_void_p]]) -> None:
         self._entries = {name: (_LAUNCH(address), function)
                          for name, (address, function) in entries.items()}
+        self._addresses = {name: address for name, (address, _) in entries.items()}
+        self._run = _steps_library().elastic_run_steps
 
     def stream(self) -> ctypes.c_void_p:
         return ctypes.c_void_p(None)
@@ -194,6 +207,23 @@ class Launcher:
         launch, function = self._entries[call.entry]
         self.check(launch(function, call.blocks, 1, 1, THREADS, 1, 1, 0, self.stream(),
                           ctypes.cast(call.pointers, ctypes.c_void_p), None), call.entry)
+
+
+    def run(self, calls: list[Call], steps: int, moving: list[tuple[int, str, int, int]]) -> None:
+        """``steps`` steps of the launches ``calls`` in order (``cuda_steps.c``), each
+        ``(l, name, base, stride)`` of ``moving`` setting argument ``name`` of ``calls[l]`` (a
+        pointer or an integer) to ``base + m * stride`` before step m's launches."""
+        n, k = len(calls), len(moving)
+        self.check(self._run(
+            ctypes.c_longlong(steps), ctypes.c_longlong(n),
+            (ctypes.c_void_p * n)(*(self._addresses[c.entry] for c in calls)),
+            (ctypes.c_void_p * n)(*(self._entries[c.entry][1] for c in calls)),
+            (ctypes.c_uint * n)(*(c.blocks for c in calls)), ctypes.c_uint(THREADS), self.stream(),
+            (ctypes.c_void_p * n)(*(ctypes.addressof(c.pointers) for c in calls)),
+            ctypes.c_longlong(k), (ctypes.c_longlong * k)(*(m[0] for m in moving)),
+            (ctypes.c_longlong * k)(*(calls[m[0]].index[m[1]] for m in moving)),
+            (ctypes.c_longlong * k)(*(m[2] for m in moving)),
+            (ctypes.c_longlong * k)(*(m[3] for m in moving))), "elastic time loop")
 
 
 class HostLauncher(Launcher):
@@ -240,6 +270,10 @@ class CudaLauncher(Launcher):
     def launch(self, call: Call) -> None:
         with torch.cuda.device(self.device):
             super().launch(call)
+
+    def run(self, *args) -> None:
+        with torch.cuda.device(self.device):
+            super().run(*args)
 
 
 _CUDA: dict = {}

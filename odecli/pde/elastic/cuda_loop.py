@@ -3,26 +3,29 @@ C loop's interface (:class:`~odecli.pde.elastic.fused.FusedLoop`: ``run``, ``adj
 ``store_buffers``), so the propagator's time segments, checkpoints and stored last segment
 drive it unchanged, with the GPU's kernels in place of the C kernels.
 
-A step is two launches over the grid (velocity, then stress, every shot in each), with small
-launches between them where the CPU's multi-rank path runs torch: the free-surface image of the
-fields' ghost rows, the point sources and the receivers.  Why: as torch operations these cost
-the host ~50 us a step without a free surface and ~140 us with one (CPU tensors, 64^2, a
-launcher that does nothing; more on CUDA tensors), while a step of the kernels at 2000^2 should
-take an H100 ~0.1-0.2 ms (~320 MB of memory traffic in float32; not yet measured): the GPU would
-wait on Python.  The adjoint step is four launches over the grid:
-each half step's point pass (parameter gradients, memory variables' adjoints, the weighted
-derivative adjoints into the scratch ``w``) and its gather (the transposed stencils, one thread
-per ringed point: no atomics), each followed by the image folded back and the ring cleared
-(``elastic_fold``), and small launches for the traces' adjoints and the point forces' buoyancy
-gradient (one thread per cell they add into, its entries in order: no atomics either).  The
-loop's own Python is ~3 us a forward step and ~14 us a forward + adjoint step (was 47 and 148
-with those parts in torch; 64^2 CPU tensors, a launcher that does nothing).  Forward steps equal the PyTorch reference's bit for bit (same
-operations, same order, no contraction); gradients equal autograd's through the reference to
-round-off (the tests' bound: 1e-12 relative in float64).
+A step is two launches over the grid (velocity, then stress, every shot in each) and small
+launches for what the CPU's multi-rank path does in torch between them: the free-surface image
+of the fields' ghost rows, the point sources, the receivers.  An adjoint step is four launches
+over the grid, each half step's point pass (parameter gradients, memory variables' adjoints, the
+weighted derivative adjoints into the scratch ``w``) and its gather (the transposed stencils,
+one thread per ringed point: no atomics), each followed by the image folded back and the ring
+cleared (``elastic_fold``), and small launches for the traces' adjoints and the point forces'
+buoyancy gradient (one thread per cell they add into, its entries in order: no atomics either).
+A segment's steps run as one C call (``cuda_steps.c``: each step's list of launches, with the
+store, source-value and step arguments moved per step).
 
-On the host build (:func:`~.cuda_build.host_launcher`) the same loop runs on CPU tensors: the
-tests route the propagator's CUDA path there.  One rank: several ranks (halo exchanges of
-CUDA tensors between the half steps) keep the PyTorch reference.
+Why no torch and no Python per step: at 2000^2 a step of the kernels should take an H100 ~0.1-0.2
+ms (~320 MB of memory traffic in float32; not yet measured), and with those parts as torch
+operations in a Python loop the host spent 47 us a forward step (143 with a free surface) and
+148 us a forward + adjoint step (385) before any launch (64^2 CPU tensors, a launcher that does
+nothing); now the Python is a fixed cost per forward, ~2 us a step spread over 400 steps (~7
+with the gradient), and a launch costs the driver's call.
+
+Forward steps equal the PyTorch reference's bit for bit (same operations, same order, no
+contraction); gradients equal autograd's through the reference to round-off (the tests' bound:
+1e-12 relative in float64).  On the host build (:func:`~.cuda_build.host_launcher`) the same
+loop runs on CPU tensors: the tests route the propagator's CUDA path there.  One rank: several
+ranks (halo exchanges of CUDA tensors between the half steps) keep the PyTorch reference.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:
     if like.device.type != "cuda":
         return None, f"the elastic CUDA kernels need CUDA tensors (got {like.device})"
     return cuda_launcher(like)
+
+
+def _row(t: Tensor, k: int) -> int:
+    """The address of ``t[k]`` (``t`` contiguous) without making a view."""
+    return t.data_ptr() + k * t.stride(0) * t.element_size()
+
+
+def _stride(t: Tensor) -> int:
+    """Bytes from ``t[k]`` to ``t[k + 1]``."""
+    return t.stride(0) * t.element_size()
 
 
 def _cells(keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -183,29 +196,28 @@ class CudaLoop:
         sources = self._sources(vr, sr)
         traces = v.new_zeros((b, prop.geom.nrec_local, t1 - t0))
         receivers = self._receiver_call(vr, sr, traces)
-        if sources is not None:
-            row = self.source_values.stride(0) * self.source_values.element_size()
-            first = self.source_values.data_ptr()
-        launch = self.launcher.launch
-        for it in range(t0, t1):
-            if stores is not None:
-                vel.set(store=stores[0][it - t0])
-                st.set(store=stores[1][it - t0])
-            if sources is not None:
-                sources.set(values=first + it * row)
-            if images:
-                launch(images[0])
-            launch(vel)
-            if force and sources is not None:
-                launch(sources)
-            if images:
-                launch(images[1])
-            launch(st)
-            if not force and sources is not None:
-                launch(sources)
-            if receivers is not None:
-                receivers.set(step=it - t0)
-                launch(receivers)
+        # one step's launches in order, and the arguments that move with the step (cuda_steps.c)
+        calls: list[Call] = []
+        moving: list[tuple[int, str, int, int]] = []
+
+        def add(call: Call | None, *move: tuple[str, int, int]) -> None:
+            if call is not None:
+                calls.append(call)
+                moving.extend((len(calls) - 1, *m) for m in move)
+
+        store_moves = [[], []]
+        if stores is not None:
+            store_moves = [[("store", stores[h].data_ptr(), _stride(stores[h]))] for h in (0, 1)]
+        source_move = () if sources is None else (
+            ("values", _row(self.source_values, t0), _stride(self.source_values)),)
+        add(images[0] if images else None)
+        add(vel, *store_moves[0])
+        add(sources if force else None, *source_move)
+        add(images[1] if images else None)
+        add(st, *store_moves[1])
+        add(None if force else sources, *source_move)
+        add(receivers, ("step", 0, 1))
+        self.launcher.run(calls, t1 - t0, moving)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         if stores is not None and not fields:
             return None, None, psi, traces
@@ -293,9 +305,6 @@ class CudaLoop:
         force = prop.source_type != "pressure"
         residuals = None if gtr is None else self._receiver_adjoint(lv, ls, gtr.contiguous())
         forces = self._source_gradient(lv, gm) if force else None
-        if forces:
-            row = self.force_values.stride(0) * self.force_values.element_size()
-            first = self.force_values.data_ptr()
         # the point passes' weighted derivative adjoints; its ring stays 0
         w = _reused_zeroed(prop, "w_cuda", (b, 4, ny + 2 * WRING, nx + 2 * WRING), v)
         by, bx, lam2mu, lam, muxy = self.mats
@@ -309,23 +318,18 @@ class CudaLoop:
         surface = int(prop.free_surface_here)
         fold_v = self._image("elastic_fold", lv, VELOCITY_IMAGE, surface=surface)
         fold_s = self._image("elastic_fold", ls, STRESS_IMAGE, surface=surface)
-        launch = self.launcher.launch
-        for it in range(t1 - 1, t0 - 1, -1):
-            k = it - t0
-            if residuals is not None:
-                residuals.set(step=k)
-                launch(residuals)
-            stress_t.set(store=store_s[k])
-            launch(stress_t)
-            launch(stress_g)
-            launch(fold_v)
-            for call in forces or ():
-                call.set(values=first + it * row)
-                launch(call)
-            velocity_t.set(store=store_v[k])
-            launch(velocity_t)
-            launch(velocity_g)
-            launch(fold_s)
+        # one adjoint step's launches (step t1-1 first, then back in time) and what moves
+        last = t1 - 1 - t0
+        calls = [c for c in (residuals, stress_t, stress_g, fold_v, *(forces or ()), velocity_t,
+                             velocity_g, fold_s) if c is not None]
+        moving = [(calls.index(stress_t), "store", _row(store_s, last), -_stride(store_s)),
+                  (calls.index(velocity_t), "store", _row(store_v, last), -_stride(store_v))]
+        if residuals is not None:
+            moving.append((0, "step", last, -1))
+        for call in forces or ():
+            values = self.force_values
+            moving.append((calls.index(call), "values", _row(values, t1 - 1), -_stride(values)))
+        self.launcher.run(calls, t1 - t0, moving)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         out = [lv[inner], ls[inner], lp]
         if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
