@@ -63,6 +63,10 @@ class CountingHost:
 @pytest.fixture
 def host(monkeypatch):
     """Route the propagator's CUDA path to the host build for CPU tensors."""
+    try:
+        cuda_build.host_launcher(torch.float64)
+    except RuntimeError as exc:  # no C compiler (or ODECLI_NATIVE=0): nothing to run it on
+        pytest.skip(str(exc))
     made: dict = {}
 
     def launcher_for(like, comm):
@@ -163,11 +167,11 @@ def test_the_adjoint_check_can_fail(host, monkeypatch):
 
 
 def test_the_reference_stays_where_the_kernels_do_not_run():
-    """CPU tensors: the C kernels (the CUDA launcher says why not); several ranks: the
+    """CPU tensors: not the CUDA kernels (the launcher says why not); several ranks: the
     reference, with the reason."""
     prop = build(_setup("fy", True))
     assert prop.cuda_launcher is None and "CUDA tensors" in prop.cuda_why
-    assert "fused C kernels" in prop.engine()
+    assert "CUDA" not in prop.engine()  # the C kernels, or the reference without them
 
     class TwoRanks:
         size = 2
