@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -248,17 +249,24 @@ class Launcher:
                           ctypes.cast(call.pointers, ctypes.c_void_p), None), "acoustic step launch")
 
     def run(self, call: StepCall, steps: int, first: torch.Tensor, second: torch.Tensor,
-            moving: list[tuple[str, int, int]]) -> None:
+            moving: list[tuple[str, int, int]],
+            between: Callable[[torch.Tensor], None] | None = None) -> None:
         """``steps`` leapfrog steps of the one-step kernel, ``second`` the first step's u and
         ``first`` its u_prev and output, the two swapping roles each step; each ``(name,
         address, stride)`` of ``moving`` points argument ``name`` at ``address + m * stride``
-        bytes in step m (NULL for 0)."""
+        bytes in step m (NULL for 0).  ``between(written)``, if given, runs after each launch
+        on the field it wrote (``first`` or ``second``): the halo exchange on several ranks."""
         address, _, function = self._entries[call.entry]
-        self.check(self._run(address, function, ctypes.c_uint(call.blocks), ctypes.c_uint(THREADS),
-                             self.stream(), call.pointers, ctypes.c_longlong(steps),
-                             ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(second.data_ptr()),
-                             *(ctypes.c_longlong(call.index[k]) for k in ("u", "u_prev", "out")),
-                             *_moving(call, moving)), "acoustic time loop")
+        hook = None if between is None else _Between(between, first, second)
+        result = self._run(address, function, ctypes.c_uint(call.blocks), ctypes.c_uint(THREADS),
+                           self.stream(), call.pointers, ctypes.c_longlong(steps),
+                           ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(second.data_ptr()),
+                           *(ctypes.c_longlong(call.index[k]) for k in ("u", "u_prev", "out")),
+                           *_moving(call, moving), None if hook is None else hook.function,
+                           None)
+        if hook is not None and hook.error is not None:
+            raise hook.error
+        self.check(result, "acoustic time loop")
 
     def run_blocks(self, call: StepCall, steps: int, per_launch: int, fields: list[torch.Tensor],
                    moving: list[tuple[str, int, int]]) -> None:
@@ -274,6 +282,29 @@ class Launcher:
                                     ctypes.c_longlong(call.index["steps"]),
                                     (ctypes.c_longlong * 4)(*(call.index[k] for k in names)),
                                     *_moving(call, moving)), "acoustic blocked time loop")
+
+
+_BETWEEN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class _Between:
+    """``between(written)`` as the C loop's ``between_fn``: the written field's address mapped
+    back to its tensor; an exception is kept (a C caller cannot take it) and ends the loop,
+    and :meth:`Launcher.run` raises it."""
+
+    def __init__(self, between: Callable[[torch.Tensor], None], *fields: torch.Tensor) -> None:
+        self.error: BaseException | None = None
+        by_address = {f.data_ptr(): f for f in fields}
+
+        def call(_context, written) -> int:
+            try:
+                between(by_address[written])
+                return 0
+            except BaseException as exc:  # noqa: BLE001 - raised again after the C loop
+                self.error = exc
+                return 1
+
+        self.function = _BETWEEN(call)
 
 
 def _moving(call: StepCall, moving: list[tuple[str, int, int]]) -> tuple:

@@ -14,12 +14,21 @@ and Loop.owned_gradient have the derivation).  The same launches run on CPU tens
 kernels' host build, which is how the tests check them against the PyTorch reference and its
 autograd without a GPU.
 
-One rank only: the kernels step a whole grid; several ranks (halo exchanges between steps) stay
-on the reference path, which the propagator says in its engine line.
+On several ranks (one GPU each, :func:`odecli.app.pde_problem`'s ``cuda:rank % count``) each
+steps its block with the one-step kernel, and the field a launch writes has its ghost ring
+filled from the neighbours before the next launch reads it (``exchange``, the propagator's
+:func:`~odecli.parallel.ops.fill_ring_`, called from the C loop between launches): the
+reference's exchange, step for step, so the traces equal one rank's bit for bit.  The adjoint is
+the forward step on ``mu``, so it exchanges alike; each rank's residuals are its own receivers'
+and its gradient is summed on its own block, which holds the whole of it (nothing crosses a
+block edge in the adjoint's sum ``mu lap4(u)``).  Several steps a launch (``cuda_blocks.h``)
+would need a ring as deep as their steps: not on several ranks yet, which take one step a
+launch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -43,13 +52,18 @@ from odecli.pde.sources import LocalGeometry
 
 def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:
     """The kernel's launcher for fields like ``like`` on this rank layout, or ``(None, why
-    not)``: the GPU's kernel for CUDA tensors on one rank (tests put the host build here)."""
+    not)``: the GPU's kernel for CUDA tensors, on one rank or several (tests put the host build
+    here).  ``comm``: the rank layout (the kernels run on any; kept for the callers' one
+    signature)."""
     if like.device.type != "cuda":
         return None, f"the acoustic CUDA kernels need CUDA tensors (got {like.device})"
-    if comm.size > 1:
-        return None, ("the acoustic CUDA kernels step one whole grid: several ranks (halo "
-                      "exchanges between steps) run the reference")
     return cuda_launcher(like)
+
+
+def steps_a_launch(ranks: int) -> int:
+    """Steps a launch on ``ranks`` ranks: :data:`PER_LAUNCH` on one, 1 on several (an exchange
+    after each step; the blocked kernel's deeper ring is not exchanged yet)."""
+    return PER_LAUNCH if ranks == 1 else 1
 
 
 @dataclass
@@ -113,14 +127,20 @@ class CudaLoop:
 
     def __init__(self, launcher, segments: list[tuple[int, int]], dy: float, dx: float,
                  dt2: float, sponge: Tensor | None, geom: LocalGeometry,
-                 src_gain: Tensor | None, per_launch: int | None = None) -> None:
+                 src_gain: Tensor | None, per_launch: int | None = None,
+                 exchange: Callable[[Tensor], None] | None = None) -> None:
         """``geom``: indices into the ringed fields (``LocalGeometry.ringed(RING)``).
         ``per_launch``: steps a launch; 1 runs the one-step kernel (cuda_point.h), more the
-        blocked one (cuda_blocks.h, at most STEPS_PER_LAUNCH); None: :data:`PER_LAUNCH`."""
+        blocked one (cuda_blocks.h, at most STEPS_PER_LAUNCH); None: :data:`PER_LAUNCH`.
+        ``exchange(field)``: on several ranks, fills a ringed field's ghost ring from the
+        neighbours, after every launch (one step a launch); None on one rank."""
         per_launch = PER_LAUNCH if per_launch is None else per_launch
         if not 1 <= per_launch <= STEPS_PER_LAUNCH:
             raise ValueError(f"acoustic CUDA kernel: 1 to {STEPS_PER_LAUNCH} steps a launch, not {per_launch}")
-        self.per_launch = per_launch
+        if exchange is not None and per_launch != 1:
+            raise ValueError("acoustic CUDA kernel: several ranks take one step a launch (an "
+                             "exchange after each)")
+        self.per_launch, self.exchange = per_launch, exchange
         self.launcher, self.segments = launcher, segments
         self.dt2, self.sponge, self.geom, self.src_gain = dt2, sponge, geom, src_gain
         self.iy2, self.ix2 = 1.0 / (dy * dy), 1.0 / (dx * dx)
@@ -204,9 +224,12 @@ def _steps(loop: CudaLoop, call: StepCall, fields: list[Tensor], t0: int, t1: in
     blocked = call.entry == BLOCKS_ENTRY
     lap = "lap" if blocked else ("lap_in" if adjoint is not None else "lap_out")
     if adjoint is not None:  # the store backward in time, the residuals forward
-        moving = [(lap, _row(store, t1 - 1 - t0), -_stride(store)),
-                  ("src_val", _row(residuals, loop.nt - t1 + 1), _stride(residuals))]
-        call.set(grad=adjoint, **pts["residuals" if blocked else "receivers"].args("src", "idx"))
+        moving = [(lap, _row(store, t1 - 1 - t0), -_stride(store))]
+        table = pts["residuals" if blocked else "receivers"]
+        call.set(grad=adjoint)
+        if table is not None:  # a rank without receivers: the adjoint comes from its neighbours
+            call.set(**table.args("src", "idx"))
+            moving.append(("src_val", _row(residuals, loop.nt - t1 + 1), _stride(residuals)))
         if blocked:
             call.set(lap_mode=2, lap_stride=-store.stride(0), src_stride=residuals.stride(0))
     else:
@@ -227,7 +250,7 @@ def _steps(loop: CudaLoop, call: StepCall, fields: list[Tensor], t0: int, t1: in
         loop.launcher.run_blocks(call, t1 - t0, loop.per_launch, fields, moving)
         swapped = -(-(t1 - t0) // loop.per_launch) % 2  # launches write the other pair
     else:
-        loop.launcher.run(call, t1 - t0, fields[0], fields[1], moving)
+        loop.launcher.run(call, t1 - t0, fields[0], fields[1], moving, loop.exchange)
         swapped = 0
         if (t1 - t0) % 2:
             fields = [fields[1], fields[0], *fields[2:]]
@@ -269,15 +292,22 @@ class _CudaPropagation(torch.autograd.Function):
         speed, c2dt2 = ctx.saved_tensors
         loop, store, shape, spares = ctx.loop, ctx.store, ctx.shape, ctx.spares
         ctx.store = ctx.spares = None
-        if g_traces is None or loop.geom.nrec_local == 0:
+        # on several ranks every rank runs the adjoint (its exchanges), receivers or none
+        if loop.exchange is None and (g_traces is None or loop.geom.nrec_local == 0):
             return torch.zeros_like(speed), None, None, None
+        if g_traces is None:
+            g_traces = c2dt2.new_zeros((shape[0], loop.geom.nrec_local, loop.nt))
         residuals = _adjoint_sources(loop, g_traces, c2dt2)
         mu_after, mu = (c2dt2.new_zeros(shape) for _ in range(2))
         # mu of the last step: its residuals added into zeros, by a step of zero fields
         first = loop.call(c2dt2, shape, blocked=False)
-        first.set(u=mu_after, u_prev=mu_after, out=mu, src_val=residuals[0],
-                  **loop.points(shape)["first_residuals"].args("src", "idx"))
-        loop.launcher.launch(first)
+        table = loop.points(shape)["first_residuals"]
+        if table is not None:
+            first.set(u=mu_after, u_prev=mu_after, out=mu, src_val=residuals[0],
+                      **table.args("src", "idx"))
+            loop.launcher.launch(first)
+        if loop.exchange is not None:  # the ghosts the first adjoint step reads
+            loop.exchange(mu)
         # the adjoint's own spare pair: the recomputations write into the forward's
         adjoint = [mu_after, mu, *(torch.zeros_like(f) for f in spares)]
         grad_sum = torch.zeros_like(c2dt2)
@@ -295,7 +325,7 @@ def _adjoint_sources(loop: CudaLoop, g_traces: Tensor, c2dt2: Tensor) -> Tensor:
     """The receivers' residuals as sources of the adjoint in the forward's form, ``2 c2dt2 G r``
     (``mu = 2 c2dt2 G lambda``: the 2 is d(c^2)/dc's), as ``(nt + 1, shots * receivers)``: row
     ``m`` for time ``nt - 1 - m`` (the order the backward meets them) and a last row of zeros
-    (the first step has no residual before it); as fused._adjoint_sources, on one rank."""
+    (the first step has no residual before it); as fused._adjoint_sources without an extended block (each rank's own receivers)."""
     g = loop.geom
     iy, ix = g.rec_iy - RING, g.rec_ix - RING
     weight = 2 * c2dt2[iy, ix]

@@ -11,18 +11,23 @@
  * params[i] points to the storage of argument i (as cuLaunchKernel reads them, copying them at
  * each launch).  Step m of `steps` reads the field `second` as u and `first` as u_prev, writing
  * over `first`, then the two swap roles (the leapfrog's two recycled buffers); each of the
- * `moving` arguments slot[i] points at base[i] + m * stride[i] bytes (NULL if base[i] is). */
+ * `moving` arguments slot[i] points at base[i] + m * stride[i] bytes (NULL if base[i] is).
+ *
+ * On several ranks `between` (NULL on one) runs after each launch with the field it wrote, and
+ * returns 0 or an error: the halo exchange of that field's ghost ring, which the next step
+ * reads (cuda_loop.py; a Python callback, run in order on the launches' stream). */
 #include <stddef.h>
 
 typedef int (*launch_fn)(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shared, void *stream, void **params,
                          void **extra);
+typedef int (*between_fn)(void *context, void *written);
 
 int acoustic_run_steps(launch_fn launch, void *function, unsigned blocks, unsigned threads,
                        void *stream, void **params, long long steps, char *first, char *second,
                        long long u_slot, long long prev_slot, long long out_slot,
                        long long moving, const long long *slot, char *const *base,
-                       const long long *stride)
+                       const long long *stride, between_fn between, void *context)
 {
     for (long long m = 0; m < steps; ++m) {
         char *u = m % 2 == 0 ? second : first, *u_prev = m % 2 == 0 ? first : second;
@@ -34,6 +39,8 @@ int acoustic_run_steps(launch_fn launch, void *function, unsigned blocks, unsign
         const int result = launch(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL);
         if (result != 0)
             return result;
+        if (between != NULL && between(context, u_prev) != 0)
+            return -1;
     }
     return 0;
 }

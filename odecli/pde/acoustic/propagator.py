@@ -6,7 +6,7 @@ few steps, see :class:`~odecli.pde.acoustic.loop.Loop`), Cerjan sponge
 step), optional pressure-release free surface on top (no sponge there).  Shots are the batch
 dimension; sources are added after the sponge, scaled by it.  Fields are stored with their ghost
 ring (:mod:`odecli.pde.acoustic.reference`).  On CPU the time loop runs on fused C kernels with
-a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`), on one rank's GPU on CUDA kernels
+a hand-written adjoint loop (:mod:`odecli.pde.acoustic.fused`), on each rank's GPU on CUDA kernels
 with the same adjoint (:mod:`odecli.pde.acoustic.cuda_loop`); elsewhere autograd differentiates
 the PyTorch reference step, with the time loop split into segments recomputed in the backward
 pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not nt.
@@ -14,12 +14,13 @@ pass (``torch.utils.checkpoint``).  Either way memory grows like sqrt(nt), not n
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from odecli.parallel.ops import GhostExchange, halo_exchange
+from odecli.parallel.ops import GhostExchange, fill_ring_, halo_exchange
 from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.equation import stability_limit
 from odecli.pde.acoustic.fused import propagate
@@ -157,6 +158,19 @@ class AcousticPropagator:
             zero_speed = self.comm.allreduce_scalar(zero_speed, "max")
         return zero_speed == 0
 
+    def _cuda_exchange(self):
+        """The CUDA loop's exchange after each step: the written field's ghost ring from the
+        neighbours (timed as the reference path's), or None on one rank."""
+        if self.comm.size == 1:
+            return None
+
+        def exchange(field: torch.Tensor) -> None:
+            t0 = time.perf_counter()
+            fill_ring_(field, self.decomp, self.comm, HALO)
+            if self.timer is not None:
+                self.timer.add(time.perf_counter() - t0)
+        return exchange
+
     def stability_limit(self) -> float:
         """Largest stable wave speed for this dt and grid."""
         return stability_limit(self.dt, self.grid.dy, self.grid.dx)
@@ -166,8 +180,10 @@ class AcousticPropagator:
         segs = len(self.segments)
         cuda, why = cuda_loop.launcher_for(self.geom.wavelet, self.comm)
         if cuda is not None and self.fused is not False:
-            return (f"fused CUDA kernels on {self.device}, {cuda_loop.PER_LAUNCH} step(s) a launch, "
-                    f"{segs} time segment(s)")
+            exchange = ", halo exchange every step" if self.comm.size > 1 else ""
+            return (f"fused CUDA kernels on {self.device}, "
+                    f"{cuda_loop.steps_a_launch(self.comm.size)} step(s) a launch, "
+                    f"{segs} time segment(s){exchange}")
         if self.fused:
             exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
             return (f"fused C kernels, {self.threads} thread(s) per rank, "
@@ -222,7 +238,9 @@ class AcousticPropagator:
             if self.cuda_loop is None or self.cuda_loop.launcher is not cuda:
                 self.cuda_loop = cuda_loop.CudaLoop(cuda, self.segments, self.grid.dy, self.grid.dx,
                                                     self.dt * self.dt, self.sponge, self.rgeom,
-                                                    self.src_gain)
+                                                    self.src_gain,
+                                                    cuda_loop.steps_a_launch(self.comm.size),
+                                                    self._cuda_exchange())
             traces, u = cuda_loop.propagate_cuda(self.cuda_loop, c, self.geom.nshots, return_field)
             return (traces, u) if return_field else traces
         if self._use_fused(c):

@@ -10,8 +10,9 @@ real kernels in both precisions), the system C compiler into a host library whos
 tiling run on CPU tensors in the tests, against the PyTorch reference and its autograd.  Both
 builds keep every operation rounded on its own (``--fmad=false``, ``-ffp-contract=off``).
 
-One kernel per half step (and per adjoint pass): the halo exchange and the free-surface image
-run in torch between them, as on the CPU's multi-rank path (:mod:`odecli.pde.elastic.cuda_loop`).
+One kernel per half step (and per adjoint pass): the free-surface image runs as small kernels
+between them, and on several ranks the halo exchange as a host step (:class:`Between`) in the
+same list of launches (:mod:`odecli.pde.elastic.cuda_loop`).
 """
 
 from __future__ import annotations
@@ -182,6 +183,32 @@ def _steps_library() -> ctypes.CDLL:
     return lib
 
 
+class Between:
+    """A host step in a list of launches (:meth:`Launcher.run`): ``action()`` run by the C loop
+    between two launches, in their order on their stream, through a function with
+    cuLaunchKernel's signature, so ``cuda_steps.c`` runs it as it runs a launch.  On several
+    ranks it is a halo exchange (cuda_loop.py).  An exception is kept (the C loop cannot take
+    it), ends the loop, and :meth:`Launcher.run` raises it."""
+
+    blocks = 1
+
+    def __init__(self, entry: str, action) -> None:
+        self.entry, self.error = entry, None
+        self.index: dict = {}  # no arguments that move
+        self.pointers = (ctypes.c_void_p * 1)()
+
+        def call(*_args) -> int:
+            try:
+                action()
+                return 0
+            except BaseException as exc:  # noqa: BLE001 - raised again after the C loop
+                self.error = exc
+                return 1
+
+        self._function = _LAUNCH(call)  # kept alive while the loop may call it
+        self.address = ctypes.cast(self._function, ctypes.c_void_p).value
+
+
 class Launcher:
     """Launches through functions with cuLaunchKernel's signature, one at a time
     (:meth:`launch`) or as steps of a fixed list of launches in C (:meth:`run`); ``entries``:
@@ -214,16 +241,22 @@ class Launcher:
         ``(l, name, base, stride)`` of ``moving`` setting argument ``name`` of ``calls[l]`` (a
         pointer or an integer) to ``base + m * stride`` before step m's launches."""
         n, k = len(calls), len(moving)
-        self.check(self._run(
+        host = lambda c: isinstance(c, Between)
+        result = self._run(
             ctypes.c_longlong(steps), ctypes.c_longlong(n),
-            (ctypes.c_void_p * n)(*(self._addresses[c.entry] for c in calls)),
-            (ctypes.c_void_p * n)(*(self._entries[c.entry][1] for c in calls)),
+            (ctypes.c_void_p * n)(*(c.address if host(c) else self._addresses[c.entry] for c in calls)),
+            (ctypes.c_void_p * n)(*(None if host(c) else self._entries[c.entry][1] for c in calls)),
             (ctypes.c_uint * n)(*(c.blocks for c in calls)), ctypes.c_uint(THREADS), self.stream(),
             (ctypes.c_void_p * n)(*(ctypes.addressof(c.pointers) for c in calls)),
             ctypes.c_longlong(k), (ctypes.c_longlong * k)(*(m[0] for m in moving)),
             (ctypes.c_longlong * k)(*(calls[m[0]].index[m[1]] for m in moving)),
             (ctypes.c_longlong * k)(*(m[2] for m in moving)),
-            (ctypes.c_longlong * k)(*(m[3] for m in moving))), "elastic time loop")
+            (ctypes.c_longlong * k)(*(m[3] for m in moving)))
+        for c in calls:
+            if host(c) and c.error is not None:
+                error, c.error = c.error, None
+                raise error
+        self.check(result, "elastic time loop")
 
 
 class HostLauncher(Launcher):

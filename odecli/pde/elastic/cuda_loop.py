@@ -24,16 +24,30 @@ with the gradient), and a launch costs the driver's call.
 Forward steps equal the PyTorch reference's bit for bit (same operations, same order, no
 contraction); gradients equal autograd's through the reference to round-off (the tests' bound:
 1e-12 relative in float64).  On the host build (:func:`~.cuda_build.host_launcher`) the same
-loop runs on CPU tensors: the tests route the propagator's CUDA path there.  One rank: several
-ranks (halo exchanges of CUDA tensors between the half steps) keep the PyTorch reference.
+loop runs on CPU tensors: the tests route the propagator's CUDA path there.
+
+On several ranks (one GPU each) every half step's input has its ghost ring filled from the
+neighbours first (the stresses before the velocity update, the velocities before the stress
+update, as :meth:`FusedLoop._exchange`): a host step in the same list of launches
+(:class:`~.cuda_build.Between`, :func:`~odecli.parallel.ops.fill_ring_` on the launches' stream),
+before the free-surface image, so the traces equal one rank's bit for bit.  The adjoint's half
+steps send their ring's adjoints to the owners (:func:`~odecli.parallel.ops.fill_ring_adjoint_`)
+before the fold, which then clears the ring (the fold adds the image rows' adjoints into the
+inner columns only, which the exchange's sums do not reach in another order but for round-off:
+the image's corner cells have no adjoint, the stencils being crosses); the sources and receivers
+are the rank's own, and the parameters' gradients are summed on its block (the propagator's
+one-cell parameter halo takes them home).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
-from odecli.pde.elastic.cuda_build import Call, cuda_launcher
+from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
+from odecli.pde.elastic.cuda_build import Between, Call, cuda_launcher
 from odecli.pde.elastic.fused import PackedPsi, _padded, _reused, _reused_zeroed
 from odecli.pde.elastic.reference import (
     RING,
@@ -48,10 +62,9 @@ WRING = 4  # the ring of the adjoint's scratch w (cuda_point.h), read two past t
 
 def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:
     """The kernels' launcher for fields like ``like`` on this rank layout, or ``(None, why
-    not)``: the GPU's kernels for CUDA tensors on one rank (tests put the host build here)."""
-    if comm.size > 1:
-        return None, ("the elastic CUDA kernels run on one rank: several ranks run the "
-                      "PyTorch reference")
+    not)``: the GPU's kernels for CUDA tensors, on one rank or several (tests put the host build
+    here).  ``comm``: the rank layout (the kernels run on any; kept for the callers' one
+    signature)."""
     if like.device.type != "cuda":
         return None, f"the elastic CUDA kernels need CUDA tensors (got {like.device})"
     return cuda_launcher(like)
@@ -210,9 +223,11 @@ class CudaLoop:
             store_moves = [[("store", stores[h].data_ptr(), _stride(stores[h]))] for h in (0, 1)]
         source_move = () if sources is None else (
             ("values", _row(self.source_values, t0), _stride(self.source_values)),)
+        add(self._exchange(sr, "stresses"))
         add(images[0] if images else None)
         add(vel, *store_moves[0])
         add(sources if force else None, *source_move)
+        add(self._exchange(vr, "velocities"))
         add(images[1] if images else None)
         add(st, *store_moves[1])
         add(None if force else sources, *source_move)
@@ -222,6 +237,23 @@ class CudaLoop:
         if stores is not None and not fields:
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+
+    def _exchange(self, ringed: Tensor, what: str, adjoint: bool = False) -> Between | None:
+        """On several ranks, the host step filling ``ringed``'s ghost ring from the neighbours
+        (or, ``adjoint``, adding it into theirs and zeroing it), timed as the C loop's
+        exchanges; None on one rank."""
+        prop = self.prop
+        if prop.comm.size == 1:
+            return None
+        fill = fill_ring_adjoint_ if adjoint else fill_ring_
+
+        def exchange() -> None:
+            start = time.perf_counter()
+            fill(ringed, prop.decomp, prop.comm, RING)
+            if prop.timer is not None:
+                prop.timer.add(time.perf_counter() - start)
+
+        return Between(f"{'adjoint ' if adjoint else ''}exchange of the {what}", exchange)
 
     def _receiver_adjoint(self, lv: Tensor, ls: Tensor, g: Tensor) -> Call | None:
         """The launch adding a step's traces' adjoints ``g`` ``(B, receivers, steps)`` (``step``
@@ -320,8 +352,9 @@ class CudaLoop:
         fold_s = self._image("elastic_fold", ls, STRESS_IMAGE, surface=surface)
         # one adjoint step's launches (step t1-1 first, then back in time) and what moves
         last = t1 - 1 - t0
-        calls = [c for c in (residuals, stress_t, stress_g, fold_v, *(forces or ()), velocity_t,
-                             velocity_g, fold_s) if c is not None]
+        calls = [c for c in (residuals, stress_t, stress_g, self._exchange(lv, "velocities", True),
+                             fold_v, *(forces or ()), velocity_t, velocity_g,
+                             self._exchange(ls, "stresses", True), fold_s) if c is not None]
         moving = [(calls.index(stress_t), "store", _row(store_s, last), -_stride(store_s)),
                   (calls.index(velocity_t), "store", _row(store_v, last), -_stride(store_v))]
         if residuals is not None:

@@ -1,0 +1,120 @@
+"""The acoustic and elastic CUDA loops on several ranks, tested without a GPU.
+
+The kernels' host build stands in for the GPU (CPU tensors through the same launch code and C
+time loops, as tests/test_pde_cuda.py and tests/test_elastic_cuda.py run them), on 1x2 and 2x2
+ranks of grids that split unevenly (41 x 39 acoustic, 37 x 43 elastic), against the one-rank
+run of the same kernels (which takes the blocked acoustic kernel, 4 steps a launch): traces and
+final fields bit for bit, gradients (of vp, vs, rho; of the wave speed) to 1e-12 relative in
+float64, with and without a free surface, point forces and explosive sources, receivers on some
+ranks and none on others, 3 time segments.  Every rank must have run the kernels and the
+exchanges between them (counted), and the same results with the exchanges left out must
+differ (so the comparison sees them).  And the rank-to-device rule, ``cuda:rank % count``, with
+a fake GPU count.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi_helpers import run_mpi
+
+from odecli.app import pde_problem, solve, solve_ranks
+from odecli.errors import SpecError
+from odecli.pde.acoustic import cuda_build as acoustic_build
+from odecli.pde.elastic import cuda_build as elastic_build
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """The one-rank results (in this process: the script's ``compute``)."""
+    try:
+        acoustic_build.host_launcher(torch.float64)
+        elastic_build.host_launcher(torch.float64)
+    except RuntimeError as exc:  # no C compiler (or ODECLI_NATIVE=0): nothing to run them on
+        pytest.skip(str(exc))
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import pde_cuda_ranks
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return pde_cuda_ranks.compute(None)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("n,grid", [(2, "1x2"), (4, "2x2")])
+def test_n_ranks_run_the_kernels_and_equal_one_rank(one_rank, tmp_path, n, grid):
+    out = tmp_path / "ranks.npz"
+    probes = ["--probes"] if n == 2 else []
+    proc = run_mpi(SCRIPTS / "pde_cuda_ranks.py", n, [str(out), grid, *probes], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out)
+    assert (one_rank["ranks/counts"][0, :2] > 0).all()  # one rank ran the kernels too
+    counts = got["ranks/counts"]  # per rank: acoustic, elastic launches; their exchanges
+    assert counts.shape == (n, 4) and (counts > 0).all(), counts
+    assert len(set(counts[:, 2])) == 1 and len(set(counts[:, 3])) == 1  # the same exchanges
+    for key, ref in one_rank.items():
+        if key.startswith("ranks/"):
+            continue
+        val = got[key]
+        if key.endswith("/engine"):
+            assert "CUDA kernels" in str(val), f"{key}: {val}"
+            continue
+        assert val.shape == ref.shape, key
+        if key.endswith("/grad"):
+            scale = float(np.abs(ref).max())
+            err = float(np.abs(val - ref).max()) / scale
+            assert scale > 0 and err <= 1e-12, f"{key} on {grid}: relative difference {err:.3e}"
+        else:
+            assert float(np.abs(ref).max()) > 0, key
+            assert np.array_equal(val, ref), f"{key} on {grid}: not bit for bit"
+    assert "halo exchange every step" in str(got["acoustic/engine"])
+    for key in [k for k in got.files if k.startswith("without_exchange/")]:
+        ref = one_rank[key.split("/", 1)[1]]
+        err = float(np.abs(got[key] - ref).max()) / float(np.abs(ref).max())
+        assert err > 1e-6, f"{key}: the exchanges left out, yet within {err:.1e}"
+    assert len([k for k in got.files if k.startswith("without_exchange/")]) == (3 if probes else 0)
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """A machine with ``count`` fake GPUs (set the count on the returned dict)."""
+    fake = {"count": 3}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: fake["count"])
+    return fake
+
+
+def test_pde_ranks_take_gpu_rank_mod_count(gpus, monkeypatch):
+    """``compute.device: cuda`` (or ``auto`` finding CUDA): rank r on ``cuda:r % count``; a
+    named GPU is kept, one that is not there is the spec's error."""
+    monkeypatch.setattr(pde_problem, "resolve_device",
+                        lambda name: torch.device("cuda" if name == "auto" else name))
+    assert [str(pde_problem._device("cuda", r, "s.yaml")) for r in range(7)] == [
+        "cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:1", "cuda:2", "cuda:0"]
+    gpus["count"] = 2
+    assert str(pde_problem._device("auto", 5, "s.yaml")) == "cuda:1"
+    assert str(pde_problem._device("cuda:1", 0, "s.yaml")) == "cuda:1"
+    with pytest.raises(SpecError, match="compute.device.*only 2 CUDA device"):
+        pde_problem._device("cuda:2", 0, "s.yaml")
+    assert pde_problem._device("cpu", 3, "s.yaml") == torch.device("cpu")
+
+
+def test_ode_ranks_take_gpu_local_rank_mod_count(gpus, monkeypatch):
+    """``mpirun odecli solve`` with ``device: cuda``: a node's rank r on ``cuda:r % count``;
+    ``cpu`` stays the CPU."""
+    monkeypatch.setattr(solve, "device_name", lambda name: "cpu" if name == "cpu" else "cuda")
+    assert [solve_ranks._rank_device("cuda", r) for r in range(5)] == [
+        "cuda:0", "cuda:1", "cuda:2", "cuda:0", "cuda:1"]
+    gpus["count"] = 1
+    assert {solve_ranks._rank_device("auto", r) for r in range(4)} == {"cuda:0"}
+    assert solve_ranks._rank_device("cpu", 3) == "cpu"
