@@ -25,7 +25,9 @@ In order, each section skipped once the time budget (seconds) is spent:
 
 The elastic kernels' check and timings (``benchmarks/gpu_elastic_check.py``: against the
 reference, then at ``--elastic-sizes`` beside ``deepwave.elastic``) run after the acoustic check
-and after the acoustic sizes.
+and after the acoustic sizes; last, if the budget allows, 2 ranks against 1 on the card(s)
+(``benchmarks/gpu_ranks_check.py``: correctness of the CUDA loops' halo exchanges; on one GPU
+the ranks share it, so no multi-GPU timing).
 
 ``--host-dry-run`` runs all of it on the CPU at a tiny size through the kernel's host build
 (Deepwave on the CPU), to prove the script works without a GPU; its numbers mean nothing.
@@ -48,6 +50,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import gpu_elastic_check
+import gpu_ranks_check
 
 from odecli.app.pde_problem import Problem
 from odecli.parallel.comm import get_comm
@@ -304,6 +307,10 @@ def main() -> None:
             continue
         gpu_elastic_check.time_size(m, args.elastic_steps, DEVICE, not args.no_reference,
                                     lambda: left(args.budget))
+    if left(args.budget):  # several ranks on this card: correctness only (gpu_ranks_check.py)
+        gpu_ranks_check.check_ranks(DEVICE == "cuda")
+    else:
+        print("\n(time budget spent: several ranks skipped; python benchmarks/gpu_ranks_check.py)")
     print(f"\ntotal {time.perf_counter() - START:.0f} s")
 
 

@@ -2,8 +2,9 @@
 (CPU tensors through the same launch code, as tests/test_pde_cuda.py and
 tests/test_elastic_cuda.py do): traces, final fields and gradients, and which loop ran.
 
-Usage: pde_cuda_ranks.py OUT.npz [PYxPX [--probes]]   (rank 0 writes OUT.npz; ``--probes``
-adds results with the exchanges left out, which must differ)
+Usage: pde_cuda_ranks.py OUT.npz [PYxPX|auto] [--probes] [--gpu]   (rank 0 writes OUT.npz;
+``--probes`` adds results with the exchanges left out, which must differ; ``--gpu`` runs the
+real kernels on ``cuda:rank % count`` instead of the host build: benchmarks/gpu_pde_check.py)
 Imported by tests/test_pde_cuda_ranks.py for the single-rank run (``compute``).
 """
 
@@ -66,21 +67,32 @@ class Counting:
         self.inner.run_blocks(*args)
 
 
+DEVICE = torch.device("cpu")  # where the fields live: the host build's CPU, or the rank's GPU
+
+
 @contextlib.contextmanager
-def host_kernels():
-    """Both propagators' CUDA paths on the host build for CPU tensors; yields the counters."""
+def counted_kernels():
+    """Both propagators' CUDA paths counted, on the host build for CPU tensors (on a GPU, its
+    kernels as the propagators choose them); yields the counters."""
     made = {"acoustic": {}, "elastic": {}}
     saved = acoustic_loop.launcher_for, elastic_loop.launcher_for
 
-    def chooser(kind, build):
+    def chooser(kind, chosen, host):
         def launcher_for(like, comm):
-            if like.dtype not in made[kind]:
-                made[kind][like.dtype] = Counting(build(like.dtype))
-            return made[kind][like.dtype], ""
+            if like.device.type == "cuda":
+                inner, why = chosen(like, comm)
+                if inner is None:
+                    return None, why
+            else:
+                inner = host(like.dtype)
+            key = (like.device, like.dtype)
+            if key not in made[kind]:
+                made[kind][key] = Counting(inner)
+            return made[kind][key], ""
         return launcher_for
 
-    acoustic_loop.launcher_for = chooser("acoustic", acoustic_build.host_launcher)
-    elastic_loop.launcher_for = chooser("elastic", elastic_build.host_launcher)
+    acoustic_loop.launcher_for = chooser("acoustic", saved[0], acoustic_build.host_launcher)
+    elastic_loop.launcher_for = chooser("elastic", saved[1], elastic_build.host_launcher)
     try:
         yield made
     finally:
@@ -89,8 +101,8 @@ def host_kernels():
 
 def _global(t: torch.Tensor, decomp, comm):
     if comm.size == 1:
-        return t.detach().numpy()
-    return gather_global(t.detach(), decomp, comm, root=0)
+        return t.detach().cpu().numpy()
+    return gather_global(t.detach().cpu(), decomp, comm, root=0)
 
 
 ACOUSTIC = {"acoustic": False, "acoustic_free_surface": True}  # name: free surface
@@ -103,7 +115,7 @@ def _acoustic(comm, proc_grid, out: dict, names=tuple(ACOUSTIC), gradient: bool 
         raw = copy.deepcopy(BASE)
         raw["time"]["steps"] = ACOUSTIC_STEPS
         raw["boundary"]["free_surface"] = ACOUSTIC[name]
-        raw["compute"].update(dtype="float64", time_segments=3)
+        raw["compute"].update(dtype="float64", time_segments=3, device=DEVICE.type)
         raw["regularization"] = {}
         if proc_grid is not None:
             raw["parallel"] = {"proc_grid": list(proc_grid)}
@@ -113,10 +125,10 @@ def _acoustic(comm, proc_grid, out: dict, names=tuple(ACOUSTIC), gradient: bool 
         out[f"{name}/engine"] = np.array(P.prop.engine())
         c = P.unknown.field().detach().clone().requires_grad_(gradient)
         traces, field = P.prop.forward(c, return_field=True)
-        out[f"{name}/traces"] = P.full_traces(traces.detach()).numpy()
+        out[f"{name}/traces"] = P.full_traces(traces.detach()).cpu().numpy()
         out[f"{name}/field"] = _global(field, P.decomp, comm)
         if gradient:
-            weight = torch.cos(torch.arange(ACOUSTIC_STEPS, dtype=torch.float64) * 0.37)
+            weight = torch.cos(torch.arange(ACOUSTIC_STEPS, dtype=torch.float64) * 0.37).to(c.device)
             (traces * traces * weight).sum().backward()
             out[f"{name}/grad"] = _global(c.grad, P.decomp, comm)
 
@@ -128,17 +140,21 @@ def _elastic(comm, proc_grid, out: dict, names=tuple(ELASTIC), gradient: bool = 
         setup = elastic_setup(comm, eq.SHAPE, eq.SPACING, eq.DT, ELASTIC_STEPS, shots, recs, w,
                               components=comps, width=6, proc_grid=proc_grid, segments=3,
                               **ELASTIC[name])
+        if DEVICE.type == "cuda":  # one GPU per rank, as compute.device: cuda spreads them
+            setup.device = torch.device(f"cuda:{comm.rank % torch.cuda.device_count()}")
+            setup.local = setup.geometry.local(setup.block, setup.device, torch.float64)
         prop = build(setup)
         out[f"{name}/engine"] = np.array(prop.engine())
-        model = local_block(eq.true_model(), setup.decomp).clone().requires_grad_(gradient)
+        model = local_block(eq.true_model(), setup.decomp).to(setup.device)
+        model = model.clone().requires_grad_(gradient)
         traces, fields = prop.forward(model, return_field=True)
-        full = setup.local.scatter_traces(traces.detach())
+        full = setup.local.scatter_traces(traces.detach()).cpu()
         if comm.size > 1:
             full = torch.as_tensor(comm.allreduce_array(full.numpy()))
         out[f"{name}/traces"] = full.numpy()
         out[f"{name}/field"] = _global(fields, setup.decomp, comm)
         if gradient:
-            weight = torch.cos(torch.arange(ELASTIC_STEPS, dtype=torch.float64) * 0.37)
+            weight = torch.cos(torch.arange(ELASTIC_STEPS, dtype=torch.float64) * 0.37).to(setup.device)
             (traces * traces * weight).sum().backward()
             out[f"{name}/grad"] = _global(model.grad, setup.decomp, comm)
 
@@ -173,7 +189,7 @@ def compute(proc_grid=None, probes: bool = False) -> dict:
     comm = get_comm()
     out: dict = {}
     try:
-        with host_kernels() as made:
+        with counted_kernels() as made:
             _acoustic(comm, proc_grid, out)
             _elastic(comm, proc_grid, out)
             if probes:
@@ -190,7 +206,10 @@ def compute(proc_grid=None, probes: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    pg = tuple(int(x) for x in sys.argv[2].split("x")) if len(sys.argv) > 2 else None
+    grid = sys.argv[2] if len(sys.argv) > 2 else "auto"
+    pg = None if grid == "auto" else tuple(int(x) for x in grid.split("x"))
+    if "--gpu" in sys.argv[3:]:
+        DEVICE = torch.device("cuda")
     res = compute(pg, probes="--probes" in sys.argv[3:])
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)
