@@ -62,8 +62,8 @@ def check_ranks(gpu: bool, ranks: int = 2, timeout: float = 240.0) -> bool:
                    *(["--gpu"] if gpu else [])]
             t0 = time.perf_counter()
             try:
-                proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
-                                      timeout=timeout)
+                proc = subprocess.run(cmd, check=False, env=env, cwd=ROOT, capture_output=True,
+                                      text=True, timeout=timeout)
             except subprocess.TimeoutExpired:
                 print(f"   {n} rank(s): timed out after {timeout:.0f} s", flush=True)
                 return False
