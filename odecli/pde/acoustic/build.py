@@ -91,7 +91,10 @@ def auto_segments(setup: Setup, fused: bool, gpu: bool = False) -> int:
     # the CUDA kernels' store lives in the GPU's memory (cuda_loop)
     on_gpu = gpu and setup.device.type == "cuda"
     avail = torch.cuda.mem_get_info(setup.device)[0] if on_gpu else available_memory_bytes()
-    budget = 0.0 if avail is None else avail / (4 * comm.size)
+    # the ranks sharing the memory: all of them on the host; on GPUs those on one card
+    # (rank r on cuda:r % count)
+    sharing = -(-comm.size // torch.cuda.device_count()) if on_gpu else comm.size
+    budget = 0.0 if avail is None else avail / (4 * sharing)
     if comm.size > 1:
         budget = comm.allreduce_scalar(budget, op="min")
     shots = setup.geometry.nshots
@@ -123,7 +126,8 @@ def build(setup: Setup) -> AcousticPropagator:
     s = setup
     like = torch.zeros(0, dtype=s.dtype, device=s.device)
     fused = _everywhere(s.comm, native_available(like)[0])
-    gpu = cuda_loop.launcher_for(like, s.comm)[0] is not None  # one rank: no agreement needed
+    # every rank on its GPU's kernels, or none (a rank without them would miss the exchanges)
+    gpu = _everywhere(s.comm, cuda_loop.launcher_for(like, s.comm)[0] is not None)
     segments = s.time_segments
     if segments == "auto":
         segments = auto_segments(s, fused, gpu)

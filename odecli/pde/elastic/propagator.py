@@ -7,9 +7,9 @@ the stress update (out of place and differentiable, :func:`odecli.parallel.ops.h
 the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
 bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
-bit the reference's) and the gradient on their hand-written adjoint; on a CUDA device and one
-rank on the same loop's CUDA kernels (:mod:`odecli.pde.elastic.cuda_loop`); elsewhere (several
-ranks on CUDA, no compiler, no NVRTC) autograd differentiates the PyTorch reference steps.
+bit the reference's) and the gradient on their hand-written adjoint; on CUDA devices (one per
+rank) on the same loop's CUDA kernels (:mod:`odecli.pde.elastic.cuda_loop`); elsewhere (no
+compiler, no NVRTC) autograd differentiates the PyTorch reference steps.
 Either way the time loop is split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
 state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
 not like ``nt``; on the fused path the last segment's first pass writes its stores into that
@@ -148,7 +148,7 @@ class ElasticPropagator:
         self.threads = max(1, min(threads, points // MIN_POINTS_PER_THREAD))
         like = torch.zeros(0, dtype=dtype, device=device)
         ok = native_available(like)[0] if fused is not False else False
-        # on a GPU (one rank) the CUDA kernels take the C kernels' place (cuda_loop.py)
+        # on GPUs the CUDA kernels take the C kernels' place (cuda_loop.py), on any ranks
         self.cuda_launcher, self.cuda_why = cuda_loop.launcher_for(like, comm)
         self.loop_class = FusedLoop if self.cuda_launcher is None else cuda_loop.CudaLoop
         ok = ok or (self.cuda_launcher is not None and fused is not False)
