@@ -6,7 +6,9 @@ ranks of grids that split unevenly (41 x 39 acoustic, 37 x 43 elastic), against 
 run of the same kernels (which takes the blocked acoustic kernel, 4 steps a launch): traces and
 final fields bit for bit, gradients (of vp, vs, rho; of the wave speed) to 1e-12 relative in
 float64, with and without a free surface, point forces and explosive sources, receivers on some
-ranks and none on others, 3 time segments.  Every rank must have run the kernels and the
+ranks and none on others, 3 time segments; on 2x2 the exchanges copy their strips as they do
+for GPU fields (torch indexing staged through the host buffers, the path
+:class:`~odecli.parallel.strips.Boxes` takes off the CPU).  Every rank must have run the kernels and the
 exchanges between them (counted), and the same results with the exchanges left out must
 differ (so the comparison sees them).  And the rank-to-device rule, ``cuda:rank % count``, with
 a fake GPU count.
@@ -55,7 +57,9 @@ def one_rank():
 def test_n_ranks_run_the_kernels_and_equal_one_rank(one_rank, tmp_path, n, grid):
     out = tmp_path / "ranks.npz"
     probes = ["--probes"] if n == 2 else []
-    proc = run_mpi(SCRIPTS / "pde_cuda_ranks.py", n, [str(out), grid, *probes], timeout=180)
+    staged = ["--staged"] if n == 4 else []  # the strips copied as for GPU fields
+    proc = run_mpi(SCRIPTS / "pde_cuda_ranks.py", n, [str(out), grid, *probes, *staged],
+                   timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert (one_rank["ranks/counts"][0, :2] > 0).all()  # one rank ran the kernels too

@@ -2,9 +2,11 @@
 (CPU tensors through the same launch code, as tests/test_pde_cuda.py and
 tests/test_elastic_cuda.py do): traces, final fields and gradients, and which loop ran.
 
-Usage: pde_cuda_ranks.py OUT.npz [PYxPX|auto] [--probes] [--gpu]   (rank 0 writes OUT.npz;
-``--probes`` adds results with the exchanges left out, which must differ; ``--gpu`` runs the
-real kernels on ``cuda:rank % count`` instead of the host build: benchmarks/gpu_pde_check.py)
+Usage: pde_cuda_ranks.py OUT.npz [PYxPX|auto] [--probes] [--staged] [--gpu]   (rank 0 writes
+OUT.npz; ``--probes`` adds results with the exchanges left out, which must differ;
+``--staged``: the exchanges copy their strips as they do for GPU fields, with torch indexing
+staged through the host buffers, not with the C copies CPU fields take; ``--gpu`` runs the real
+kernels on ``cuda:rank % count`` instead of the host build: benchmarks/gpu_ranks_check.py)
 Imported by tests/test_pde_cuda_ranks.py for the single-rank run (``compute``).
 """
 
@@ -210,6 +212,12 @@ if __name__ == "__main__":
     pg = None if grid == "auto" else tuple(int(x) for x in grid.split("x"))
     if "--gpu" in sys.argv[3:]:
         DEVICE = torch.device("cuda")
+    if "--staged" in sys.argv[3:]:
+        from odecli.parallel import strips
+
+        strips._on_host = lambda fields: False
+        checked = strips.Boxes._native
+        strips.Boxes._native = lambda self, fields: checked(self, fields) and False
     res = compute(pg, probes="--probes" in sys.argv[3:])
     if get_comm().rank == 0:
         np.savez(Path(sys.argv[1]), **res)
