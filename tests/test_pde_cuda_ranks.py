@@ -122,3 +122,58 @@ def test_ode_ranks_take_gpu_local_rank_mod_count(gpus, monkeypatch):
     gpus["count"] = 1
     assert {solve_ranks._rank_device("auto", r) for r in range(4)} == {"cuda:0"}
     assert solve_ranks._rank_device("cpu", 3) == "cpu"
+
+
+def test_the_acoustic_c_loop_exchanges_each_written_field_and_stops_at_a_failed_exchange():
+    """``between`` runs after every launch on the field it wrote (the two buffers in turn), in
+    order; an exception in it ends the C loop there and is raised as it was."""
+    try:
+        launcher = acoustic_build.host_launcher(torch.float64)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    from odecli.pde.acoustic import cuda_loop
+
+    ny, nx = 9, 10
+    shape = (1, ny + 4, nx + 4)
+    first, second = torch.zeros(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
+    second[0, 6, 7] = 1.0
+    loop = cuda_loop.CudaLoop(launcher, [(0, 5)], 1.0, 1.0, 1.0, None, None, None, 1)
+    call = loop.call(torch.full((ny, nx), 0.1, dtype=torch.float64), shape)
+    seen = []
+
+    def between(written: torch.Tensor) -> None:
+        seen.append((written is first, float(written.abs().sum())))
+        if len(seen) == 3 and fail:
+            raise OSError("neighbour gone")
+
+    fail = False
+    launcher.run(call, 5, first, second, [], between)
+    assert [s[0] for s in seen] == [True, False, True, False, True]
+    assert all(total > 0 for _, total in seen)  # each written by its launch before the exchange
+    seen.clear()
+    fail = True
+    with pytest.raises(OSError, match="neighbour gone"):
+        launcher.run(call, 5, first, second, [], between)
+    assert len(seen) == 3
+
+
+def test_an_elastic_host_step_runs_in_the_launch_list_and_stops_it_when_it_fails():
+    try:
+        launcher = elastic_build.host_launcher(torch.float64)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    calls = []
+
+    def action() -> None:
+        calls.append(len(calls))
+        if len(calls) == 2 and fail:
+            raise OSError("neighbour gone")
+
+    fail = False
+    launcher.run([elastic_build.Between("exchange", action)], 4, [])
+    assert calls == [0, 1, 2, 3]
+    calls.clear()
+    fail = True
+    with pytest.raises(OSError, match="neighbour gone"):
+        launcher.run([elastic_build.Between("exchange", action)], 4, [])
+    assert calls == [0, 1]
