@@ -24,6 +24,14 @@ and its gradient is summed on its own block, which holds the whole of it (nothin
 block edge in the adjoint's sum ``mu lap4(u)``).  Several steps a launch (``cuda_blocks.h``)
 would need a ring as deep as their steps: not on several ranks yet, which take one step a
 launch.
+
+CUDA fields' strips go through the exchange plan's host buffers (:class:`~odecli.parallel.
+strips.Boxes`' torch path: per message one device-to-host copy, which waits for the launches
+before it on the stream, and one host-to-device copy back, synchronous, so the buffer is free
+for the next exchange): MPI here (mpi4py over the venv's MPICH) is not CUDA-aware, and a
+message is a few strips of 2 cells.  Pinned buffers would make the copies faster, but need the
+plan, which knows no devices, to allocate them; that, and exchanging every few steps, waits for
+a measurement on several GPUs.
 """
 
 from __future__ import annotations
