@@ -64,8 +64,10 @@ class Counting:
                 self.exchanges += args[1]
         self.inner.run(*args)
 
-    def run_blocks(self, *args) -> None:
+    def run_blocks(self, *args) -> None:  # (call, steps, per_launch, fields, moving[, between])
         self.launches += args[1]
+        if len(args) > 5 and args[5] is not None:
+            self.exchanges += -(-args[1] // args[2])
         self.inner.run_blocks(*args)
 
 
@@ -163,23 +165,38 @@ def _elastic(comm, proc_grid, out: dict, names=tuple(ELASTIC), gradient: bool = 
 
 def _probes(comm, proc_grid, out: dict) -> None:
     """What the comparison must catch: the acoustic and elastic traces with the forward's halo
-    exchanges left out, and the elastic gradient with the adjoint's left out (fill_ring_ and
-    fill_ring_adjoint_ as the CUDA loops see them, made to do nothing)."""
+    exchanges left out (the acoustic exchange after each launch, elastic's fill_ring_, made to
+    do nothing), the elastic gradient with the adjoint's left out (fill_ring_adjoint_), and the
+    acoustic gradient with the adjoint's sources only the owned receivers, not all those in
+    the grown block."""
     from odecli.pde.acoustic import propagator as acoustic_propagator
 
     skip = lambda *args: None
-    saved = (acoustic_propagator.fill_ring_, elastic_loop.fill_ring_, elastic_loop.fill_ring_adjoint_)
+    saved = (acoustic_propagator.AcousticPropagator._cuda_exchange, elastic_loop.fill_ring_,
+             elastic_loop.fill_ring_adjoint_, acoustic_loop.CudaLoop.__init__)
+
+    def owned_receivers_only(loop, *args, **kwargs):
+        saved[3](loop, *args, **kwargs)
+        loop.adjoint_receivers = None
+
     cut: dict = {}
     try:
-        acoustic_propagator.fill_ring_ = elastic_loop.fill_ring_ = skip
+        acoustic_propagator.AcousticPropagator._cuda_exchange = lambda prop: skip
+        elastic_loop.fill_ring_ = skip
         _acoustic(comm, proc_grid, cut, ("acoustic",), gradient=False)
         _elastic(comm, proc_grid, cut, ("elastic_pressure",), gradient=False)
-        acoustic_propagator.fill_ring_, elastic_loop.fill_ring_ = saved[:2]
+        acoustic_propagator.AcousticPropagator._cuda_exchange = saved[0]
+        elastic_loop.fill_ring_ = saved[1]
         elastic_loop.fill_ring_adjoint_ = skip
         _elastic(comm, proc_grid, cut, ("elastic_fy_free_surface",))
+        elastic_loop.fill_ring_adjoint_ = saved[2]
+        acoustic_loop.CudaLoop.__init__ = owned_receivers_only
+        _acoustic(comm, proc_grid, cut, ("acoustic_free_surface",))
     finally:
-        acoustic_propagator.fill_ring_, elastic_loop.fill_ring_, elastic_loop.fill_ring_adjoint_ = saved
-    for key in ("acoustic/traces", "elastic_pressure/traces", "elastic_fy_free_surface/grad"):
+        (acoustic_propagator.AcousticPropagator._cuda_exchange, elastic_loop.fill_ring_,
+         elastic_loop.fill_ring_adjoint_, acoustic_loop.CudaLoop.__init__) = saved
+    for key in ("acoustic/traces", "elastic_pressure/traces", "elastic_fy_free_surface/grad",
+                "acoustic_free_surface/grad"):
         out[f"without_exchange/{key}"] = cut[key]
 
 

@@ -9,6 +9,7 @@ import math
 import torch
 
 from odecli.pde.acoustic import cuda_loop
+from odecli.pde.acoustic.cuda_build import STEPS_PER_LAUNCH
 from odecli.pde.acoustic.kernels import STEPS_PER_PASS, native_available
 from odecli.pde.acoustic.propagator import HALO, AcousticPropagator, max_exchange_every
 from odecli.pde.grid import Block, Grid
@@ -105,12 +106,17 @@ def auto_segments(setup: Setup, fused: bool, gpu: bool = False) -> int:
     return int(comm.allreduce_scalar(segs, op="max")) if comm.size > 1 else segs
 
 
-def exchange_every(requested: int | str, decomp, ranks: int) -> int:
+def exchange_every(requested: int | str, decomp, ranks: int, gpu: bool = False) -> int:
     """``parallel.exchange_every``: ``auto`` (:func:`auto_exchange_every`), or the count asked
-    for if the blocks are deep enough for it (:class:`SetupError` if not)."""
+    for if the blocks are deep enough for it (:class:`SetupError` if not).  On the CUDA kernels
+    at most the blocked kernel's steps a launch (an exchange after each launch), ``auto`` as
+    many as the blocks allow."""
+    most = max_exchange_every(decomp)
+    if gpu:
+        limit = min(STEPS_PER_LAUNCH, most)
+        return limit if requested == "auto" else min(limit, exchange_every(requested, decomp, ranks))
     if requested == "auto":
         return auto_exchange_every(decomp)
-    most = max_exchange_every(decomp)
     if requested > most and ranks > 1:
         raise SetupError("parallel.exchange_every",
                          f"{requested} needs blocks of at least {HALO * requested} cells "
@@ -137,5 +143,5 @@ def build(setup: Setup) -> AcousticPropagator:
     return AcousticPropagator(s.grid, s.block, s.decomp, s.comm, s.dt, s.nt, s.local, sponge,
                               segments, s.timer, fused=None if gpu else fused, threads=s.threads,
                               exchange_every=exchange_every(s.exchange_every, s.decomp,
-                                                            s.comm.size),
+                                                            s.comm.size, gpu),
                               geometry=s.geometry, device=s.device)

@@ -250,14 +250,15 @@ class Launcher:
 
     def run(self, call: StepCall, steps: int, first: torch.Tensor, second: torch.Tensor,
             moving: list[tuple[str, int, int]],
-            between: Callable[[torch.Tensor], None] | None = None) -> None:
+            between: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
         """``steps`` leapfrog steps of the one-step kernel, ``second`` the first step's u and
         ``first`` its u_prev and output, the two swapping roles each step; each ``(name,
         address, stride)`` of ``moving`` points argument ``name`` at ``address + m * stride``
-        bytes in step m (NULL for 0).  ``between(written)``, if given, runs after each launch
-        on the field it wrote (``first`` or ``second``): the halo exchange on several ranks."""
+        bytes in step m (NULL for 0).  ``between(u, u_prev)``, if given, runs after each
+        launch on the new time levels (the field it wrote, and the other): the halo exchange
+        on several ranks."""
         address, _, function = self._entries[call.entry]
-        hook = None if between is None else _Between(between, first, second)
+        hook = None if between is None else _Between(between, [(first, second), (second, first)])
         result = self._run(address, function, ctypes.c_uint(call.blocks), ctypes.c_uint(THREADS),
                            self.stream(), call.pointers, ctypes.c_longlong(steps),
                            ctypes.c_void_p(first.data_ptr()), ctypes.c_void_p(second.data_ptr()),
@@ -269,36 +270,46 @@ class Launcher:
         self.check(result, "acoustic time loop")
 
     def run_blocks(self, call: StepCall, steps: int, per_launch: int, fields: list[torch.Tensor],
-                   moving: list[tuple[str, int, int]]) -> None:
+                   moving: list[tuple[str, int, int]],
+                   between: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
         """``steps`` steps of the blocked kernel, ``per_launch`` a launch, from ``fields`` =
         ``[u_prev, u, spare, spare]`` (``cuda_steps.c``'s acoustic_run_blocks); ``moving`` as in
-        :meth:`run`, strides per step."""
+        :meth:`run`, strides per step; ``between(u, u_prev)`` as in :meth:`run`, after each
+        launch."""
         address, _, function = self._entries[call.entry]
         names = ("u_prev_in", "u_in", "p_out", "u_out")
-        self.check(self._run_blocks(address, function, ctypes.c_uint(call.blocks),
-                                    ctypes.c_uint(THREADS), self.stream(), call.pointers,
-                                    ctypes.c_longlong(steps), ctypes.c_longlong(per_launch),
-                                    (ctypes.c_void_p * 4)(*(f.data_ptr() for f in fields)),
-                                    ctypes.c_longlong(call.index["steps"]),
-                                    (ctypes.c_longlong * 4)(*(call.index[k] for k in names)),
-                                    *_moving(call, moving)), "acoustic blocked time loop")
+        hook = None if between is None else _Between(
+            between, [(fields[1], fields[0]), (fields[3], fields[2])])
+        result = self._run_blocks(address, function, ctypes.c_uint(call.blocks),
+                                  ctypes.c_uint(THREADS), self.stream(), call.pointers,
+                                  ctypes.c_longlong(steps), ctypes.c_longlong(per_launch),
+                                  (ctypes.c_void_p * 4)(*(f.data_ptr() for f in fields)),
+                                  ctypes.c_longlong(call.index["steps"]),
+                                  (ctypes.c_longlong * 4)(*(call.index[k] for k in names)),
+                                  *_moving(call, moving), None if hook is None else hook.function,
+                                  None)
+        if hook is not None and hook.error is not None:
+            raise hook.error
+        self.check(result, "acoustic blocked time loop")
 
 
 _BETWEEN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class _Between:
-    """``between(written)`` as the C loop's ``between_fn``: the written field's address mapped
-    back to its tensor; an exception is kept (a C caller cannot take it) and ends the loop,
-    and :meth:`Launcher.run` raises it."""
+    """``between(u, u_prev)`` as the C loop's ``between_fn``: the written field's address mapped
+    back to its tensor and the other time level's (``pairs``: ``(written, other)``); an
+    exception is kept (a C caller cannot take it) and ends the loop, and the launcher raises
+    it."""
 
-    def __init__(self, between: Callable[[torch.Tensor], None], *fields: torch.Tensor) -> None:
+    def __init__(self, between: Callable[[torch.Tensor, torch.Tensor], None],
+                 pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.error: BaseException | None = None
-        by_address = {f.data_ptr(): f for f in fields}
+        by_address = {u.data_ptr(): (u, other) for u, other in pairs}
 
         def call(_context, written) -> int:
             try:
-                between(by_address[written])
+                between(*by_address[written])
                 return 0
             except BaseException as exc:  # noqa: BLE001 - raised again after the C loop
                 self.error = exc

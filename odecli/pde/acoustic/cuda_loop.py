@@ -15,23 +15,27 @@ kernels' host build, which is how the tests check them against the PyTorch refer
 autograd without a GPU.
 
 On several ranks (one GPU each, :func:`odecli.app.pde_problem`'s ``cuda:rank % count``) each
-steps its block with the one-step kernel, and the field a launch writes has its ghost ring
-filled from the neighbours before the next launch reads it (``exchange``, the propagator's
-:func:`~odecli.parallel.ops.fill_ring_`, called from the C loop between launches): the
-reference's exchange, step for step, so the traces equal one rank's bit for bit.  The adjoint is
-the forward step on ``mu``, so it exchanges alike; each rank's residuals are its own receivers'
-and its gradient is summed on its own block, which holds the whole of it (nothing crosses a
-block edge in the adjoint's sum ``mu lap4(u)``).  Several steps a launch (``cuda_blocks.h``)
-would need a ring as deep as their steps: not on several ranks yet, which take one step a
-launch.
+steps its block, and after every launch the neighbours exchange the ghosts the next launch reads
+(``exchange``, a planned halo exchange the C loop calls between the launches).  With K steps a
+launch (the blocked kernel, K = the propagator's ``every``) this is the CPU fused loop's scheme
+(:class:`~odecli.pde.acoustic.loop.Loop`): each rank steps its block grown by ``RING * (K - 1)``
+cells on sides with a neighbour (``c2dt2``, the sponge and the sources cover the growth), each
+step spoils ``RING`` more cells from the outside in (a launch keeps its input ring), so the owned
+block is exact after K steps, when the exchange refreshes ``RING * K`` ghosts of u and the growth
+of u_prev.  The redundant steps repeat the neighbours' arithmetic: the traces equal one rank's
+bit for bit.  The adjoint is the forward step on ``mu``, so it exchanges alike, and its sources
+are the residuals of every receiver in the grown block (the neighbours' from an all-reduce), so
+the owned block holds the whole adjoint and its gradient, summed there (the growth's terms are
+the neighbours' to sum).  With one step a launch (K = 1) nothing grows and the exchange fills the
+ring of the field just made, as the reference does.
 
 CUDA fields' strips go through the exchange plan's host buffers (:class:`~odecli.parallel.
 strips.Boxes`' torch path: per message one device-to-host copy, which waits for the launches
 before it on the stream, and one host-to-device copy back, synchronous, so the buffer is free
 for the next exchange): MPI here (mpi4py over the venv's MPICH) is not CUDA-aware, and a
-message is a few strips of 2 cells.  Pinned buffers would make the copies faster, but need the
-plan, which knows no devices, to allocate them; that, and exchanging every few steps, waits for
-a measurement on several GPUs.
+message is a few thin strips (``RING * K`` cells of u, less of u_prev).  Pinned buffers would
+make the copies faster, but need the plan, which knows no devices, to allocate them: that waits
+for a measurement on several GPUs.
 """
 
 from __future__ import annotations
@@ -68,10 +72,10 @@ def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:
     return cuda_launcher(like)
 
 
-def steps_a_launch(ranks: int) -> int:
-    """Steps a launch on ``ranks`` ranks: :data:`PER_LAUNCH` on one, 1 on several (an exchange
-    after each step; the blocked kernel's deeper ring is not exchanged yet)."""
-    return PER_LAUNCH if ranks == 1 else 1
+def steps_a_launch(ranks: int, every: int = 1) -> int:
+    """Steps a launch: :data:`PER_LAUNCH` on one rank; on several at most ``every``, the steps
+    between exchanges the grown blocks allow (an exchange after each launch)."""
+    return PER_LAUNCH if ranks == 1 else max(1, min(PER_LAUNCH, every))
 
 
 @dataclass
@@ -136,19 +140,29 @@ class CudaLoop:
     def __init__(self, launcher, segments: list[tuple[int, int]], dy: float, dx: float,
                  dt2: float, sponge: Tensor | None, geom: LocalGeometry,
                  src_gain: Tensor | None, per_launch: int | None = None,
-                 exchange: Callable[[Tensor], None] | None = None) -> None:
+                 exchange: Callable[[Tensor, Tensor], None] | None = None,
+                 ring: tuple[int, int, int, int] = (RING,) * 4, comm=None,
+                 adjoint_receivers: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
         """``geom``: indices into the ringed fields (``LocalGeometry.ringed(RING)``).
         ``per_launch``: steps a launch; 1 runs the one-step kernel (cuda_point.h), more the
         blocked one (cuda_blocks.h, at most STEPS_PER_LAUNCH); None: :data:`PER_LAUNCH`.
-        ``exchange(field)``: on several ranks, fills a ringed field's ghost ring from the
-        neighbours, after every launch (one step a launch); None on one rank."""
+        ``exchange(u, u_prev)``: on several ranks, the ghosts the next launch reads from the
+        neighbours, after every launch; None on one rank.  ``ring``: ghost cells north,
+        south, west, east of the owned block in the stepped block's ringed fields (``RING``
+        plus the growth); ``geom``, ``sponge``, ``src_gain`` and the ``c2dt2`` given to
+        :func:`propagate_cuda` cover the stepped block, the receivers are the owned ones.
+        ``adjoint_receivers``: (global ids, ringed rows, ringed columns) of the receivers in
+        the grown block, the adjoint's sources (their residuals summed over ``comm``); None:
+        the owned ones."""
         per_launch = PER_LAUNCH if per_launch is None else per_launch
         if not 1 <= per_launch <= STEPS_PER_LAUNCH:
             raise ValueError(f"acoustic CUDA kernel: 1 to {STEPS_PER_LAUNCH} steps a launch, not {per_launch}")
-        if exchange is not None and per_launch != 1:
-            raise ValueError("acoustic CUDA kernel: several ranks take one step a launch (an "
-                             "exchange after each)")
+        grown = max(ring) - RING
+        if per_launch > grown // RING + 1 and exchange is not None:
+            raise ValueError(f"acoustic CUDA kernel: {per_launch} steps a launch need blocks grown "
+                             f"by {RING * (per_launch - 1)} cells, not {grown}")
         self.per_launch, self.exchange = per_launch, exchange
+        self.ring, self.comm, self.adjoint_receivers = ring, comm, adjoint_receivers
         self.launcher, self.segments = launcher, segments
         self.dt2, self.sponge, self.geom, self.src_gain = dt2, sponge, geom, src_gain
         self.iy2, self.ix2 = 1.0 / (dy * dy), 1.0 / (dx * dx)
@@ -171,6 +185,11 @@ class CudaLoop:
             sources = g.src_shot * plane + g.src_iy * cols + g.src_ix
             receivers = (torch.arange(shots, device=g.rec_iy.device)[:, None] * plane
                          + (g.rec_iy * cols + g.rec_ix)[None, :]).reshape(-1)
+            adjoint = receivers
+            if self.adjoint_receivers is not None:
+                _, iy, ix = self.adjoint_receivers
+                adjoint = (torch.arange(shots, device=iy.device)[:, None] * plane
+                           + (iy * cols + ix)[None, :]).reshape(-1)
             tile = BLOCK_TILES[self.geom.wavelet.dtype] if self.per_launch > 1 else (TILE_X, TILE_Y)
             halo = 2 * STEPS_PER_LAUNCH if self.per_launch > 1 else 0
 
@@ -181,9 +200,10 @@ class CudaLoop:
                 "sources": tables(sources, halo),  # made in the halos too (cuda_blocks.h)
                 "values": g.source_values(self.dt2, self.src_gain).contiguous(),
                 "receivers": tables(receivers, 0),
-                "residuals": tables(receivers, halo),  # the adjoint's sources
+                "residuals": tables(adjoint, halo),  # the adjoint's sources
+                "adjoint_receivers": tables(adjoint, 0),  # ... for the one-step kernel
                 # the last step's residuals, added by the one-step kernel (backward)
-                "first_residuals": tables(receivers, 0, (TILE_X, TILE_Y)),
+                "first_residuals": tables(adjoint, 0, (TILE_X, TILE_Y)),
             }
         return self._points[shape]
 
@@ -200,14 +220,20 @@ class CudaLoop:
                         lap_stride=0, lap_mode=0, src_stride=0, rec_stride=0, **common)
 
 
-def propagate_cuda(loop: CudaLoop, speed: Tensor, nshots: int,
-                   keep_field: bool = False) -> tuple[Tensor, Tensor | None]:
-    """Receiver traces ``(shots, receivers, nt)`` for wave speed ``speed`` ``(ny, nx)`` (the
-    gradient is its), and with ``keep_field`` the final field on the block (no gradient)."""
-    with torch.no_grad():
-        c2dt2 = torch.mul(speed, speed).mul_(loop.dt2).contiguous()  # as (c * c) * dt^2
-    traces, field = _CudaPropagation.apply(speed, c2dt2, loop, nshots)
-    return traces, (field[..., RING:-RING, RING:-RING] if keep_field else None)
+def propagate_cuda(loop: CudaLoop, speed: Tensor, nshots: int, keep_field: bool = False,
+                   stepped: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Receiver traces ``(shots, receivers, nt)`` for wave speed ``speed`` ``(ny, nx)`` on the
+    owned block (the gradient is its), and with ``keep_field`` the final field on the owned
+    block (no gradient).  ``stepped``: ``c2dt2`` on the stepped (grown) block, no graph; None:
+    the owned block's, made here."""
+    if stepped is None:
+        with torch.no_grad():
+            stepped = torch.mul(speed, speed).mul_(loop.dt2).contiguous()  # as (c * c) * dt^2
+    traces, field = _CudaPropagation.apply(speed, stepped, loop, nshots)
+    if not keep_field:
+        return traces, None
+    rn, _, rw, _ = loop.ring
+    return traces, field[..., rn : rn + speed.shape[0], rw : rw + speed.shape[1]]
 
 
 def _row(t: Tensor, k: int) -> int:
@@ -233,7 +259,7 @@ def _steps(loop: CudaLoop, call: StepCall, fields: list[Tensor], t0: int, t1: in
     lap = "lap" if blocked else ("lap_in" if adjoint is not None else "lap_out")
     if adjoint is not None:  # the store backward in time, the residuals forward
         moving = [(lap, _row(store, t1 - 1 - t0), -_stride(store))]
-        table = pts["residuals" if blocked else "receivers"]
+        table = pts["residuals" if blocked else "adjoint_receivers"]
         call.set(grad=adjoint)
         if table is not None:  # a rank without receivers: the adjoint comes from its neighbours
             call.set(**table.args("src", "idx"))
@@ -255,7 +281,7 @@ def _steps(loop: CudaLoop, call: StepCall, fields: list[Tensor], t0: int, t1: in
             if blocked:
                 call.set(rec_stride=traces.stride(0))
     if blocked:
-        loop.launcher.run_blocks(call, t1 - t0, loop.per_launch, fields, moving)
+        loop.launcher.run_blocks(call, t1 - t0, loop.per_launch, fields, moving, loop.exchange)
         swapped = -(-(t1 - t0) // loop.per_launch) % 2  # launches write the other pair
     else:
         loop.launcher.run(call, t1 - t0, fields[0], fields[1], moving, loop.exchange)
@@ -314,8 +340,8 @@ class _CudaPropagation(torch.autograd.Function):
             first.set(u=mu_after, u_prev=mu_after, out=mu, src_val=residuals[0],
                       **table.args("src", "idx"))
             loop.launcher.launch(first)
-        if loop.exchange is not None:  # the ghosts the first adjoint step reads
-            loop.exchange(mu)
+        if loop.exchange is not None:  # the ghosts the first adjoint launch reads
+            loop.exchange(mu, mu_after)
         # the adjoint's own spare pair: the recomputations write into the forward's
         adjoint = [mu_after, mu, *(torch.zeros_like(f) for f in spares)]
         grad_sum = torch.zeros_like(c2dt2)
@@ -326,20 +352,30 @@ class _CudaPropagation(torch.autograd.Function):
                 _steps(loop, call, [*ctx.starts[s], *spares], t0, t1, None, store)
             adjoint = _steps(loop, call, adjoint, t0, t1, None, store, grad_sum, residuals)
         ctx.starts = None
-        return grad_sum.div_(speed), None, None, None
+        rn, rs, rw, re = (r - RING for r in loop.ring)  # the owned block's gradient, in place
+        ny, nx = grad_sum.shape
+        return grad_sum[rn : ny - rs, rw : nx - re].div_(speed), None, None, None
 
 
 def _adjoint_sources(loop: CudaLoop, g_traces: Tensor, c2dt2: Tensor) -> Tensor:
     """The receivers' residuals as sources of the adjoint in the forward's form, ``2 c2dt2 G r``
     (``mu = 2 c2dt2 G lambda``: the 2 is d(c^2)/dc's), as ``(nt + 1, shots * receivers)``: row
     ``m`` for time ``nt - 1 - m`` (the order the backward meets them) and a last row of zeros
-    (the first step has no residual before it); as fused._adjoint_sources without an extended block (each rank's own receivers)."""
+    (the first step has no residual before it); as fused._adjoint_sources: on a grown block every
+    receiver in it, with the residuals of the neighbours' from an all-reduce (collective)."""
     g = loop.geom
-    iy, ix = g.rec_iy - RING, g.rec_ix - RING
+    if loop.adjoint_receivers is None:
+        residuals, iy, ix = g_traces, g.rec_iy, g.rec_ix
+    else:
+        ids, iy, ix = loop.adjoint_receivers
+        scattered = g.scatter_traces(g_traces.detach())
+        summed = loop.comm.allreduce_array(scattered.cpu().numpy())
+        residuals = torch.from_numpy(summed).to(g_traces.device)[:, ids, :]
+    iy, ix = iy - RING, ix - RING
     weight = 2 * c2dt2[iy, ix]
     if loop.sponge is not None:
         weight = weight * loop.sponge[iy, ix]
-    shots = g_traces.shape[0]
+    shots = residuals.shape[0]
     values = c2dt2.new_zeros((loop.nt + 1, shots, iy.numel()))
-    values[:-1] = (g_traces * weight[None, :, None]).permute(2, 0, 1).flip(0)
+    values[:-1] = (residuals * weight[None, :, None]).permute(2, 0, 1).flip(0)
     return values.reshape(loop.nt + 1, -1)

@@ -13,9 +13,9 @@
  * over `first`, then the two swap roles (the leapfrog's two recycled buffers); each of the
  * `moving` arguments slot[i] points at base[i] + m * stride[i] bytes (NULL if base[i] is).
  *
- * On several ranks `between` (NULL on one) runs after each launch with the field it wrote, and
- * returns 0 or an error: the halo exchange of that field's ghost ring, which the next step
- * reads (cuda_loop.py; a Python callback, run in order on the launches' stream). */
+ * On several ranks `between` (NULL on one) runs after each launch with the field it wrote (the
+ * new u), and returns 0 or an error: the halo exchange of the ghosts the next launch reads
+ * (cuda_loop.py; a Python callback, run in order on the launches' stream). */
 #include <stddef.h>
 
 typedef int (*launch_fn)(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -51,12 +51,13 @@ int acoustic_run_steps(launch_fn launch, void *function, unsigned blocks, unsign
  * read the inputs), the pairs swapping each launch: fields = {u_prev_in, u_in, p_out, u_out}
  * of the first launch, in the argument slots field_slot.  The moving arguments advance by
  * stride[i] bytes a step, so by per_launch * stride[i] a launch.  After an odd number of
- * launches the last two time levels are in fields[2], fields[3], else in fields[0], fields[1]. */
+ * launches the last two time levels are in fields[2], fields[3], else in fields[0], fields[1].
+ * `between` (NULL on one rank) runs after each launch with the new u (the exchange). */
 int acoustic_run_blocks(launch_fn launch, void *function, unsigned blocks, unsigned threads,
                         void *stream, void **params, long long steps, long long per_launch,
                         char *const *fields, long long steps_slot, const long long *field_slot,
                         long long moving, const long long *slot, char *const *base,
-                        const long long *stride)
+                        const long long *stride, between_fn between, void *context)
 {
     char *in_p = fields[0], *in_u = fields[1], *out_p = fields[2], *out_u = fields[3];
     for (long long done = 0; done < steps; done += per_launch) {
@@ -70,6 +71,8 @@ int acoustic_run_blocks(launch_fn launch, void *function, unsigned blocks, unsig
         const int result = launch(function, blocks, 1, 1, threads, 1, 1, 0, stream, params, NULL);
         if (result != 0)
             return result;
+        if (between != NULL && between(context, out_u) != 0)
+            return -1;
         char *p = in_p, *u = in_u;
         in_p = out_p;
         in_u = out_u;

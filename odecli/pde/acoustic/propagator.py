@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from odecli.parallel.ops import GhostExchange, fill_ring_, halo_exchange
+from odecli.parallel.ops import GhostExchange, halo_exchange
 from odecli.pde.acoustic import cuda_loop
 from odecli.pde.acoustic.equation import stability_limit
 from odecli.pde.acoustic.fused import propagate
@@ -56,9 +56,10 @@ class AcousticPropagator:
                  geometry: Geometry | None = None, device: torch.device | None = None) -> None:
         """``fused``: None uses the C kernels where they run; False forces the PyTorch reference.
         ``threads``: at most how many threads the C kernels split each step over.
-        ``exchange_every``: steps between halo exchanges on the fused path (the reference path
-        exchanges every step); above 1 it needs ``geometry``, the global one, for the sources
-        in the extended block (see :class:`~odecli.pde.acoustic.loop.Loop`).
+        ``exchange_every``: steps between halo exchanges on the fused path and the CUDA
+        kernels (the reference path exchanges every step); above 1 it needs ``geometry``, the
+        global one, for the sources in the extended block (see
+        :class:`~odecli.pde.acoustic.loop.Loop`).
         ``device``: where the fields live, as :meth:`engine` names it (None: the sources')."""
         self.grid, self.block, self.decomp, self.comm = grid, block, decomp, comm
         self.dt, self.nt, self.geom, self.sponge = dt, nt, geom, sponge
@@ -159,14 +160,21 @@ class AcousticPropagator:
         return zero_speed == 0
 
     def _cuda_exchange(self):
-        """The CUDA loop's exchange after each step: the written field's ghost ring from the
-        neighbours (timed as the reference path's), or None on one rank."""
+        """The CUDA loop's exchange after each launch (timed as the other paths'), or None on
+        one rank: ``RING * every`` ghosts of u (all the next launch reads) and the growth of
+        u_prev (read pointwise), in one message per neighbour and phase, planned once per
+        field shape."""
         if self.comm.size == 1:
             return None
 
-        def exchange(field: torch.Tensor) -> None:
+        def exchange(u: torch.Tensor, u_prev: torch.Tensor) -> None:
             t0 = time.perf_counter()
-            fill_ring_(field, self.decomp, self.comm, HALO)
+            key = ("cuda", tuple(u.shape), u.dtype)
+            if key not in self.exchange_plans:
+                self.exchange_plans[key] = GhostExchange(
+                    tuple(u.shape), u.dtype, self.decomp, self.comm, self.ring,
+                    (HALO * self.every, HALO * (self.every - 1)))
+            self.exchange_plans[key]([u, u_prev])
             if self.timer is not None:
                 self.timer.add(time.perf_counter() - t0)
         return exchange
@@ -180,9 +188,10 @@ class AcousticPropagator:
         segs = len(self.segments)
         cuda, why = cuda_loop.launcher_for(self.geom.wavelet, self.comm)
         if cuda is not None and self.fused is not False:
-            exchange = ", halo exchange every step" if self.comm.size > 1 else ""
-            return (f"fused CUDA kernels on {self.device}, "
-                    f"{cuda_loop.steps_a_launch(self.comm.size)} step(s) a launch, "
+            per_launch = cuda_loop.steps_a_launch(self.comm.size, self.every)
+            exchange = (f", halo exchange every {per_launch} step(s)" if self.comm.size > 1
+                        else "")
+            return (f"fused CUDA kernels on {self.device}, {per_launch} step(s) a launch, "
                     f"{segs} time segment(s){exchange}")
         if self.fused:
             exchange = f", halo exchange every {self.every} steps" if self.every > 1 else ""
@@ -236,12 +245,16 @@ class AcousticPropagator:
         if cuda is not None and self.fused is not False and (
                 not c.requires_grad or self._fused_gradient_defined(c)):  # it divides by c
             if self.cuda_loop is None or self.cuda_loop.launcher is not cuda:
-                self.cuda_loop = cuda_loop.CudaLoop(cuda, self.segments, self.grid.dy, self.grid.dx,
-                                                    self.dt * self.dt, self.sponge, self.rgeom,
-                                                    self.src_gain,
-                                                    cuda_loop.steps_a_launch(self.comm.size),
-                                                    self._cuda_exchange())
-            traces, u = cuda_loop.propagate_cuda(self.cuda_loop, c, self.geom.nshots, return_field)
+                # on several ranks the grown block of exchange_every (Loop's scheme)
+                self.cuda_loop = cuda_loop.CudaLoop(
+                    cuda, self.segments, self.grid.dy, self.grid.dx, self.dt * self.dt,
+                    self.ext_sponge, self.ext_geom, self.ext_src_gain,
+                    cuda_loop.steps_a_launch(self.comm.size, self.every), self._cuda_exchange(),
+                    self.ring, self.comm, self.ext_receivers)
+            with torch.no_grad():  # c2dt2 on the grown block, as (c * c) * dt^2
+                stepped = self.extend(torch.mul(c, c).mul_(self.dt * self.dt)).contiguous()
+            traces, u = cuda_loop.propagate_cuda(self.cuda_loop, c, self.geom.nshots, return_field,
+                                                 stepped)
             return (traces, u) if return_field else traces
         if self._use_fused(c):
             # the fused backward gives c's gradient itself (propagate), so c2dt2 needs no graph;
