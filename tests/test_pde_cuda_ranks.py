@@ -1,17 +1,18 @@
 """The acoustic and elastic CUDA loops on several ranks, tested without a GPU.
 
 The kernels' host build stands in for the GPU (CPU tensors through the same launch code and C
-time loops, as tests/test_pde_cuda.py and tests/test_elastic_cuda.py run them), on 1x2 and 2x2
-ranks of grids that split unevenly (41 x 39 acoustic, 37 x 43 elastic), against the one-rank
-run of the same kernels (which takes the blocked acoustic kernel, 4 steps a launch): traces and
-final fields bit for bit, gradients (of vp, vs, rho; of the wave speed) to 1e-12 relative in
-float64, with and without a free surface, point forces and explosive sources, receivers on some
-ranks and none on others, 3 time segments; on 2x2 the exchanges copy their strips as they do
-for GPU fields (torch indexing staged through the host buffers, the path
-:class:`~odecli.parallel.strips.Boxes` takes off the CPU).  Every rank must have run the kernels and the
-exchanges between them (counted), and the same results with the exchanges left out must
-differ (so the comparison sees them).  And the rank-to-device rule, ``cuda:rank % count``, with
-a fake GPU count.
+time loops, as tests/test_pde_cuda.py and tests/test_elastic_cuda.py run them), on 1x2, 2x2
+and 3x1 ranks of grids that split unevenly (41 x 39 acoustic, 37 x 43 elastic), against the
+one-rank run of the same kernels: traces and final fields bit for bit, gradients (of vp, vs,
+rho; of the wave speed) to 1e-12 relative in float64, with and without a free surface, point
+forces and explosive sources, receivers on some ranks and none on others, 3 time segments.
+Acoustic: the blocked kernel, 4 steps a launch, on blocks grown by 6 cells (1x2, 2x2: corners
+from the diagonal neighbour), and the one-step kernel on them (3x1).  On 2x2 the exchanges copy
+their strips as they do for GPU fields (torch indexing staged through the host buffers, the
+path :class:`~odecli.parallel.strips.Boxes` takes off the CPU).  Every rank must have run the
+kernels and the exchanges between them (counted), and results with the exchanges (or the
+adjoint's grown-block receivers) left out must miss those bounds, so the comparison sees them.
+And the rank-to-device rule, ``cuda:rank % count``, with a fake GPU count.
 """
 
 from __future__ import annotations
@@ -53,13 +54,14 @@ def one_rank():
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("n,grid", [(2, "1x2"), (4, "2x2")])
-def test_n_ranks_run_the_kernels_and_equal_one_rank(one_rank, tmp_path, n, grid):
+@pytest.mark.parametrize("n,grid,flags", [(2, "1x2", ["--probes"]), (4, "2x2", ["--staged"]),
+                                          (3, "3x1", ["--one-step"])])
+def test_n_ranks_run_the_kernels_and_equal_one_rank(one_rank, tmp_path, n, grid, flags):
+    """``--staged``: the strips copied as for GPU fields; ``--one-step``: the acoustic one-step
+    kernel on the grown blocks (an exchange after every step, the blocked kernel's 4 deep)."""
     out = tmp_path / "ranks.npz"
-    probes = ["--probes"] if n == 2 else []
-    staged = ["--staged"] if n == 4 else []  # the strips copied as for GPU fields
-    proc = run_mpi(SCRIPTS / "pde_cuda_ranks.py", n, [str(out), grid, *probes, *staged],
-                   timeout=180)
+    probes = "--probes" in flags
+    proc = run_mpi(SCRIPTS / "pde_cuda_ranks.py", n, [str(out), grid, *flags], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = np.load(out)
     assert (one_rank["ranks/counts"][0, :2] > 0).all()  # one rank ran the kernels too
@@ -82,8 +84,9 @@ def test_n_ranks_run_the_kernels_and_equal_one_rank(one_rank, tmp_path, n, grid)
             assert float(np.abs(ref).max()) > 0, key
             assert np.array_equal(val, ref), f"{key} on {grid}: not bit for bit"
     # the blocked kernel, 4 steps a launch, on blocks grown by 6 cells (8-cell ghosts exchanged)
-    assert "4 step(s) a launch" in str(got["acoustic/engine"])
-    assert "halo exchange every 4 step(s)" in str(got["acoustic/engine"])
+    k = 1 if "--one-step" in flags else 4
+    assert f"{k} step(s) a launch" in str(got["acoustic/engine"])
+    assert f"halo exchange every {k} step(s)" in str(got["acoustic/engine"])
     for key in [k for k in got.files if k.startswith("without_exchange/")]:
         # beyond the bounds above: bit for bit for traces, 1e-12 for gradients (on grown blocks
         # with their sources, a missing exchange spoils the traces from 6 cells away only)

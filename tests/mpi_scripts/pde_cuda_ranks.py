@@ -2,8 +2,9 @@
 (CPU tensors through the same launch code, as tests/test_pde_cuda.py and
 tests/test_elastic_cuda.py do): traces, final fields and gradients, and which loop ran.
 
-Usage: pde_cuda_ranks.py OUT.npz [PYxPX|auto] [--probes] [--staged] [--gpu]   (rank 0 writes
-OUT.npz; ``--probes`` adds results with the exchanges left out, which must differ;
+Usage: pde_cuda_ranks.py OUT.npz [PYxPX|auto] [--probes] [--staged] [--one-step] [--gpu]
+(rank 0 writes OUT.npz; ``--probes`` adds results with the exchanges left out, which must differ;
+``--one-step``: the acoustic one-step kernel on the grown blocks, an exchange after each step;
 ``--staged``: the exchanges copy their strips as they do for GPU fields, with torch indexing
 staged through the host buffers, not with the C copies CPU fields take; ``--gpu`` runs the real
 kernels on ``cuda:rank % count`` instead of the host build: benchmarks/gpu_ranks_check.py)
@@ -229,6 +230,8 @@ if __name__ == "__main__":
     pg = None if grid == "auto" else tuple(int(x) for x in grid.split("x"))
     if "--gpu" in sys.argv[3:]:
         DEVICE = torch.device("cuda")
+    if "--one-step" in sys.argv[3:]:  # the one-step kernel on the grown blocks
+        acoustic_loop.PER_LAUNCH = 1
     if "--staged" in sys.argv[3:]:
         from odecli.parallel import strips
 
