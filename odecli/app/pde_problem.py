@@ -45,7 +45,9 @@ def _dtype(name: str):
 
 def _device(name: str, rank: int, file: str) -> torch.device:
     """``compute.device`` as a torch device: ``auto`` is CUDA when present, else the CPU (as in
-    ODE specs), and a plain ``cuda`` spreads the ranks over the GPUs. Asking for a GPU that is not
+    ODE specs), and a plain ``cuda`` spreads the ranks over the GPUs: ``rank`` is the rank's
+    index among the ranks on its node (as ``odecli solve`` uses it), since a node sees only its
+    own GPUs. Asking for a GPU that is not
     there is the user's error, reported as the ODE path words it, not a silent run on the CPU."""
     try:
         device = resolve_device(name)
@@ -215,7 +217,7 @@ class Problem:
         """The rank's device; if any rank lacks it, every rank raises (none waits for another)."""
         error = None
         try:
-            device = _device(name, self.comm.rank, file)
+            device = _device(name, self.comm.node_rank_and_size()[0], file)
         except SpecError as exc:
             error = exc
         if not self._everywhere(error is None):
