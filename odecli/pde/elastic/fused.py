@@ -32,6 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
+from odecli.pde.elastic import adjoint_pass
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -416,7 +417,11 @@ class FusedLoop:
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
-        for it in range(t1 - 1, t0 - 1, -1):
+        passes = (adjoint_pass.STEPS > 0 and prop.comm.size == 1
+                  and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
+        if passes:  # several steps per sweep over the rows (adjoint_pass)
+            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr)
+        for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
@@ -457,6 +462,24 @@ class FusedLoop:
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
+
+    def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
+                        store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None) -> None:
+        """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of :data:`adjoint_pass.STEPS`
+        (one rank, no free surface), the receivers' residuals and the point forces' gradient
+        inside them; the adjoints' rings cleared after each pass (the steps do not read them)."""
+        steps = adjoint_pass.STEPS
+        rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
+        rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
+        run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
+                                       len(self.pieces))
+        hi = t1
+        while hi > t0:
+            n = min(steps, hi - t0)
+            run.steps(hi, n, t0, gtr)
+            hi -= n
+            self._exchange_adjoint(lv, VELOCITY_IMAGE)
+            self._exchange_adjoint(ls, STRESS_IMAGE)
 
     def _source_gradient(self, lv: Tensor, gm: list, it: int) -> None:
         """Add step ``it``'s point forces' part of the buoyancy gradient (the force is
