@@ -417,7 +417,7 @@ class FusedLoop:
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
-        passes = (adjoint_pass.STEPS > 0 and prop.comm.size == 1
+        passes = (adjoint_pass.pass_length(len(self.pieces)) > 0 and prop.comm.size == 1
                   and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
         if passes:  # several steps per sweep over the rows (adjoint_pass)
             self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr)
@@ -465,10 +465,11 @@ class FusedLoop:
 
     def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
                         store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None) -> None:
-        """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of :data:`adjoint_pass.STEPS`
-        (one rank, no free surface), the receivers' residuals and the point forces' gradient
-        inside them; the adjoints' rings cleared after each pass (the steps do not read them)."""
-        steps = adjoint_pass.STEPS
+        """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
+        :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
+        residuals and the point forces' gradient inside them; the adjoints' rings cleared
+        after each pass (the steps do not read them)."""
+        steps = adjoint_pass.pass_length(len(self.pieces))
         rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
         rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
         run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
