@@ -2,16 +2,18 @@
 ``elastic_adjoint_run.c``), for :meth:`~odecli.pde.elastic.fused.FusedLoop.adjoint` on one rank
 without a free surface.
 
-Why: the adjoint steps are memory-bound (each reads and writes the adjoint fields, memory
-variables, parameters and gradient sums once, about 2.3x a forward step's traffic, and costs
-about 3.6x its time).  Run ``n`` steps together, each a few rows behind the one before, and all
-but the first find those arrays in cache: only the stores stream from memory.  The receivers'
-residuals (what ``FusedLoop._record_adjoint`` adds before a step) and the point forces'
-buoyancy gradient (``FusedLoop._source_gradient`` after it) are done inside the pass, row by
-row, from the tables built here once per segment.  On several kernel threads the pass's steps
-are shared out, each thread starting a row once the thread before it is far enough ahead
-(pipelined, as acoustic's ``leapfrog_forward_run``): the gradient is bit for bit one thread's,
-and that of one ``elastic_adjoint_step`` per step (``tests/test_elastic_adjoint_run.py``).
+What it was for: adjoint steps thought memory-bound (each reads and writes the adjoint fields,
+memory variables, parameters and gradient sums once), so ``n`` steps run together, each four
+rows behind the one before, would find those arrays in cache.  Measured, they do not gain
+(:func:`pass_length`): the step is bound by the traffic of its ~60 row streams between L1 and
+L2, not by memory, so the default pass is one step per kernel thread.  What it still gives:
+the receivers' residuals (what ``FusedLoop._record_adjoint`` adds before a step) and the point
+forces' buoyancy gradient (``FusedLoop._source_gradient`` after it) done inside the sweep, row
+by row, from tables built once per segment (no per-step torch indexing or ring clearing), and
+on several kernel threads the pass's steps shared out, each thread starting a row once the
+thread before it is far enough ahead (pipelined, as acoustic's ``leapfrog_forward_run``).  The
+gradient is bit for bit one thread's, and that of one ``elastic_adjoint_step`` per step
+(``tests/test_elastic_adjoint_run.py``).
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ def pass_length(threads: int) -> int:
     3.21 s with one elastic_adjoint_step per step, 2.97 s with passes of 1 step (the receivers'
     and the source's work in C, no per-step ring clearing), and 3.37 / 3.53 / 3.75 s with 2 / 4
     / 8 steps per pass: running several steps in one pass does not pay on one thread.  The
-    step is not bound by memory but by its ~40 row streams through L1: alone, with every array
-    in L2 (32 x 256 rows), it costs 14.6 ns a point against 11.9 with them in memory (2048 x
-    256 rows).  So one step per thread: two threads each run a whole step, pipelined."""
+    step is not bound by memory: one elastic_adjoint_step with every array in L2 (32 x 256
+    rows) cost 14.6 ns a point, with them in memory (2048 x 256 rows) 11.9; its four row
+    functions cost 2.9 ns a point together with their arrays in L1 (rows of 256) and 9.4 with
+    them in L2 (rows of 1024): the traffic of its ~60 row streams between L1 and L2 is what
+    costs (a lever would be strips of columns, not of steps).  So one step per thread: two
+    threads each run a whole step, pipelined."""
     if STEPS is not None:
         return STEPS
     return max(1, min(threads, available_cpus()))

@@ -1,12 +1,12 @@
 /* Several adjoint steps in one pass over the rows (included at the end of elastic_adjoint.c,
  * whose row functions it calls; one rank, no free surface, as elastic_adjoint_step).
  *
- * Why: an adjoint step (elastic_adjoint_step) reads and writes the adjoint fields (5 planes),
- * the memory variables, the parameters (5) and the gradient sums (5) once each, and reads its
- * step's stores (5): memory-bound, about 3.6x a forward step.  Here n steps of the backward go
- * over the rows together, step j + 1 working ARUN_LAG rows behind step j (step j the later in
- * time: it runs first), so that the rows step j leaves are still in cache when step j + 1
- * comes: only the stores stream from memory for all but the first step of a pass.
+ * n steps of the backward go over the rows together, step j + 1 working ARUN_LAG rows behind
+ * step j (step j the later in time: it runs first), so that the rows step j leaves are still
+ * in cache when step j + 1 comes.  Built because an adjoint step was thought memory-bound;
+ * measured, several steps per pass on one thread are slower (adjoint_pass.pass_length: the
+ * step is bound by its row streams between L1 and L2), so the caller runs one step per
+ * thread: the pass then serves the receivers' and sources' work row by row, and threads.
  *
  * Each step is elastic_adjoint_step's sweep, row iteration i = 0 .. ny + 5 (stress adjoint row
  * i, gather of ringed velocity-adjoint row i, velocity adjoint row i - 2, gather of ringed
