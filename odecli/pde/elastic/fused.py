@@ -379,9 +379,13 @@ class FusedLoop:
         pml = [_ptr(t) for t in self.pml]
         sc = self.scalars[:3]
 
-        w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
-        ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
-        ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
+        # one rank without a free surface: the steps in passes over the rows (adjoint_pass)
+        passes = (adjoint_pass.pass_length(len(self.pieces)) > 0 and prop.comm.size == 1
+                  and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
+        if not passes:
+            w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
+            ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
+            ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
         jlo_jhi = self.scalars[3:]
 
         def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
@@ -403,10 +407,11 @@ class FusedLoop:
                                                      ctypes.c_long(r[1]), o, _ptr(w))
                              for r in self.ringed_pieces])
 
-        one_sweep = (len(self.pieces) == 1 and prop.comm.size == 1
+        one_sweep = (not passes and len(self.pieces) == 1 and prop.comm.size == 1
                      and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
         # two threads: elastic_adjoint_split (a piece each, then the rows around the cut)
-        split = (len(self.pieces) == 2 and prop.comm.size == 1 and not prop.free_surface_here
+        split = (not passes and len(self.pieces) == 2 and prop.comm.size == 1
+                 and not prop.free_surface_here
                  and min(e - a for a, e in self.pieces) >= MIN_SPLIT_ROWS)
         if one_sweep or split:
             # rings of w's rows, zeroed by the kernels; NaN here (a few MB a segment) so that a
@@ -417,9 +422,7 @@ class FusedLoop:
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
-        passes = (adjoint_pass.pass_length(len(self.pieces)) > 0 and prop.comm.size == 1
-                  and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
-        if passes:  # several steps per sweep over the rows (adjoint_pass)
+        if passes:
             self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
