@@ -447,3 +447,5 @@ void elastic_adjoint_split_##sfx(long ny, long nx, long h, int part, real *lv, r
 
 DEFINE_ADJOINT_SPLIT(double, f64)
 DEFINE_ADJOINT_SPLIT(float, f32)
+
+#include "elastic_adjoint_run.c"

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
+from odecli.pde.elastic import adjoint_pass
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -378,9 +379,13 @@ class FusedLoop:
         pml = [_ptr(t) for t in self.pml]
         sc = self.scalars[:3]
 
-        w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
-        ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
-        ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
+        # one rank without a free surface: the steps in passes over the rows (adjoint_pass)
+        passes = (adjoint_pass.pass_length(len(self.pieces)) > 0 and prop.comm.size == 1
+                  and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
+        if not passes:
+            w = _reused_zeroed(prop, "w", (4, ny + 2 * WRING, nx + 2 * WRING), v)  # ring stays 0
+            ring = _reused(prop, "wring", (4, 8, nx + 2 * WRING), v)  # elastic.c zeroes it
+            ring.fill_(float("nan"))  # so that a kernel reading what it did not zero shows
         jlo_jhi = self.scalars[3:]
 
         def two_passes(kernel, gather, both, out: Tensor, per_shot) -> None:
@@ -402,10 +407,11 @@ class FusedLoop:
                                                      ctypes.c_long(r[1]), o, _ptr(w))
                              for r in self.ringed_pieces])
 
-        one_sweep = (len(self.pieces) == 1 and prop.comm.size == 1
+        one_sweep = (not passes and len(self.pieces) == 1 and prop.comm.size == 1
                      and not prop.free_surface_here and ny >= MIN_SWEEP_ROWS)
         # two threads: elastic_adjoint_split (a piece each, then the rows around the cut)
-        split = (len(self.pieces) == 2 and prop.comm.size == 1 and not prop.free_surface_here
+        split = (not passes and len(self.pieces) == 2 and prop.comm.size == 1
+                 and not prop.free_surface_here
                  and min(e - a for a, e in self.pieces) >= MIN_SPLIT_ROWS)
         if one_sweep or split:
             # rings of w's rows, zeroed by the kernels; NaN here (a few MB a segment) so that a
@@ -416,7 +422,9 @@ class FusedLoop:
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
-        for it in range(t1 - 1, t0 - 1, -1):
+        if passes:
+            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr)
+        for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
                 self._record_adjoint(lv, ls, gtr[..., k])
@@ -457,6 +465,25 @@ class FusedLoop:
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
+
+    def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
+                        store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None) -> None:
+        """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
+        :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
+        residuals and the point forces' gradient inside them; the adjoints' rings cleared
+        after each pass (the steps do not read them)."""
+        steps = adjoint_pass.pass_length(len(self.pieces))
+        rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
+        rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
+        run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
+                                       len(self.pieces))
+        hi = t1
+        while hi > t0:
+            n = min(steps, hi - t0)
+            run.steps(hi, n, t0, gtr)
+            hi -= n
+            self._exchange_adjoint(lv, VELOCITY_IMAGE)
+            self._exchange_adjoint(ls, STRESS_IMAGE)
 
     def _source_gradient(self, lv: Tensor, gm: list, it: int) -> None:
         """Add step ``it``'s point forces' part of the buoyancy gradient (the force is
