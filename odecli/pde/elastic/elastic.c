@@ -314,5 +314,8 @@ void elastic_sweep_rows_##sfx(long ny, long nx, long v0, long v1, long s0, long 
 DEFINE_SWEEP(double, f64)
 DEFINE_SWEEP(float, f32)
 
+/* several steps in one pass over the rows */
+#include "elastic_run.c"
+
 /* the hand-written adjoint of these steps */
 #include "elastic_adjoint.c"

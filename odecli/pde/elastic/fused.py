@@ -32,6 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
+from odecli.pde.elastic.forward_pass import STEPS_PER_PASS, run_passes
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -147,6 +148,11 @@ def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ct
 class FusedLoop:
     """The C kernels bound to one forward's parameters and CPML coefficients."""
 
+    # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank without
+    # a free surface; 0: one step per sweep over the rows (elastic_sweep_rows), the per-step
+    # path that the tests and benchmarks compare the passes with
+    steps_per_pass = STEPS_PER_PASS
+
     def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
         self.prop = prop
         like = m.by
@@ -160,6 +166,7 @@ class FusedLoop:
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
         self.sweep = getattr(lib, f"elastic_sweep_rows_{name}")
+        self.run_rows = getattr(lib, f"elastic_run_rows_{name}")
         self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
@@ -257,8 +264,13 @@ class FusedLoop:
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        if (prop.comm.size == 1 and not prop.free_surface_here
-                and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS):
+        one_block = prop.comm.size == 1 and not prop.free_surface_here
+        if one_block and self.steps_per_pass > 0:  # several steps per pass over the rows
+            traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
+            if stores is not None and not fields:
+                return None, None, psi, traces
+            return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+        if one_block and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS:
             sweep = self._sweep_calls(vr, sr, psi, force, stores)
         else:
             sweep = None

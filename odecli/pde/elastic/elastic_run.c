@@ -1,0 +1,112 @@
+/* Several elastic steps of one shot in one pass over the rows (temporal blocking), for one rank
+ * without a free surface: the case elastic_sweep_rows serves one step at a time.  Included from
+ * elastic.c (it uses its row kernels elastic_velocity_* and elastic_stress_*, so every point's
+ * operations, and therefore the bits, are the single steps').
+ *
+ * Why: a step is memory-bound (about 15 array passes per step in elastic_sweep_rows: v and s
+ * read and written, the five parameters read); here each row of v, s, psi and the parameters is
+ * brought into cache once per pass of n steps, and step j works RUN_LAG rows behind step j - 1,
+ * on rows that step j - 1 has just left in cache (the acoustic engine's leapfrog_forward_run).
+ *
+ * Row iteration q, step j (j ascending inside an iteration) takes row i = q - j * RUN_LAG:
+ * velocity row i (if i < ny), the point forces on it, its vy/vx receivers; then stress row
+ * i - 2 (if i >= 2), the explosive sources on it, its pressure receivers.  That is
+ * elastic_sweep_rows's order for one step (stress row r once velocity rows up to r + 2 are
+ * done, which its stencil reads).  Fields are updated in place.  Why RUN_LAG = 4 is enough:
+ * at iteration q step j - 1 has finished velocity rows <= q - (j-1) L and stress rows
+ * <= q - (j-1) L - 2 (L = RUN_LAG).  Step j's velocity row i = q - j L reads stress rows
+ * i - 2 .. i + 2 of step j - 1, all made if i + 2 <= q - (j-1) L - 2, i.e. L >= 4; and it
+ * overwrites velocity row i, which step j - 1's stress rows i - 2 .. i + 2 read: also made by
+ * then.  Step j's stress row i - 2 reads velocity rows i - 4 .. i of step j (made) and
+ * overwrites stress row i - 2, which only step j's velocity rows i - 4 .. i read (made) and
+ * which step j - 1 wrote long before.  Step j + 1 works further behind and reads what step j
+ * has finished, by the same argument.  Memory variables and stores are per row and per step.
+ * The ghost ring (width 2) is 0 and never written.
+ *
+ * Sources and receivers, per block row (CSR: ptr has ny + 1 offsets by block row, at the flat
+ * indices into the shot's ringed fields, stable-sorted by row, idx the value's or trace's
+ * column): the point forces (src_on_stress 0: at into v) get src_val[j * src_stride + idx]
+ * right after their velocity row; the explosive sources (src_on_stress 1: at into s, the syy
+ * point; sxx is one plane on) add it to syy and sxx after their stress row, as the per-step
+ * path's index_put_ does after the half step, in source order.  Velocity receivers read
+ * v[at] after the row's forces, pressure receivers -0.5 * (syy + sxx) after the row's sources,
+ * into traces[j * rec_stride + slot]: the values the time loop reads after the whole step,
+ * which no later row of step j changes.
+ *
+ * vstore, sstore (else NULL): n pointers to each step's stores, (2, ny, nx) and (3, ny, nx),
+ * written by the row kernels as in the single steps.
+ *
+ * Threads: a call makes steps j0 .. j1 - 1 of the n; calls for consecutive step ranges run at
+ * once, each publishing in *done the last row iteration it has finished and waiting before
+ * iteration q until the call for the steps before it (*ahead) has finished q.  The steps then
+ * read and write every row in the one-thread order: bit for bit the one-thread result.  The
+ * earlier call, running ahead, writes only rows past those the later one touches (rows at
+ * least RUN_LAG - 1 = 3 beyond its own stencils, by the argument above).  done, ahead: NULL
+ * for a call alone. */
+#include <sched.h>
+#include <stdint.h>
+
+#define RUN_LAG 4 /* rows each step of elastic_run_rows runs behind the step before it */
+
+#define DEFINE_RUN(real, sfx)                                                                      \
+void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t *done,           \
+                            const int64_t *ahead, real *v, real *s, real *psi,                    \
+                            const real *buy, const real *bux, const real *lam2mu,                 \
+                            const real *lam, const real *muxy, real *const *vstore,               \
+                            real *const *sstore,                                                   \
+                            const real *ayi, const real *byi, const real *ayh, const real *byh,   \
+                            const real *axi, const real *bxi, const real *axh, const real *bxh,   \
+                            real dt, real idy, real idx, long jlo, long jhi,                       \
+                            const int64_t *src_ptr, const int64_t *src_at,                         \
+                            const int64_t *src_idx, const real *src_val, long src_stride,          \
+                            int src_on_stress,                                                     \
+                            const int64_t *vrec_ptr, const int64_t *vrec_at,                       \
+                            const int64_t *vrec_slot, const int64_t *prec_ptr,                     \
+                            const int64_t *prec_at, const int64_t *prec_slot, real *traces,        \
+                            long rec_stride)                                                       \
+{                                                                                                  \
+    const long plane = (ny + 4) * (nx + 4);                                                        \
+    for (long q = 0; q < ny + 2 + (n - 1) * RUN_LAG; q++) {                                        \
+        if (ahead) /* wait for the steps before this call's to finish row iteration q */          \
+            for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; spins++)            \
+                if (spins > 256) sched_yield();                                                    \
+        for (long j = j0; j < j1; j++) {                                                           \
+            const long i = q - j * RUN_LAG;                                                        \
+            if (i < 0 || i >= ny + 2)                                                              \
+                continue;                                                                          \
+            const real *sv = src_val ? src_val + j * src_stride : NULL;                            \
+            real *tr = traces ? traces + j * rec_stride : NULL;                                    \
+            if (i < ny) {                                                                          \
+                elastic_velocity_##sfx(ny, nx, i, i + 1, v, s, psi, buy, bux,                     \
+                                       vstore ? vstore[j] : NULL, ayi, byi, ayh, byh, axi, bxi,    \
+                                       axh, bxh, dt, idy, idx, jlo, jhi);                          \
+                if (src_ptr && !src_on_stress)                                                     \
+                    for (long k = src_ptr[i]; k < src_ptr[i + 1]; k++)                             \
+                        v[src_at[k]] = v[src_at[k]] + sv[src_idx[k]];                              \
+                if (vrec_ptr)                                                                      \
+                    for (long k = vrec_ptr[i]; k < vrec_ptr[i + 1]; k++)                           \
+                        tr[vrec_slot[k]] = v[vrec_at[k]];                                          \
+            }                                                                                      \
+            const long r = i - 2;                                                                  \
+            if (r >= 0) {                                                                          \
+                elastic_stress_##sfx(ny, nx, r, r + 1, v, s, psi, lam2mu, lam, muxy,              \
+                                     sstore ? sstore[j] : NULL, NULL, ayi, byi, ayh, byh, axi,     \
+                                     bxi, axh, bxh, dt, idy, idx, jlo, jhi);                       \
+                if (src_ptr && src_on_stress) {                                                    \
+                    for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                             \
+                        s[src_at[k]] = s[src_at[k]] + sv[src_idx[k]];                              \
+                    for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                             \
+                        s[plane + src_at[k]] = s[plane + src_at[k]] + sv[src_idx[k]];              \
+                }                                                                                  \
+                if (prec_ptr)                                                                      \
+                    for (long k = prec_ptr[r]; k < prec_ptr[r + 1]; k++)                           \
+                        tr[prec_slot[k]] = (real)-0.5 * (s[prec_at[k]] + s[plane + prec_at[k]]);   \
+            }                                                                                      \
+        }                                                                                          \
+        if (done)                                                                                  \
+            __atomic_store_n(done, q, __ATOMIC_RELEASE);                                           \
+    }                                                                                              \
+}
+
+DEFINE_RUN(double, f64)
+DEFINE_RUN(float, f32)

@@ -1,0 +1,157 @@
+"""The elastic forward in passes of several steps over the rows (``elastic_run_rows`` in
+``elastic_run.c``), for one rank without a free surface: what :meth:`FusedLoop.run
+<odecli.pde.elastic.fused.FusedLoop.run>` calls there.
+
+Why: a step is memory-bound; a pass of :data:`STEPS_PER_PASS` steps reads and writes each row of
+the fields, memory variables and parameters once, each step a few rows behind the one before,
+from cache (the acoustic engine's temporal blocking, :meth:`odecli.pde.acoustic.kernels.Kernels.forward_run`).
+The sources (point forces on the velocities, explosive ones on the normal stresses) are added
+and the receivers read inside the pass, row by row, where the per-step path adds them after a
+half step and reads them after the step; the gradient's stores are written in the pass too.
+Several threads share a pass's steps (each waits on the previous one's row counter), bit for
+bit the one-thread result, which is bit for bit the per-step path's (tests/test_elastic_run.py).
+
+Several ranks would need the halo exchanged only every k steps with deep halos (the acoustic
+engine's ``windows``: each step of a pass makes a shrinking window of the extended block); a
+free surface would need the image rows and the top stress row made inside the pass.  Both take
+the per-step path today.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from odecli.pde.elastic.reference import RING
+from odecli.threads import available_cpus, run_on_pool, split_rows
+
+# Steps per pass: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps, one thread, CPU time,
+# in benchmarks/elastic_bench.py; see the commit that set it.
+STEPS_PER_PASS = 4
+
+
+def _ptr(t: Tensor | None) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr() if t is not None else None)
+
+
+class RowIndex:
+    """Points of a shot's ringed fields (flat indices, and each one's block row), sorted by row
+    (stable) with ``ny + 1`` CSR offsets, for the pass's per-row loops; ``idx``: each point's
+    column (its value's or its trace's)."""
+
+    def __init__(self, flat: Tensor, rows: Tensor, idx: Tensor, ny: int) -> None:
+        order = torch.argsort(rows, stable=True)
+        self.ptr = torch.zeros(ny + 1, dtype=torch.int64)
+        self.ptr[1:] = torch.cumsum(torch.bincount(rows, minlength=ny), 0)
+        self.at = flat[order].to(torch.int64).contiguous()
+        self.idx = idx[order].to(torch.int64).contiguous()
+
+    def args(self) -> tuple:
+        return _ptr(self.ptr), _ptr(self.at), _ptr(self.idx)
+
+
+def _receivers(loop, ny: int, nx2: int) -> tuple[RowIndex | None, RowIndex | None, int]:
+    """The velocity and pressure receivers (None where there are none) and their count: the
+    flat index each one reads (a pressure receiver: its syy point), its block row and the
+    column of the traces it goes to (:meth:`ElasticPropagator._record`'s order)."""
+    v_idx, p_idx, plane = loop.rec_plan
+    flats, kinds = [], []
+    k = 0
+    for idx in v_idx:
+        if idx is None:
+            flats.append(p_idx[k])
+            kinds.append(torch.ones_like(p_idx[k]))
+            k += 1
+        else:
+            flats.append(idx)
+            kinds.append(torch.zeros_like(idx))
+    if not flats:
+        return None, None, 0
+    flat, kind = torch.cat(flats).cpu(), torch.cat(kinds).cpu()
+    slot = torch.argsort(loop.prop.rec_order.cpu())  # column of each one in the traces
+    rows = (flat % plane) // nx2 - RING
+    out = []
+    for k in (0, 1):
+        sel = (kind == k).nonzero().flatten()
+        out.append(RowIndex(flat[sel], rows[sel], slot[sel], ny) if sel.numel() else None)
+    return out[0], out[1], flat.numel()
+
+
+def _sources(loop, t0: int, t1: int, shots: int, ny: int, nx2: int):
+    """Per shot, its sources' :class:`RowIndex` (None: none) and their values for steps
+    ``t0 .. t1-1``, ``(steps, sources)``: the numbers ``ElasticPropagator._inject`` adds."""
+    prop, geom = loop.prop, loop.prop.geom
+    if not geom.has_sources:
+        return [(None, None)] * shots
+    scale = prop.dt / (prop.grid.dy * prop.grid.dx)
+    vals = geom.src_amp[None, :] * (geom.wavelet[t0:t1, None] * scale)
+    flat = (geom.src_iy + RING) * nx2 + geom.src_ix + RING
+    if prop.source_type == "pressure":
+        vals = -vals
+    else:
+        chan = 0 if prop.source_type == "fy" else 1
+        buoy = loop.materials.by if chan == 0 else loop.materials.bx
+        vals = vals * buoy[geom.src_iy, geom.src_ix][None, :]
+        flat = flat + chan * (ny + 2 * RING) * nx2
+    out = []
+    for b in range(shots):
+        sel = (geom.src_shot == b).nonzero().flatten()
+        if sel.numel() == 0:
+            out.append((None, None))
+            continue
+        own = torch.arange(sel.numel())
+        out.append((RowIndex(flat[sel].cpu(), geom.src_iy[sel].cpu(), own, ny),
+                    vals[:, sel].contiguous()))
+    return out
+
+
+def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
+               stores: tuple[Tensor, Tensor] | None, steps_per_pass: int) -> Tensor:
+    """Steps ``t0 .. t1-1`` of every shot on the ringed fields ``vr``, ``sr`` and ``psi`` (in
+    place), in passes of ``steps_per_pass`` steps (the last one shorter); ``stores`` as
+    :meth:`FusedLoop.run` takes them.  Returns the traces ``(B, receivers, steps)``."""
+    b, ny2, nx2 = vr.shape[0], vr.shape[-2], vr.shape[-1]
+    ny, nx = ny2 - 2 * RING, nx2 - 2 * RING
+    steps = t1 - t0
+    vrec, prec, nrec = _receivers(loop, ny, nx2)
+    traces = vr.new_zeros((b, steps, nrec))
+    sources = _sources(loop, t0, t1, b, ny, nx2)
+    kernel = loop.run_rows
+    fixed = [_ptr(t) for t in loop.mats]
+    pml = [_ptr(t) for t in loop.pml]
+    none = (_ptr(None),) * 3
+    on_stress = ctypes.c_int(loop.prop.source_type == "pressure")
+    threads = min(len(loop.pieces), available_cpus())
+    done = torch.empty(threads, dtype=torch.int64)
+    marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(threads)]
+    dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+    for shot in range(b):
+        src, vals = sources[shot]
+        for k0 in range(0, steps, steps_per_pass):
+            n = min(steps_per_pass, steps - k0)
+            if stores is None:
+                st = (None, None)
+            else:
+                st = tuple((ctypes.c_void_p * n)(*(store[k, shot].data_ptr()
+                                                   for k in range(k0, k0 + n)))
+                           for store in stores)
+            args = (_ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed, *st, *pml,
+                    *loop.scalars,
+                    *(none if src is None else src.args()),
+                    _ptr(None if vals is None else vals[k0]),
+                    ctypes.c_long(0 if vals is None else vals.shape[1]), on_stress,
+                    *(none if vrec is None else vrec.args()),
+                    *(none if prec is None else prec.args()),
+                    _ptr(traces[shot, k0] if nrec else None), ctypes.c_long(nrec))
+            parts = split_rows(n, threads)
+            if len(parts) == 1:
+                kernel(*dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None,
+                       *args)
+                continue
+            done.fill_(-(1 << 40))
+            run_on_pool([lambda t=t, j0=j0, j1=j1: kernel(
+                *dims, ctypes.c_long(n), ctypes.c_long(j0), ctypes.c_long(j1), marks[t],
+                marks[t - 1] if t else None, *args) for t, (j0, j1) in enumerate(parts)])
+    return traces.transpose(1, 2).contiguous()

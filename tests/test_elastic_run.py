@@ -1,0 +1,114 @@
+"""The elastic forward in passes of several steps over the rows (``elastic_run_rows``,
+:mod:`odecli.pde.elastic.forward_pass`) against the per-step path (one step per sweep over the
+rows, ``FusedLoop.steps_per_pass = 0``): traces, final fields, memory variables and the
+gradient's stores bit for bit, for point forces and explosive sources, vy/vx/pressure
+receivers on rows of the CPML layers and of the interior, pass lengths that do and do not
+divide a segment's steps, on one and two threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from elastic_setup import build, elastic_setup
+
+import odecli.pde.elastic.propagator as elastic_propagator
+from odecli.parallel.comm import get_comm
+from odecli.pde.elastic.fused import FusedLoop
+from odecli.pde.elastic.reference import N_PSI
+
+NY, NX, NT = 40, 30, 23  # 6-cell CPML: rows and columns of the layers and of the interior
+SHOTS = [[(19, 10, 1.0), (21, 20, -0.5), (19, 10, 0.25)],  # the same point twice
+         [(3, 15, 1.0), (36, 8, 0.7)]]  # sources in the top and bottom layers
+RECEIVERS = [(14, 4), (19, 17), (21, 29), (25, 8), (2, 27), (39, 0), (0, 12), (20, 10)]
+WAVELET = 1.0 + np.sin(0.4 * np.arange(NT))  # non-zero at every step
+COMPONENTS = ["vy", "vx", "pressure", "vy", "vx", "pressure", "pressure", "vx"]
+
+
+@pytest.fixture(autouse=True)
+def small_pieces(monkeypatch):
+    """Two kernel threads on this small grid (the propagator keeps one below 50k points)."""
+    monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def model(dtype) -> torch.Tensor:
+    y, x = torch.meshgrid(torch.arange(float(NY), dtype=dtype), torch.arange(float(NX), dtype=dtype),
+                          indexing="ij")
+    return torch.stack([2200 + 10 * y, 1100 + 5 * y + 3 * x, 1900 + 4 * x])
+
+
+def propagator(dtype, source: str, threads: int):
+    setup = elastic_setup(get_comm(), (NY, NX), (10.0, 10.0), 0.001, NT, SHOTS, RECEIVERS,
+                          WAVELET, source_type=source, components=COMPONENTS,
+                          width=6, segments=3, dtype=dtype)
+    prop = build(setup)
+    if not prop.fused:
+        pytest.skip("no C compiler: the fused kernels do not run here")
+    prop.threads = threads
+    return prop
+
+
+def segment(prop, coefficient: torch.Tensor, steps_per_pass: int, monkeypatch):
+    """Steps 4 .. NT-1 (a segment that does not start at 0) from random fields, storing: the
+    outputs of FusedLoop.run, its stores, and how many pass calls ran per shot."""
+    monkeypatch.setattr(FusedLoop, "steps_per_pass", steps_per_pass)
+    gen = torch.Generator().manual_seed(3)
+    b, dtype = len(SHOTS), coefficient.dtype
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+    v, s = rand(b, 2, NY, NX) * 1e-9, rand(b, 3, NY, NX) * 1e-6  # the sources' sizes
+    psi = rand(b, N_PSI, NY, NX)
+    with torch.no_grad():
+        prop.profiles(coefficient[0])
+        psi = psi * ((prop._profiles.ay_int != 0) | (prop._profiles.ax_int != 0))  # layers only
+        m = elastic_propagator.materials(prop.padded_parameters(coefficient), False)
+        loop = FusedLoop(prop, m, prop._profiles, prop.threads)
+        calls = []
+        kernel = loop.run_rows
+        loop.run_rows = lambda *a: (calls.append(1), kernel(*a))[1]
+        t0, t1 = 4, NT
+        stores = (torch.full((t1 - t0, b, 2, NY, NX), float("nan"), dtype=dtype),
+                  torch.full((t1 - t0, b, 3, NY, NX), float("nan"), dtype=dtype))
+        out = loop.run(t0, t1, v, s, psi, stores=stores, fields=True)
+    return [*out, *stores], len(calls)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("source", ["fy", "fx", "pressure"])
+def test_passes_equal_the_per_step_sweeps_bit_for_bit(dtype, source, monkeypatch):
+    coefficient = model(dtype)
+    expected, calls = segment(propagator(dtype, source, 1), coefficient, 0, monkeypatch)
+    assert calls == 0
+    traces = expected[3]
+    assert traces.shape == (len(SHOTS), len(RECEIVERS), NT - 4)
+    assert float(traces.abs().max()) > 0 and not any(t.isnan().any() for t in expected)
+    for threads in (1, 2):
+        for steps in (1, 3, 8, NT):  # 19 steps: passes of 3 and 8 end with a shorter one
+            got, calls = segment(propagator(dtype, source, threads), coefficient, steps,
+                                 monkeypatch)
+            passes = [min(steps, NT - 4 - k) for k in range(0, NT - 4, steps)]
+            assert calls == len(SHOTS) * sum(min(n, threads) for n in passes)
+            for name, a, e in zip(("v", "s", "psi", "traces", "store_v", "store_s"), got,
+                                  expected):
+                assert torch.equal(a, e), f"{name}: {threads} thread(s), {steps} steps a pass"
+
+
+@pytest.mark.parametrize("source", ["fy", "pressure"])
+def test_the_forward_and_gradient_equal_the_per_step_path(source, monkeypatch):
+    """Through the propagator (segments, the last one stored by its first pass): the traces and
+    the gradient bit for bit those of one step per sweep."""
+    results = []
+    for steps, threads in ((0, 1), (8, 1), (3, 2)):
+        monkeypatch.setattr(FusedLoop, "steps_per_pass", steps)
+        prop = propagator(torch.float64, source, threads)
+        m = model(torch.float64).requires_grad_(True)
+        traces = prop.forward(m)
+        (traces**2 * torch.cos(torch.arange(NT, dtype=torch.float64))).sum().backward()
+        results.append((traces.detach(), m.grad))
+    (t0, g0), *others = results
+    assert float(g0.abs().max()) > 0
+    for t, g in others:
+        assert torch.equal(t, t0) and torch.equal(g, g0)
