@@ -36,6 +36,23 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
 
+def ringed_base(f: Tensor) -> Tensor | None:
+    """The contiguous ``(B, C, ny + 4, nx + 4)`` tensor whose inside ``f`` is (None if it is
+    not such a view), with its ring zeroed: the ringed fields the kernels can step in place."""
+    base = f._base
+    if base is None or not base.is_contiguous() or base.dim() != 4:
+        return None
+    b, c, ny, nx = f.shape
+    if (tuple(base.shape) != (b, c, ny + 2 * RING, nx + 2 * RING) or f.stride() != base.stride()
+            or f.data_ptr() != base[..., RING:, RING:].data_ptr()):
+        return None
+    base[..., :RING, :] = 0
+    base[..., -RING:, :] = 0
+    base[..., :, :RING] = 0
+    base[..., :, -RING:] = 0
+    return base
+
+
 class RowIndex:
     """Points of a shot's ringed fields (flat indices, and each one's block row), sorted by row
     (stable) with ``ny + 1`` CSR offsets, for the pass's per-row loops; ``idx``: each point's

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
-from odecli.pde.elastic.forward_pass import STEPS_PER_PASS, run_passes
+from odecli.pde.elastic.forward_pass import STEPS_PER_PASS, ringed_base, run_passes
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -244,16 +244,24 @@ class FusedLoop:
                 _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
 
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
-            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False):
+            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False,
+            own_fields: bool = False):
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
         sums that the adjoint reads (the velocity update's two, the stress update's three);
-        then the new ``v`` and ``s`` are not returned (None) unless ``fields``."""
+        then the new ``v`` and ``s`` are not returned (None) unless ``fields``.
+        ``own_fields``: ``v`` and ``s`` may be overwritten too; where they are the inside of
+        ringed tensors (:func:`~odecli.pde.elastic.forward_pass.ringed_base`), those are
+        stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
+        and copied less)."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
-            vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
-            sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+            vr = ringed_base(v) if own_fields else None
+            sr = ringed_base(s) if own_fields else None
+            if vr is None or sr is None:
+                vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
+                sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
         psi = psi.contiguous() if own else psi.clone().contiguous()
@@ -267,7 +275,9 @@ class FusedLoop:
         one_block = prop.comm.size == 1 and not prop.free_surface_here
         if one_block and self.steps_per_pass > 0:  # several steps per pass over the rows
             traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
-            if stores is not None and not fields:
+            if stores is None:  # views of this forward's own tensors: no copies
+                return vr[inner], sr[inner], psi, traces
+            if not fields:
                 return None, None, psi, traces
             return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
         if one_block and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS:

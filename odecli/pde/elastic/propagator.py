@@ -284,13 +284,13 @@ class ElasticPropagator:
         return v, s, psi, traces
 
     def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
-                           *materials, own: bool = False):
+                           *materials, own: bool = False, own_fields: bool = False):
         """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
         memory variables ``psi`` may be updated in place)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
         loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
-        return loop.run(t0, t1, v, s, psi, own=own)
+        return loop.run(t0, t1, v, s, psi, own=own, own_fields=own_fields)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
@@ -303,8 +303,10 @@ class ElasticPropagator:
         m = materials(self.padded_parameters(coefficient), self.free_surface_here)
         b = self.geom.nshots
         ny, nx = coefficient.shape[-2:]
-        v = coefficient.new_zeros((b, 2, ny, nx))
-        s = coefficient.new_zeros((b, 3, ny, nx))
+        # the insides of ringed tensors, which the fused forward without a graph steps in place
+        ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
+        s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
         psi = coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         graph = torch.is_grad_enabled() and coefficient.requires_grad
@@ -320,7 +322,8 @@ class ElasticPropagator:
                 v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
             else:
                 with torch.no_grad():
-                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True)
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True,
+                                                            own_fields=True)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces
