@@ -214,14 +214,16 @@ class ElasticPropagator:
         past the grid (y first, then x: the corner is the clamped global node)."""
         d = self.decomp
         p = timed_halo(coefficient, d, self.comm, 1, 0.0, self.timer)
-        if d.north is None:
-            p = torch.cat([p[:, 1:2], p[:, 1:]], dim=1)
-        if d.south is None:
-            p = torch.cat([p[:, :-1], p[:, -2:-1]], dim=1)
-        if d.west is None:
-            p = torch.cat([p[:, :, 1:2], p[:, :, 1:]], dim=2)
-        if d.east is None:
-            p = torch.cat([p[:, :, :-1], p[:, :, -2:-1]], dim=2)
+        # one gather per axis (a concatenation per side copied the planes up to four times)
+        for dim, low, high in ((1, d.north, d.south), (2, d.west, d.east)):
+            if low is None or high is None:
+                n = p.shape[dim]
+                at = torch.arange(n, device=p.device)
+                if low is None:
+                    at[0] = 1
+                if high is None:
+                    at[-1] = n - 2
+                p = p.index_select(dim, at)
         return p
 
     # -------------------------------------------------------------------------- steps
