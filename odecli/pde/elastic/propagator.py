@@ -214,16 +214,18 @@ class ElasticPropagator:
         past the grid (y first, then x: the corner is the clamped global node)."""
         d = self.decomp
         p = timed_halo(coefficient, d, self.comm, 1, 0.0, self.timer)
-        # one gather per axis (a concatenation per side copied the planes up to four times)
-        for dim, low, high in ((1, d.north, d.south), (2, d.west, d.east)):
-            if low is None or high is None:
-                n = p.shape[dim]
-                at = torch.arange(n, device=p.device)
-                if low is None:
-                    at[0] = 1
-                if high is None:
-                    at[-1] = n - 2
-                p = p.index_select(dim, at)
+        # in place, a row or column each (a concatenation per side copied the planes); not
+        # into the halo exchange's own output under autograd, which forbids that
+        if p.requires_grad:
+            p = p.clone()
+        if d.north is None:
+            p[:, 0] = p[:, 1]
+        if d.south is None:
+            p[:, -1] = p[:, -2]
+        if d.west is None:
+            p[:, :, 0] = p[:, :, 1]
+        if d.east is None:
+            p[:, :, -1] = p[:, :, -2]
         return p
 
     # -------------------------------------------------------------------------- steps
