@@ -2,9 +2,15 @@
 ``elastic_run.c``), for one rank without a free surface: what :meth:`FusedLoop.run
 <odecli.pde.elastic.fused.FusedLoop.run>` calls there.
 
-Why: a step is memory-bound; a pass of :data:`STEPS_PER_PASS` steps reads and writes each row of
-the fields, memory variables and parameters once, each step a few rows behind the one before,
-from cache (the acoustic engine's temporal blocking, :meth:`odecli.pde.acoustic.kernels.Kernels.forward_run`).
+Why: one step per sweep streams about 15 array passes per step through memory; a pass of
+several steps reads and writes each row of the fields, memory variables and parameters once,
+each step a few rows behind the one before, from cache (the acoustic engine's temporal blocking,
+:meth:`odecli.pde.acoustic.kernels.Kernels.forward_run`).  Measured (one thread, float64, CPU
+time): at 1040^2 without a CPML a pass of 4 steps runs at 2.65 ns per point and step, what the
+same kernels take on a 128^2 grid that stays in cache (2.5-2.6): the step is then bound by its
+arithmetic (70 roundings per point, kept in the reference's order for its bits), and the pass
+gained 7-15 % over one step per sweep, not the acoustic engine's 2x.  Strips of columns (each
+strip's n steps in cache, the steps skewed by 4 columns) measured no faster and were dropped.
 The sources (point forces on the velocities, explosive ones on the normal stresses) are added
 and the receivers read inside the pass, row by row, where the per-step path adds them after a
 half step and reads them after the step; the gradient's stores are written in the pass too.
@@ -27,9 +33,11 @@ from torch import Tensor
 from odecli.pde.elastic.reference import RING
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
-# Steps per pass: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps, one thread, CPU time,
-# in benchmarks/elastic_bench.py; see the commit that set it.
-STEPS_PER_PASS = 4
+# Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
+# process CPU time (on a loaded machine, best of 3): one thread, float64 2, 3, 4 and 6 steps a
+# pass within 4 % of each other (8: 12 % slower: the rows of 8 steps no longer fit the 2 MB L2);
+# two threads, 8 steps a pass (4 each) 3-8 % faster than 4 (2 each).
+STEPS_PER_THREAD = 4
 
 
 def _ptr(t: Tensor | None) -> ctypes.c_void_p:
@@ -125,10 +133,11 @@ def _sources(loop, t0: int, t1: int, shots: int, ny: int, nx2: int):
 
 
 def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
-               stores: tuple[Tensor, Tensor] | None, steps_per_pass: int) -> Tensor:
+               stores: tuple[Tensor, Tensor] | None, steps_per_pass: int | None) -> Tensor:
     """Steps ``t0 .. t1-1`` of every shot on the ringed fields ``vr``, ``sr`` and ``psi`` (in
-    place), in passes of ``steps_per_pass`` steps (the last one shorter); ``stores`` as
-    :meth:`FusedLoop.run` takes them.  Returns the traces ``(B, receivers, steps)``."""
+    place), in passes of ``steps_per_pass`` steps (the last one shorter; None:
+    :data:`STEPS_PER_THREAD` per kernel thread); ``stores`` as :meth:`FusedLoop.run` takes
+    them.  Returns the traces ``(B, receivers, steps)``."""
     b, ny2, nx2 = vr.shape[0], vr.shape[-2], vr.shape[-1]
     ny, nx = ny2 - 2 * RING, nx2 - 2 * RING
     steps = t1 - t0
@@ -141,6 +150,8 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
     none = (_ptr(None),) * 3
     on_stress = ctypes.c_int(loop.prop.source_type == "pressure")
     threads = min(len(loop.pieces), available_cpus())
+    if steps_per_pass is None:
+        steps_per_pass = STEPS_PER_THREAD * threads
     done = torch.empty(threads, dtype=torch.int64)
     marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(threads)]
     dims = (ctypes.c_long(ny), ctypes.c_long(nx))

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
-from odecli.pde.elastic.forward_pass import STEPS_PER_PASS, ringed_base, run_passes
+from odecli.pde.elastic.forward_pass import ringed_base, run_passes
 from odecli.pde.elastic.reference import (
     RING,
     STRESS_IMAGE,
@@ -149,9 +149,9 @@ class FusedLoop:
     """The C kernels bound to one forward's parameters and CPML coefficients."""
 
     # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank without
-    # a free surface; 0: one step per sweep over the rows (elastic_sweep_rows), the per-step
-    # path that the tests and benchmarks compare the passes with
-    steps_per_pass = STEPS_PER_PASS
+    # a free surface (None: its default); 0: one step per sweep over the rows
+    # (elastic_sweep_rows), the per-step path that the tests and benchmarks compare it with
+    steps_per_pass: int | None = None
 
     def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
         self.prop = prop
@@ -273,7 +273,7 @@ class FusedLoop:
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         one_block = prop.comm.size == 1 and not prop.free_surface_here
-        if one_block and self.steps_per_pass > 0:  # several steps per pass over the rows
+        if one_block and self.steps_per_pass != 0:  # several steps per pass over the rows
             traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
             if stores is None:  # views of this forward's own tensors: no copies
                 return vr[inner], sr[inner], psi, traces
