@@ -1,8 +1,8 @@
 """The elastic forward in passes of several steps over the rows (``elastic_run_rows``,
-:mod:`odecli.pde.elastic.forward_pass`) against the per-step path (one step per sweep over the
-rows, ``FusedLoop.steps_per_pass = 0``): traces, final fields, memory variables and the
-gradient's stores bit for bit, for point forces and explosive sources, vy/vx/pressure
-receivers on rows of the CPML layers and of the interior, pass lengths that do and do not
+:mod:`odecli.pde.elastic.forward_pass`) against the per-step path (``FusedLoop.steps_per_pass
+= 0``): traces, final fields, memory variables and the gradient's stores bit for bit, for point
+forces and explosive sources, with and without a free surface, vy/vx/pressure receivers on
+rows of the CPML layers, of the interior and on the surface, pass lengths that do and do not
 divide a segment's steps, on one and two threads."""
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def model(dtype) -> torch.Tensor:
     return torch.stack([2200 + 10 * y, 1100 + 5 * y + 3 * x, 1900 + 4 * x])
 
 
-def propagator(dtype, source: str, threads: int):
+def propagator(dtype, source: str, threads: int, free_surface: bool = False):
     setup = elastic_setup(get_comm(), (NY, NX), (10.0, 10.0), 0.001, NT, SHOTS, RECEIVERS,
                           WAVELET, source_type=source, components=COMPONENTS,
-                          width=6, segments=3, dtype=dtype)
+                          width=6, segments=3, dtype=dtype, free_surface=free_surface)
     prop = build(setup)
     if not prop.fused:
         pytest.skip("no C compiler: the fused kernels do not run here")
@@ -64,7 +64,8 @@ def segment(prop, coefficient: torch.Tensor, steps_per_pass: int, monkeypatch):
     with torch.no_grad():
         prop.profiles(coefficient[0])
         psi = psi * ((prop._profiles.ay_int != 0) | (prop._profiles.ax_int != 0))  # layers only
-        m = elastic_propagator.materials(prop.padded_parameters(coefficient), False)
+        m = elastic_propagator.materials(prop.padded_parameters(coefficient),
+                                         prop.free_surface_here)
         loop = FusedLoop(prop, m, prop._profiles, prop.threads)
         calls = []
         kernel = loop.run_rows
@@ -78,17 +79,21 @@ def segment(prop, coefficient: torch.Tensor, steps_per_pass: int, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("source", ["fy", "fx", "pressure"])
-def test_passes_equal_the_per_step_sweeps_bit_for_bit(dtype, source, monkeypatch):
+@pytest.mark.parametrize("free_surface", [False, True])
+def test_passes_equal_the_per_step_path_bit_for_bit(dtype, source, free_surface, monkeypatch):
+    """Without a free surface the per-step path is one sweep over the rows per step
+    (elastic_sweep_rows); with one, the two half-step kernels with the images between them."""
     coefficient = model(dtype)
-    expected, calls = segment(propagator(dtype, source, 1), coefficient, 0, monkeypatch)
+    expected, calls = segment(propagator(dtype, source, 1, free_surface), coefficient, 0,
+                              monkeypatch)
     assert calls == 0
     traces = expected[3]
     assert traces.shape == (len(SHOTS), len(RECEIVERS), NT - 4)
     assert float(traces.abs().max()) > 0 and not any(t.isnan().any() for t in expected)
     for threads in (1, 2):
         for steps in (1, 3, 8, NT):  # 19 steps: passes of 3 and 8 end with a shorter one
-            got, calls = segment(propagator(dtype, source, threads), coefficient, steps,
-                                 monkeypatch)
+            got, calls = segment(propagator(dtype, source, threads, free_surface), coefficient,
+                                 steps, monkeypatch)
             passes = [min(steps, NT - 4 - k) for k in range(0, NT - 4, steps)]
             assert calls == len(SHOTS) * sum(min(n, threads) for n in passes)
             for name, a, e in zip(("v", "s", "psi", "traces", "store_v", "store_s"), got,
@@ -96,14 +101,14 @@ def test_passes_equal_the_per_step_sweeps_bit_for_bit(dtype, source, monkeypatch
                 assert torch.equal(a, e), f"{name}: {threads} thread(s), {steps} steps a pass"
 
 
-@pytest.mark.parametrize("source", ["fy", "pressure"])
-def test_the_forward_and_gradient_equal_the_per_step_path(source, monkeypatch):
+@pytest.mark.parametrize("source,free_surface", [("fy", True), ("pressure", False)])
+def test_the_forward_and_gradient_equal_the_per_step_path(source, free_surface, monkeypatch):
     """Through the propagator (segments, the last one stored by its first pass): the traces and
     the gradient bit for bit those of one step per sweep."""
     results = []
     for steps, threads in ((0, 1), (8, 1), (3, 2)):
         monkeypatch.setattr(FusedLoop, "steps_per_pass", steps)
-        prop = propagator(torch.float64, source, threads)
+        prop = propagator(torch.float64, source, threads, free_surface)
         m = model(torch.float64).requires_grad_(True)
         traces = prop.forward(m)
         (traces**2 * torch.cos(torch.arange(NT, dtype=torch.float64))).sum().backward()

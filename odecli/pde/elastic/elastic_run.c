@@ -1,5 +1,5 @@
 /* Several elastic steps of one shot in one pass over the rows (temporal blocking), for one rank
- * without a free surface: the case elastic_sweep_rows serves one step at a time.  Included from
+ * (no halo exchange), with or without a free surface.  Included from
  * elastic.c (it uses its row kernels elastic_velocity_* and elastic_stress_*, so every point's
  * operations, and therefore the bits, are the single steps').
  *
@@ -33,6 +33,16 @@
  * into traces[j * rec_stride + slot]: the values the time loop reads after the whole step,
  * which no later row of step j changes.
  *
+ * surface (else NULL, no free surface): the free-surface coefficient of elastic_stress_*, whose
+ * top stress row it makes; the images (vimage, simage: two ringed rows per plane; vsign, ssign:
+ * a sign per plane) are then written into the top ring rows: the velocities' once the step's
+ * velocity rows they read (with their forces) are made, before its stress row 0 reads them;
+ * the stresses' once its stress rows they read are made (row 2, at iteration 4 j + 4), before
+ * the next step's velocity row 0 (same iteration, later in it), and by the call of the first
+ * steps before its first iteration (from the stresses the pass starts from).  Ring rows of a
+ * step's image are read by nothing of the step before, which finished its top rows RUN_LAG
+ * iterations earlier.
+ *
  * vstore, sstore (else NULL): n pointers to each step's stores, (2, ny, nx) and (3, ny, nx),
  * written by the row kernels as in the single steps.
  *
@@ -47,6 +57,16 @@
 #include <stdint.h>
 
 #define RUN_LAG 4 /* rows each step of elastic_run_rows runs behind the step before it */
+
+/* The free surface's image (reference.mirror_top): the two top ring rows of each of the C
+ * planes of f, sign * (ringed rows image[2c], image[2c + 1]) of the plane, ring columns too. */
+#define MIRROR_TOP(f, C, image, sign)                                                              \
+    for (int c = 0; c < (C); c++)                                                                  \
+        for (int g = 0; g < 2; g++) {                                                              \
+            __typeof__((f)[0]) *to = (f) + c * plane + g * NX;                                     \
+            const __typeof__((f)[0]) *from = (f) + c * plane + (image)[2 * c + g] * NX;            \
+            for (long k = 0; k < NX; k++) to[k] = from[k] * (sign)[c];                             \
+        }
 
 #define DEFINE_RUN(real, sfx)                                                                      \
 void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t *done,           \
@@ -63,9 +83,17 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
                             const int64_t *vrec_ptr, const int64_t *vrec_at,                       \
                             const int64_t *vrec_slot, const int64_t *prec_ptr,                     \
                             const int64_t *prec_at, const int64_t *prec_slot, real *traces,        \
-                            long rec_stride)                                                       \
+                            long rec_stride, const real *surface, const int64_t *vimage,           \
+                            const real *vsign, const int64_t *simage, const real *ssign)           \
 {                                                                                                  \
-    const long plane = (ny + 4) * (nx + 4);                                                        \
+    const long NX = nx + 4, plane = (ny + 4) * NX;                                                 \
+    long vlast = 0, slast = 0; /* the last block row each image reads */                          \
+    for (int c = 0; surface && c < 6; c++) {                                                       \
+        if (c < 4 && vimage[c] - 2 > vlast) vlast = vimage[c] - 2;                                 \
+        if (simage[c] - 2 > slast) slast = simage[c] - 2;                                          \
+    }                                                                                              \
+    if (surface && j0 == 0) /* the stresses' image before the first step's velocity rows */       \
+        MIRROR_TOP(s, 3, simage, ssign);                                                           \
     for (long q = 0; q < ny + 2 + (n - 1) * RUN_LAG; q++) {                                        \
         if (ahead) /* wait for the steps before this call's to finish row iteration q */          \
             for (long spins = 0; __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q; spins++)            \
@@ -86,11 +114,13 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
                 if (vrec_ptr)                                                                      \
                     for (long k = vrec_ptr[i]; k < vrec_ptr[i + 1]; k++)                           \
                         tr[vrec_slot[k]] = v[vrec_at[k]];                                          \
+                if (surface && i == vlast) /* the rows the image reads are this step's */          \
+                    MIRROR_TOP(v, 2, vimage, vsign);                                               \
             }                                                                                      \
             const long r = i - 2;                                                                  \
             if (r >= 0) {                                                                          \
                 elastic_stress_##sfx(ny, nx, r, r + 1, v, s, psi, lam2mu, lam, muxy,              \
-                                     sstore ? sstore[j] : NULL, NULL, ayi, byi, ayh, byh, axi,     \
+                                     sstore ? sstore[j] : NULL, surface, ayi, byi, ayh, byh, axi,  \
                                      bxi, axh, bxh, dt, idy, idx, jlo, jhi);                       \
                 if (src_ptr && src_on_stress) {                                                    \
                     for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                             \
@@ -101,6 +131,8 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
                 if (prec_ptr)                                                                      \
                     for (long k = prec_ptr[r]; k < prec_ptr[r + 1]; k++)                           \
                         tr[prec_slot[k]] = (real)-0.5 * (s[prec_at[k]] + s[plane + prec_at[k]]);   \
+                if (surface && r == slast)                                                         \
+                    MIRROR_TOP(s, 3, simage, ssign);                                               \
             }                                                                                      \
         }                                                                                          \
         if (done)                                                                                  \

@@ -1,5 +1,5 @@
 """The elastic forward in passes of several steps over the rows (``elastic_run_rows`` in
-``elastic_run.c``), for one rank without a free surface: what :meth:`FusedLoop.run
+``elastic_run.c``), for one rank (with or without a free surface): what :meth:`FusedLoop.run
 <odecli.pde.elastic.fused.FusedLoop.run>` calls there.
 
 Why: one step per sweep streams about 15 array passes per step through memory; a pass of
@@ -18,9 +18,8 @@ Several threads share a pass's steps (each waits on the previous one's row count
 bit the one-thread result, which is bit for bit the per-step path's (tests/test_elastic_run.py).
 
 Several ranks would need the halo exchanged only every k steps with deep halos (the acoustic
-engine's ``windows``: each step of a pass makes a shrinking window of the extended block); a
-free surface would need the image rows and the top stress row made inside the pass.  Both take
-the per-step path today.
+engine's ``windows``: each step of a pass makes a shrinking window of the extended block, and
+a neighbour's free-surface image too); they take the per-step path today.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from odecli.pde.elastic.reference import RING
+from odecli.pde.elastic.reference import RING, STRESS_IMAGE, VELOCITY_IMAGE
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
@@ -132,6 +131,18 @@ def _sources(loop, t0: int, t1: int, shots: int, ny: int, nx2: int):
     return out
 
 
+def _images(like: Tensor) -> tuple:
+    """The free surface's images as ``elastic_run_rows`` takes them: the velocities' and the
+    stresses' ringed rows (two per plane) and signs (one per plane)."""
+    out = []
+    for rows, signs in (VELOCITY_IMAGE, STRESS_IMAGE):
+        at = torch.tensor([r for pair in rows for r in pair], dtype=torch.int64)
+        if int(at.max()) > 2 * RING:  # the pass makes a step's image from its top 3 rows
+            raise ValueError(f"elastic passes: free-surface image rows {rows} too deep")
+        out += [at, torch.tensor(signs, dtype=like.dtype)]
+    return tuple(out)
+
+
 def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
                stores: tuple[Tensor, Tensor] | None, steps_per_pass: int | None) -> Tensor:
     """Steps ``t0 .. t1-1`` of every shot on the ringed fields ``vr``, ``sr`` and ``psi`` (in
@@ -155,6 +166,9 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
     done = torch.empty(threads, dtype=torch.int64)
     marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(threads)]
     dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+    images = None if loop.surface is None else _images(vr)  # kept alive through the calls
+    surface = (_ptr(None),) * 5 if images is None else (_ptr(loop.surface),
+                                                         *[_ptr(t) for t in images])
     for shot in range(b):
         src, vals = sources[shot]
         for k0 in range(0, steps, steps_per_pass):
@@ -172,7 +186,7 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
                     ctypes.c_long(0 if vals is None else vals.shape[1]), on_stress,
                     *(none if vrec is None else vrec.args()),
                     *(none if prec is None else prec.args()),
-                    _ptr(traces[shot, k0] if nrec else None), ctypes.c_long(nrec))
+                    _ptr(traces[shot, k0] if nrec else None), ctypes.c_long(nrec), *surface)
             parts = split_rows(n, threads)
             if len(parts) == 1:
                 kernel(*dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None,

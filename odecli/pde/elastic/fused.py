@@ -9,10 +9,11 @@ and thread without a free surface both halves in one sweep over the rows whose s
 in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
-dot-product test.  On one rank without a free surface a step is one sweep over the rows
-(``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
-cuts: :func:`sweep_phases`); otherwise two half-step kernels with the halo exchange and the
-free-surface image between them.  A backward's large scratch tensors (stores, padded
+dot-product test.  On one rank the forward runs several steps per pass over the rows
+(:mod:`odecli.pde.elastic.forward_pass`); with ``steps_per_pass = 0`` and no free surface a
+step is one sweep over the rows (``elastic_sweep_rows``; on several threads a piece of the rows
+each, then the rows around the cuts: :func:`sweep_phases`); otherwise (several ranks) two
+half-step kernels with the halo exchange and the free-surface image between them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
@@ -148,9 +149,8 @@ def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ct
 class FusedLoop:
     """The C kernels bound to one forward's parameters and CPML coefficients."""
 
-    # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank without
-    # a free surface (None: its default); 0: one step per sweep over the rows
-    # (elastic_sweep_rows), the per-step path that the tests and benchmarks compare it with
+    # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank (None:
+    # its default); 0: the per-step path that the tests and benchmarks compare it with
     steps_per_pass: int | None = None
 
     def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
@@ -272,15 +272,16 @@ class FusedLoop:
         force = prop.source_type != "pressure"
         recs = []
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        one_block = prop.comm.size == 1 and not prop.free_surface_here
-        if one_block and self.steps_per_pass != 0:  # several steps per pass over the rows
+        # one rank: several steps per pass over the rows (a free surface needs 3 rows there)
+        if prop.comm.size == 1 and self.steps_per_pass != 0 and self.ny >= 3:
             traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
             if stores is None:  # views of this forward's own tensors: no copies
                 return vr[inner], sr[inner], psi, traces
             if not fields:
                 return None, None, psi, traces
             return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
-        if one_block and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS:
+        if (prop.comm.size == 1 and not prop.free_surface_here
+                and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS):
             sweep = self._sweep_calls(vr, sr, psi, force, stores)
         else:
             sweep = None
