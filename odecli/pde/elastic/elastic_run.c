@@ -3,16 +3,16 @@
  * elastic.c (it uses its row kernels elastic_velocity_* and elastic_stress_*, so every point's
  * operations, and therefore the bits, are the single steps').
  *
- * Why: a step is memory-bound (about 15 array passes per step in elastic_sweep_rows: v and s
- * read and written, the five parameters read); here each row of v, s, psi and the parameters is
- * brought into cache once per pass of n steps, and step j works RUN_LAG rows behind step j - 1,
- * on rows that step j - 1 has just left in cache (the acoustic engine's leapfrog_forward_run).
+ * Why: a step moves about 15 array passes through memory (v and s read and written, the five
+ * parameters read); here each row of v, s, psi and the parameters is brought into cache once
+ * per pass of n steps, and step j works RUN_LAG rows behind step j - 1, on rows that step j - 1
+ * has just left in cache (the acoustic engine's leapfrog_forward_run).  The step then runs at
+ * the speed of its arithmetic (forward_pass.py has the measurements).
  *
  * Row iteration q, step j (j ascending inside an iteration) takes row i = q - j * RUN_LAG:
  * velocity row i (if i < ny), the point forces on it, its vy/vx receivers; then stress row
- * i - 2 (if i >= 2), the explosive sources on it, its pressure receivers.  That is
- * elastic_sweep_rows's order for one step (stress row r once velocity rows up to r + 2 are
- * done, which its stencil reads).  Fields are updated in place.  Why RUN_LAG = 4 is enough:
+ * i - 2 (if i >= 2), the explosive sources on it, its pressure receivers: stress row r once
+ * velocity rows up to r + 2 are done, which its stencil reads.  Fields are updated in place.  Why RUN_LAG = 4 is enough:
  * at iteration q step j - 1 has finished velocity rows <= q - (j-1) L and stress rows
  * <= q - (j-1) L - 2 (L = RUN_LAG).  Step j's velocity row i = q - j L reads stress rows
  * i - 2 .. i + 2 of step j - 1, all made if i + 2 <= q - (j-1) L - 2, i.e. L >= 4; and it
