@@ -81,8 +81,8 @@ def segment(prop, coefficient: torch.Tensor, steps_per_pass: int, monkeypatch):
 @pytest.mark.parametrize("source", ["fy", "fx", "pressure"])
 @pytest.mark.parametrize("free_surface", [False, True])
 def test_passes_equal_the_per_step_path_bit_for_bit(dtype, source, free_surface, monkeypatch):
-    """Without a free surface the per-step path is one sweep over the rows per step
-    (elastic_sweep_rows); with one, the two half-step kernels with the images between them."""
+    """The per-step path: the two half-step kernels per step, with the free surface's images
+    between them (what several ranks run)."""
     coefficient = model(dtype)
     expected, calls = segment(propagator(dtype, source, 1, free_surface), coefficient, 0,
                               monkeypatch)
