@@ -117,3 +117,23 @@ def test_the_forward_and_gradient_equal_the_per_step_path(source, free_surface, 
     assert float(g0.abs().max()) > 0
     for t, g in others:
         assert torch.equal(t, t0) and torch.equal(g, g0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_c_materials_equal_the_reference_bit_for_bit(dtype):
+    """elastic_materials (a forward without a graph) against reference.materials, on random
+    parameters with a free surface."""
+    from odecli.pde.elastic.forward_pass import materials_without_graph
+
+    if not propagator(dtype, "fy", 1).fused:
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(5)
+    padded = (torch.rand(3, 13, 17, generator=gen, dtype=torch.float64) + 0.5).to(dtype)
+    padded[0] *= 3000
+    padded[1] *= 1500
+    padded[2] *= 2000
+    got = materials_without_graph(padded, True)
+    want = elastic_propagator.materials(padded, True)
+    for name in ("by", "bx", "lam2mu", "lam", "mu_xy", "surface"):
+        a, e = getattr(got, name), getattr(want, name)
+        assert a.shape == e.shape and torch.equal(a, e), name

@@ -142,3 +142,33 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
 
 DEFINE_RUN(double, f64)
 DEFINE_RUN(float, f32)
+
+/* reference.materials without its dozen full-size temporaries, for a forward without a graph:
+ * from (vp, vs, rho) (3, ny + 2, nx + 2) with their one-cell ring, the staggered parameters
+ * (ny, nx) each, every number by the same operations in the same order (so the same bits):
+ * mu = rho (vs vs), lam2mu = rho (vp vp), b = 1 / rho, by = 0.5 (b + b below), bx = 0.5 (b + b
+ * right), lam = lam2mu - 2 mu, mu_xy = 0.25 ((mu + mu below) + (mu right + mu below right)). */
+#define DEFINE_MATERIALS(real, sfx)                                                                \
+void elastic_materials_##sfx(long ny, long nx, const real *restrict p, real *restrict by,       \
+                             real *restrict bx, real *restrict lam2mu, real *restrict lam,         \
+                             real *restrict muxy)                                                  \
+{                                                                                                  \
+    const long W = nx + 2, P = (ny + 2) * W;                                                       \
+    const real *restrict vp = p, *restrict vs = p + P, *restrict rho = p + 2 * P;                  \
+    for (long i = 0; i < ny; i++)                                                                  \
+        for (long j = 0; j < nx; j++) {                                                            \
+            const long c = (i + 1) * W + j + 1, o = i * nx + j;                                    \
+            const real mu = rho[c] * (vs[c] * vs[c]), mu_d = rho[c + W] * (vs[c + W] * vs[c + W]); \
+            const real mu_r = rho[c + 1] * (vs[c + 1] * vs[c + 1]);                                \
+            const real mu_dr = rho[c + W + 1] * (vs[c + W + 1] * vs[c + W + 1]);                   \
+            const real l2m = rho[c] * (vp[c] * vp[c]), b = (real)1 / rho[c];                       \
+            lam2mu[o] = l2m;                                                                       \
+            lam[o] = l2m - (real)2 * mu;                                                           \
+            by[o] = (real)0.5 * (b + (real)1 / rho[c + W]);                                        \
+            bx[o] = (real)0.5 * (b + (real)1 / rho[c + 1]);                                        \
+            muxy[o] = (real)0.25 * ((mu + mu_d) + (mu_r + mu_dr));                                 \
+        }                                                                                          \
+}
+
+DEFINE_MATERIALS(double, f64)
+DEFINE_MATERIALS(float, f32)

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
+from odecli.pde.elastic.forward_pass import materials_without_graph
 from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
@@ -304,7 +305,9 @@ class ElasticPropagator:
             raise ValueError(f"elastic forward takes (vp, vs, rho) stacked (3, ny, nx), "
                              f"got {tuple(coefficient.shape)}")
         self.profiles(coefficient[0])
-        m = materials(self.padded_parameters(coefficient), self.free_surface_here)
+        graph = torch.is_grad_enabled() and coefficient.requires_grad
+        pick = materials_without_graph if self.fused and not graph else materials
+        m = pick(self.padded_parameters(coefficient), self.free_surface_here)
         b = self.geom.nshots
         ny, nx = coefficient.shape[-2:]
         # the insides of ringed tensors, which the fused forward without a graph steps in place
@@ -313,7 +316,6 @@ class ElasticPropagator:
         s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
         psi = coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
-        graph = torch.is_grad_enabled() and coefficient.requires_grad
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
         # Segments bound the backward's memory; without a graph one run over all steps saves
