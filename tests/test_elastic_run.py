@@ -103,20 +103,23 @@ def test_passes_equal_the_per_step_path_bit_for_bit(dtype, source, free_surface,
 
 @pytest.mark.parametrize("source,free_surface", [("fy", True), ("pressure", False)])
 def test_the_forward_and_gradient_equal_the_per_step_path(source, free_surface, monkeypatch):
-    """Through the propagator (segments, the last one stored by its first pass): the traces and
-    the gradient bit for bit those of one step per sweep."""
+    """Through the propagator: a forward without a graph (its memory variables kept in the
+    layers only, without a free surface) and a gradient (segments, the last one stored by its
+    first pass): traces, final fields and gradient bit for bit the per-step path's."""
     results = []
     for steps, threads in ((0, 1), (8, 1), (3, 2)):
         monkeypatch.setattr(FusedLoop, "steps_per_pass", steps)
         prop = propagator(torch.float64, source, threads, free_surface)
+        with torch.no_grad():
+            forward = prop.forward(model(torch.float64), return_field=True)
         m = model(torch.float64).requires_grad_(True)
         traces = prop.forward(m)
         (traces**2 * torch.cos(torch.arange(NT, dtype=torch.float64))).sum().backward()
-        results.append((traces.detach(), m.grad))
-    (t0, g0), *others = results
-    assert float(g0.abs().max()) > 0
-    for t, g in others:
-        assert torch.equal(t, t0) and torch.equal(g, g0)
+        results.append((*forward, traces.detach(), m.grad))
+    first, *others = results
+    assert float(first[0].abs().max()) > 0 and float(first[-1].abs().max()) > 0
+    for got in others:
+        assert all(torch.equal(a, e) for a, e in zip(got, first))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -12,7 +12,8 @@
  * Row iteration q, step j (j ascending inside an iteration) takes row i = q - j * RUN_LAG:
  * velocity row i (if i < ny), the point forces on it, its vy/vx receivers; then stress row
  * i - 2 (if i >= 2), the explosive sources on it, its pressure receivers: stress row r once
- * velocity rows up to r + 2 are done, which its stencil reads.  Fields are updated in place.  Why RUN_LAG = 4 is enough:
+ * velocity rows up to r + 2 are done, which its stencil reads.  Fields are updated in place.
+ * Why RUN_LAG = 4 is enough:
  * at iteration q step j - 1 has finished velocity rows <= q - (j-1) L and stress rows
  * <= q - (j-1) L - 2 (L = RUN_LAG).  Step j's velocity row i = q - j L reads stress rows
  * i - 2 .. i + 2 of step j - 1, all made if i + 2 <= q - (j-1) L - 2, i.e. L >= 4; and it
@@ -32,6 +33,9 @@
  * v[at] after the row's forces, pressure receivers -0.5 * (syy + sxx) after the row's sources,
  * into traces[j * rec_stride + slot]: the values the time loop reads after the whole step,
  * which no later row of step j changes.
+ *
+ * psi_y, ymap, ypl, psi_x, xpl, xs, xshift: where the memory variables lie (velocity_mapped_*);
+ * with a free surface, the kernels' (8, ny, nx) layout.
  *
  * surface (else NULL, no free surface): the free-surface coefficient of elastic_stress_*, whose
  * top stress row it makes; the images (vimage, simage: two ringed rows per plane; vsign, ssign:
@@ -58,6 +62,90 @@
 
 #define RUN_LAG 4 /* rows each step of elastic_run_rows runs behind the step before it */
 
+/* elastic_velocity_* and elastic_stress_* (without the free-surface row) on row i, with the
+ * memory variables where psi_y / psi_x put them: plane k of a row of the y layers (ayh or ayi
+ * not 0) at psi_y + k * ypl + ymap[i] * nx, of another row (x layers only) at
+ * psi_x + k * xpl + i * xs, its columns [0, jlo) there from 0 and [jhi, nx) from jhi - xshift.
+ * With psi_y = psi_x = psi, ymap[i] = i, ypl = xpl = ny nx, xs = nx and xshift = 0 that is
+ * the kernels' (8, ny, nx) layout; a forward without a graph keeps only the layers' rows and
+ * columns (forward_pass.py).  The same row functions on the same parts: the same bits. */
+#define DEFINE_MAPPED(real, sfx)                                                                   \
+static void velocity_mapped_##sfx(long ny, long nx, long i, real *v, const real *s, real *psi_y,  \
+                                  const int64_t *ymap, long ypl, real *psi_x, long xpl, long xs,   \
+                                  long xshift, const real *buy, const real *bux, real *store,      \
+                                  const real *ayi, const real *byi, const real *ayh,              \
+                                  const real *byh, const real *axi, const real *bxi,              \
+                                  const real *axh, const real *bxh, real dt, real idy, real idx,  \
+                                  long jlo, long jhi)                                              \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    real *vy = v, *vx = v + plane;                                                                 \
+    const real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                   \
+    const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                                 \
+    real *st0 = store ? store + P0 : NULL, *st1 = store ? store + pp + P0 : NULL;                  \
+    const int ypml = ayh[i] != 0 || ayi[i] != 0;                                                   \
+    const long a = (ypml || jhi <= jlo) ? nx : jlo, b = (ypml || jhi <= jlo) ? nx : jhi;          \
+    const long kp = ypml ? ypl : xpl;                                                              \
+    for (int part = 0; part < 3; part++) {                                                         \
+        const long j0 = part == 0 ? 0 : part == 1 ? a : b, j1 = part == 0 ? a : part == 1 ? b : nx; \
+        if (j1 <= j0) continue;                                                                    \
+        if (part == 1) {                                                                           \
+            velocity_row_##sfx(j1 - j0, NX, vy + R0 + j0, vx + R0 + j0, syy + R0 + j0,             \
+                               sxx + R0 + j0, sxy + R0 + j0, buy + P0 + j0, bux + P0 + j0,         \
+                               st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL, dt, idy, idx);       \
+            continue;                                                                              \
+        }                                                                                          \
+        real *p = ypml ? psi_y + ymap[i] * nx + j0                                                 \
+                       : psi_x + i * xs + (part == 0 ? j0 : j0 - xshift);                          \
+        velocity_pml_row_##sfx(j1 - j0, NX, vy + R0 + j0, vx + R0 + j0, syy + R0 + j0,             \
+                               sxx + R0 + j0, sxy + R0 + j0, buy + P0 + j0, bux + P0 + j0,         \
+                               st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL,                       \
+                               p, p + kp, p + 2 * kp, p + 3 * kp,                                  \
+                               axi + j0, bxi + j0, axh + j0, bxh + j0,                             \
+                               ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);                \
+    }                                                                                              \
+}                                                                                                  \
+static void stress_mapped_##sfx(long ny, long nx, long i, const real *v, real *s, real *psi_y,    \
+                                const int64_t *ymap, long ypl, real *psi_x, long xpl, long xs,     \
+                                long xshift, const real *lam2mu, const real *lam,                  \
+                                const real *muxy, real *store, const real *ayi, const real *byi,  \
+                                const real *ayh, const real *byh, const real *axi,                \
+                                const real *bxi, const real *axh, const real *bxh, real dt,       \
+                                real idy, real idx, long jlo, long jhi)                            \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
+    const real *vy = v, *vx = v + plane;                                                           \
+    real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                         \
+    const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                                 \
+    real *st0 = store ? store + P0 : NULL, *st1 = store ? store + pp + P0 : NULL;                  \
+    real *st2 = store ? store + 2 * pp + P0 : NULL;                                                \
+    const int ypml = ayh[i] != 0 || ayi[i] != 0;                                                   \
+    const long a = (ypml || jhi <= jlo) ? nx : jlo, b = (ypml || jhi <= jlo) ? nx : jhi;          \
+    const long kp = ypml ? ypl : xpl;                                                              \
+    for (int part = 0; part < 3; part++) {                                                         \
+        const long j0 = part == 0 ? 0 : part == 1 ? a : b, j1 = part == 0 ? a : part == 1 ? b : nx; \
+        if (j1 <= j0) continue;                                                                    \
+        if (part == 1) {                                                                           \
+            stress_row_##sfx(j1 - j0, NX, vy + R0 + j0, vx + R0 + j0, syy + R0 + j0,               \
+                             sxx + R0 + j0, sxy + R0 + j0, lam2mu + P0 + j0, lam + P0 + j0,        \
+                             muxy + P0 + j0, st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL,         \
+                             st2 ? st2 + j0 : NULL, dt, idy, idx);                                 \
+            continue;                                                                              \
+        }                                                                                          \
+        real *p = (ypml ? psi_y + ymap[i] * nx + j0                                                \
+                        : psi_x + i * xs + (part == 0 ? j0 : j0 - xshift)) + 4 * kp;               \
+        stress_pml_row_##sfx(j1 - j0, NX, vy + R0 + j0, vx + R0 + j0, syy + R0 + j0,               \
+                             sxx + R0 + j0, sxy + R0 + j0, lam2mu + P0 + j0, lam + P0 + j0,        \
+                             muxy + P0 + j0, st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL,         \
+                             st2 ? st2 + j0 : NULL, p, p + kp, p + 2 * kp, p + 3 * kp,             \
+                             axi + j0, bxi + j0, axh + j0, bxh + j0,                               \
+                             ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);                  \
+    }                                                                                              \
+}
+
+DEFINE_MAPPED(double, f64)
+DEFINE_MAPPED(float, f32)
+
 /* The free surface's image (reference.mirror_top): the two top ring rows of each of the C
  * planes of f, sign * (ringed rows image[2c], image[2c + 1]) of the plane, ring columns too. */
 #define MIRROR_TOP(f, C, image, sign)                                                              \
@@ -70,7 +158,9 @@
 
 #define DEFINE_RUN(real, sfx)                                                                      \
 void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t *done,           \
-                            const int64_t *ahead, real *v, real *s, real *psi,                    \
+                            const int64_t *ahead, real *v, real *s, real *psi_y,                  \
+                            const int64_t *ymap, long ypl, real *psi_x, long xpl, long xs,         \
+                            long xshift,                                                           \
                             const real *buy, const real *bux, const real *lam2mu,                 \
                             const real *lam, const real *muxy, real *const *vstore,               \
                             real *const *sstore,                                                   \
@@ -105,9 +195,9 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
             const real *sv = src_val ? src_val + j * src_stride : NULL;                            \
             real *tr = traces ? traces + j * rec_stride : NULL;                                    \
             if (i < ny) {                                                                          \
-                elastic_velocity_##sfx(ny, nx, i, i + 1, v, s, psi, buy, bux,                     \
-                                       vstore ? vstore[j] : NULL, ayi, byi, ayh, byh, axi, bxi,    \
-                                       axh, bxh, dt, idy, idx, jlo, jhi);                          \
+                velocity_mapped_##sfx(ny, nx, i, v, s, psi_y, ymap, ypl, psi_x, xpl, xs, xshift,  \
+                                      buy, bux, vstore ? vstore[j] : NULL, ayi, byi, ayh, byh,     \
+                                      axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                 \
                 if (src_ptr && !src_on_stress)                                                     \
                     for (long k = src_ptr[i]; k < src_ptr[i + 1]; k++)                             \
                         v[src_at[k]] = v[src_at[k]] + sv[src_idx[k]];                              \
@@ -119,9 +209,14 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
             }                                                                                      \
             const long r = i - 2;                                                                  \
             if (r >= 0) {                                                                          \
-                elastic_stress_##sfx(ny, nx, r, r + 1, v, s, psi, lam2mu, lam, muxy,              \
-                                     sstore ? sstore[j] : NULL, surface, ayi, byi, ayh, byh, axi,  \
-                                     bxi, axh, bxh, dt, idy, idx, jlo, jhi);                       \
+                if (surface && r == 0) /* the free-surface row: psi in the kernels' layout */ \
+                    elastic_stress_##sfx(ny, nx, 0, 1, v, s, psi_y, lam2mu, lam, muxy,            \
+                                         sstore ? sstore[j] : NULL, surface, ayi, byi, ayh, byh,   \
+                                         axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);              \
+                else                                                                               \
+                    stress_mapped_##sfx(ny, nx, r, v, s, psi_y, ymap, ypl, psi_x, xpl, xs, xshift, \
+                                        lam2mu, lam, muxy, sstore ? sstore[j] : NULL, ayi, byi,    \
+                                        ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);     \
                 if (src_ptr && src_on_stress) {                                                    \
                     for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                             \
                         s[src_at[k]] = s[src_at[k]] + sv[src_idx[k]];                              \

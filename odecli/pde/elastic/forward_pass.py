@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde import native
-from odecli.pde.elastic.reference import RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials
+from odecli.pde.elastic.reference import N_PSI, RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
@@ -161,12 +161,42 @@ def _images(like: Tensor) -> tuple:
     return tuple(out)
 
 
-def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
+def _psi_layout(loop, psi: Tensor | None, shots: int, ny: int, nx: int, like: Tensor):
+    """Per shot, where ``elastic_run_rows`` finds the memory variables (see velocity_mapped_*
+    in elastic_run.c), and the tensors that hold them.  ``psi`` ``(B, 8, ny, nx)``: that
+    layout.  None (a forward without a graph, which starts them at 0 and drops them): the
+    rows of the y layers ``(B, 8, rows, nx)`` and the x layers' columns of the other rows
+    ``(B, 8, ny, columns)`` only, 8 % of the planes at 1040^2 with 20-cell layers (the full
+    planes' zeroing and page faults took 0.02 s of a 0.45 s forward); the full layout where
+    that does not apply (a free surface, whose row the half-step kernel makes, or no interior
+    run of columns)."""
+    c_long = ctypes.c_long
+    jlo, jhi = loop.scalars[3].value, loop.scalars[4].value
+    if psi is None and (loop.surface is not None or jhi <= jlo):
+        psi = like.new_zeros((shots, N_PSI, ny, nx))
+    if psi is not None:
+        ymap = torch.arange(ny, dtype=torch.int64)
+        pp = c_long(ny * nx)
+        return [(_ptr(psi[b]), _ptr(ymap), pp, _ptr(psi[b]), pp, c_long(nx), c_long(0))
+                for b in range(shots)], (psi, ymap)
+    ay_int, ay_half = loop.pml[0], loop.pml[2]
+    rows = ((ay_int != 0) | (ay_half != 0)).nonzero().flatten()
+    ymap = torch.full((ny,), -1, dtype=torch.int64)
+    ymap[rows] = torch.arange(rows.numel())
+    cols = jlo + nx - jhi
+    ys = like.new_zeros((shots, N_PSI, rows.numel(), nx))
+    xs = like.new_zeros((shots, N_PSI, ny, cols))
+    return [(_ptr(ys[b]), _ptr(ymap), c_long(rows.numel() * nx), _ptr(xs[b]), c_long(ny * cols),
+             c_long(cols), c_long(jhi - jlo)) for b in range(shots)], (ys, xs, ymap)
+
+
+def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | None,
                stores: tuple[Tensor, Tensor] | None, steps_per_pass: int | None) -> Tensor:
     """Steps ``t0 .. t1-1`` of every shot on the ringed fields ``vr``, ``sr`` and ``psi`` (in
-    place), in passes of ``steps_per_pass`` steps (the last one shorter; None:
-    :data:`STEPS_PER_THREAD` per kernel thread); ``stores`` as :meth:`FusedLoop.run` takes
-    them.  Returns the traces ``(B, receivers, steps)``."""
+    place; None: from zero memory variables, which are then dropped), in passes of
+    ``steps_per_pass`` steps (the last one shorter; None: :data:`STEPS_PER_THREAD` per kernel
+    thread); ``stores`` as :meth:`FusedLoop.run` takes them.  Returns the traces ``(B,
+    receivers, steps)``."""
     b, ny2, nx2 = vr.shape[0], vr.shape[-2], vr.shape[-1]
     ny, nx = ny2 - 2 * RING, nx2 - 2 * RING
     steps = t1 - t0
@@ -184,6 +214,7 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
     done = torch.empty(threads, dtype=torch.int64)
     marks = [ctypes.c_void_p(done.data_ptr() + done.element_size() * t) for t in range(threads)]
     dims = (ctypes.c_long(ny), ctypes.c_long(nx))
+    psi_at, _keep = _psi_layout(loop, psi, b, ny, nx, vr)  # _keep: alive through the calls
     images = None if loop.surface is None else _images(vr)  # kept alive through the calls
     surface = (_ptr(None),) * 5 if images is None else (_ptr(loop.surface),
                                                          *[_ptr(t) for t in images])
@@ -197,7 +228,7 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor,
                 st = tuple((ctypes.c_void_p * n)(*(store[k, shot].data_ptr()
                                                    for k in range(k0, k0 + n)))
                            for store in stores)
-            args = (_ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed, *st, *pml,
+            args = (_ptr(vr[shot]), _ptr(sr[shot]), *psi_at[shot], *fixed, *st, *pml,
                     *loop.scalars,
                     *(none if src is None else src.args()),
                     _ptr(None if vals is None else vals[k0]),

@@ -34,6 +34,7 @@ from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
 from odecli.pde.elastic.forward_pass import ringed_base, run_passes
 from odecli.pde.elastic.reference import (
+    N_PSI,
     RING,
     STRESS_IMAGE,
     VELOCITY_IMAGE,
@@ -237,6 +238,7 @@ class FusedLoop:
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
         sums that the adjoint reads (the velocity update's two, the stress update's three);
         then the new ``v`` and ``s`` are not returned (None) unless ``fields``.
+        ``psi`` None: from zero memory variables, not returned (a forward without a graph).
         ``own_fields``: ``v`` and ``s`` may be overwritten too; where they are the inside of
         ringed tensors (:func:`~odecli.pde.elastic.forward_pass.ringed_base`), those are
         stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
@@ -250,7 +252,8 @@ class FusedLoop:
                 sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
-        psi = psi.contiguous() if own else psi.clone().contiguous()
+        if psi is not None:
+            psi = psi.contiguous() if own else psi.clone().contiguous()
         self._receivers(vr)
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         # one rank: several steps per pass over the rows (a free surface needs 3 rows there)
@@ -262,6 +265,8 @@ class FusedLoop:
                 return None, None, psi, traces
             return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
         # otherwise each step's two half steps, with the halo exchange and the image between
+        if psi is None:
+            psi = v.new_zeros((v.shape[0], N_PSI, self.ny, self.nx))
         vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"])
         st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], "store", self.surface])
         force = prop.source_type != "pressure"

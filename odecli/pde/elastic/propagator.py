@@ -314,7 +314,8 @@ class ElasticPropagator:
         ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
         s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
-        psi = coefficient.new_zeros((b, N_PSI, ny, nx))
+        # the fused forward without a graph keeps the memory variables itself, in the layers only
+        psi = None if self.fused and not graph else coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
