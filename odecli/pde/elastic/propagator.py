@@ -291,11 +291,13 @@ class ElasticPropagator:
     def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
                            *materials, own: bool = False, own_fields: bool = False):
         """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
-        memory variables ``psi`` may be updated in place)."""
+        memory variables ``psi`` may be updated in place; ``own_fields``: ``v`` and ``s`` too,
+        and ``psi`` may be None, :meth:`FusedLoop.run`)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
         loop = FusedLoop(self, Materials(*materials), self._profiles, self.threads)
-        return loop.run(t0, t1, v, s, psi, own=own, own_fields=own_fields)
+        kwargs = {"own_fields": True} if own_fields else {}  # only the C loop takes it
+        return loop.run(t0, t1, v, s, psi, own=own, **kwargs)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
@@ -306,16 +308,18 @@ class ElasticPropagator:
                              f"got {tuple(coefficient.shape)}")
         self.profiles(coefficient[0])
         graph = torch.is_grad_enabled() and coefficient.requires_grad
-        pick = materials_without_graph if self.fused and not graph else materials
+        # the C kernels without a graph: the parameters in one C pass, the memory variables in
+        # the layers only and the fields stepped in place (forward_pass.py)
+        c_loop = self.fused and not graph and coefficient.device.type == "cpu"
+        pick = materials_without_graph if c_loop else materials
         m = pick(self.padded_parameters(coefficient), self.free_surface_here)
         b = self.geom.nshots
         ny, nx = coefficient.shape[-2:]
-        # the insides of ringed tensors, which the fused forward without a graph steps in place
+        # the insides of ringed tensors, which the C kernels without a graph step in place
         ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
         s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
-        # the fused forward without a graph keeps the memory variables itself, in the layers only
-        psi = None if self.fused and not graph else coefficient.new_zeros((b, N_PSI, ny, nx))
+        psi = None if c_loop else coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
@@ -330,7 +334,7 @@ class ElasticPropagator:
             else:
                 with torch.no_grad():
                     v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True,
-                                                            own_fields=True)
+                                                            own_fields=c_loop)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces
