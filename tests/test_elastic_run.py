@@ -140,3 +140,21 @@ def test_the_c_materials_equal_the_reference_bit_for_bit(dtype):
     for name in ("by", "bx", "lam2mu", "lam", "mu_xy", "surface"):
         a, e = getattr(got, name), getattr(want, name)
         assert a.shape == e.shape and torch.equal(a, e), name
+
+
+def test_the_passes_flush_subnormals_and_restore_the_callers_mode(monkeypatch):
+    """The kernels flush subnormals on x86 (subnormals.c) and leave the caller's mode as it was:
+    after a forward on this thread PyTorch still keeps a subnormal (set_flush_denormal off)."""
+    import platform
+
+    from odecli.pde.elastic.forward_pass import kernels_flush_subnormals
+
+    prop = propagator(torch.float64, "fy", 1)
+    x86 = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
+    assert kernels_flush_subnormals() == x86
+    torch.set_flush_denormal(False)
+    with torch.no_grad():
+        prop.forward(model(torch.float64))
+    tiny = torch.tensor([1e-310], dtype=torch.float64)
+    # scaled back to a normal number: a comparison of subnormals would itself be flushed
+    assert abs(float((tiny * 0.5 * 1e300)[0]) - 5e-11) < 1e-20

@@ -23,6 +23,7 @@
  * layers' rows, 20 % of a 640^2 step when scalar, now cost about what their memory traffic does.
  */
 #include <stddef.h>
+#include "subnormals.c"
 
 #define C1 (9.0 / 8.0)
 #define C2 (-1.0 / 24.0)
@@ -178,6 +179,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
     real *vy = v, *vx = v + plane;                                                                 \
     const real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                   \
     real *p0 = psi, *p1 = psi + pp, *p2 = psi + 2 * pp, *p3 = psi + 3 * pp;                        \
+    const unsigned fp_mode = elastic_flush_subnormals();                                           \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                             \
         real *st0 = store ? store + P0 : NULL, *st1 = store ? store + pp + P0 : NULL;              \
@@ -200,6 +202,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
                                        ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);              \
         }                                                                                          \
     }                                                                                              \
+    elastic_restore_fp_mode(fp_mode);                                                              \
 }                                                                                                  \
                                                                                                    \
 void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restrict v,             \
@@ -216,6 +219,7 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
     const real *vy = v, *vx = v + plane;                                                           \
     real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                         \
     real *p4 = psi + 4 * pp, *p5 = psi + 5 * pp, *p6 = psi + 6 * pp, *p7 = psi + 7 * pp;           \
+    const unsigned fp_mode = elastic_flush_subnormals();                                           \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                             \
         const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
@@ -261,6 +265,7 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
                                      ayh_i, byh_i, ayi_i, byi_i, ypml, dt, idy, idx);                    \
         }                                                                                          \
     }                                                                                              \
+    elastic_restore_fp_mode(fp_mode);                                                              \
 }
 
 DEFINE_KERNELS(double, f64)

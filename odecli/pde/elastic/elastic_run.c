@@ -182,6 +182,7 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
         if (c < 4 && vimage[c] - 2 > vlast) vlast = vimage[c] - 2;                                 \
         if (simage[c] - 2 > slast) slast = simage[c] - 2;                                          \
     }                                                                                              \
+    const unsigned fp_mode = elastic_flush_subnormals(); /* subnormals.c */                       \
     if (surface && j0 == 0) /* the stresses' image before the first step's velocity rows */       \
         MIRROR_TOP(s, 3, simage, ssign);                                                           \
     for (long q = 0; q < ny + 2 + (n - 1) * RUN_LAG; q++) {                                        \
@@ -233,6 +234,7 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
         if (done)                                                                                  \
             __atomic_store_n(done, q, __ATOMIC_RELEASE);                                           \
     }                                                                                              \
+    elastic_restore_fp_mode(fp_mode);                                                              \
 }
 
 DEFINE_RUN(double, f64)

@@ -44,6 +44,15 @@ def _ptr(t: Tensor | None) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr() if t is not None else None)
 
 
+def kernels_flush_subnormals() -> bool:
+    """Whether the elastic C kernels flush subnormal numbers to zero (subnormals.c: on x86), so
+    that a comparison with PyTorch can flush alike (``torch.set_flush_denormal``)."""
+    lib, why = native.load("elastic")
+    if lib is None:
+        raise RuntimeError(f"fused elastic kernels unavailable: {why}")
+    return bool(lib.elastic_flushes_subnormals())
+
+
 def materials_without_graph(padded: Tensor, free_surface_here: bool) -> Materials:
     """:func:`~odecli.pde.elastic.reference.materials` in one C pass (``elastic_materials``),
     the same bits, for a forward without a graph on the fused kernels: its dozen full-size
