@@ -9,8 +9,12 @@ each step a few rows behind the one before, from cache (the acoustic engine's te
 time): at 1040^2 without a CPML a pass of 4 steps runs at 2.65 ns per point and step, what the
 same kernels take on a 128^2 grid that stays in cache (2.5-2.6): the step is then bound by its
 arithmetic (70 roundings per point, kept in the reference's order for its bits), and the pass
-gained 7-15 % over one step per sweep, not the acoustic engine's 2x.  Strips of columns (each
-strip's n steps in cache, the steps skewed by 4 columns) measured no faster and were dropped.
+gained 7-15 % over one step per sweep, not the acoustic engine's 2x.  Measured and not kept:
+strips of columns (each strip's n steps in cache, the steps skewed by 4 columns): no faster;
+streaming (non-temporal) writes of the gradient's stores through a row buffer, as the acoustic
+engine's: the recomputation that stores -7 % (10.3 -> 9.6 ms a step at 1040^2 float64, the
+store's 43 MB a step bound by memory), the adjoint that reads them back +3 % (from memory
+instead of cache), a gradient unchanged (3.08-3.13 s either way).
 The sources (point forces on the velocities, explosive ones on the normal stresses) are added
 and the receivers read inside the pass, row by row, where the per-step path adds them after a
 half step and reads them after the step; the gradient's stores are written in the pass too.
