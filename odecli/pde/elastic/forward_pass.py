@@ -74,21 +74,24 @@ def materials_without_graph(padded: Tensor, free_surface_here: bool) -> Material
     return Materials(by=by, bx=bx, lam2mu=lam2mu, lam=lam, mu_xy=mu_xy, surface=surface)
 
 
-def ringed_base(f: Tensor) -> Tensor | None:
-    """The contiguous ``(B, C, ny + 4, nx + 4)`` tensor whose inside ``f`` is (None if it is
-    not such a view), with its ring zeroed: the ringed fields the kernels can step in place."""
+def ringed(f: Tensor, in_place: bool) -> Tensor:
+    """``f`` ``(B, C, ny, nx)`` with a zero ring of width :data:`RING`, contiguous, for the
+    kernels: where ``f`` is the inside of a contiguous ringed tensor (the propagator's fields
+    and the passes' outputs are), that tensor itself (``in_place``: nothing keeps ``f``) or
+    its copy (a segment's start, kept for the backward: a contiguous copy took 8.5 ms against
+    12.5 for padding the strided view, 3 planes at 1040^2 float64); else a padded copy."""
     base = f._base
-    if base is None or not base.is_contiguous() or base.dim() != 4:
-        return None
     b, c, ny, nx = f.shape
-    if (tuple(base.shape) != (b, c, ny + 2 * RING, nx + 2 * RING) or f.stride() != base.stride()
-            or f.data_ptr() != base[..., RING:, RING:].data_ptr()):
-        return None
-    base[..., :RING, :] = 0
-    base[..., -RING:, :] = 0
-    base[..., :, :RING] = 0
-    base[..., :, -RING:] = 0
-    return base
+    if (base is None or not base.is_contiguous()
+            or tuple(base.shape) != (b, c, ny + 2 * RING, nx + 2 * RING)
+            or f.stride() != base.stride() or f.data_ptr() != base[..., RING:, RING:].data_ptr()):
+        return torch.nn.functional.pad(f, (RING,) * 4).contiguous()
+    out = base if in_place else base.clone()
+    out[..., :RING, :] = 0
+    out[..., -RING:, :] = 0
+    out[..., :, :RING] = 0
+    out[..., :, -RING:] = 0
+    return out
 
 
 class RowIndex:

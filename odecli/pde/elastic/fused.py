@@ -32,7 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
-from odecli.pde.elastic.forward_pass import ringed_base, run_passes
+from odecli.pde.elastic.forward_pass import ringed, run_passes
 from odecli.pde.elastic.reference import (
     N_PSI,
     RING,
@@ -240,16 +240,12 @@ class FusedLoop:
         then the new ``v`` and ``s`` are not returned (None) unless ``fields``.
         ``psi`` None: from zero memory variables, not returned (a forward without a graph).
         ``own_fields``: ``v`` and ``s`` may be overwritten too; where they are the inside of
-        ringed tensors (:func:`~odecli.pde.elastic.forward_pass.ringed_base`), those are
+        ringed tensors (:func:`~odecli.pde.elastic.forward_pass.ringed`), those are
         stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
         and copied less)."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
-            vr = ringed_base(v) if own_fields else None
-            sr = ringed_base(s) if own_fields else None
-            if vr is None or sr is None:
-                vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
-                sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+            vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
         if psi is not None:
