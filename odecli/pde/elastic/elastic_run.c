@@ -1,7 +1,8 @@
 /* Several elastic steps of one shot in one pass over the rows (temporal blocking), for one rank
- * (no halo exchange), with or without a free surface.  Included from
- * elastic.c (it uses its row kernels elastic_velocity_* and elastic_stress_*, so every point's
- * operations, and therefore the bits, are the single steps').
+ * (no halo exchange), with or without a free surface.  Included from elastic.c: it runs its row
+ * functions (velocity_row_*, stress_row_*, *_pml_row_*, through velocity_mapped_* and
+ * stress_mapped_* below) and elastic_stress_* for the free-surface row, so every point's
+ * operations, and therefore the bits, are the single steps'.
  *
  * Why: a step moves about 15 array passes through memory (v and s read and written, the five
  * parameters read); here each row of v, s, psi and the parameters is brought into cache once
@@ -13,8 +14,7 @@
  * velocity row i (if i < ny), the point forces on it, its vy/vx receivers; then stress row
  * i - 2 (if i >= 2), the explosive sources on it, its pressure receivers: stress row r once
  * velocity rows up to r + 2 are done, which its stencil reads.  Fields are updated in place.
- * Why RUN_LAG = 4 is enough:
- * at iteration q step j - 1 has finished velocity rows <= q - (j-1) L and stress rows
+ * Why RUN_LAG = 4 is enough: at iteration q step j - 1 has finished velocity rows <= q - (j-1) L and stress rows
  * <= q - (j-1) L - 2 (L = RUN_LAG).  Step j's velocity row i = q - j L reads stress rows
  * i - 2 .. i + 2 of step j - 1, all made if i + 2 <= q - (j-1) L - 2, i.e. L >= 4; and it
  * overwrites velocity row i, which step j - 1's stress rows i - 2 .. i + 2 read: also made by
@@ -22,7 +22,7 @@
  * overwrites stress row i - 2, which only step j's velocity rows i - 4 .. i read (made) and
  * which step j - 1 wrote long before.  Step j + 1 works further behind and reads what step j
  * has finished, by the same argument.  Memory variables and stores are per row and per step.
- * The ghost ring (width 2) is 0 and never written.
+ * The ghost ring (width 2) is 0 and never written, but for the free surface's images below.
  *
  * Sources and receivers, per block row (CSR: ptr has ny + 1 offsets by block row, at the flat
  * indices into the shot's ringed fields, stable-sorted by row, idx the value's or trace's
