@@ -243,8 +243,8 @@ def test_reference_path_on_two_ranks_equals_fused_one_rank(one_rank, tmp_path, m
 @pytest.mark.parametrize("source,free_surface", [("fy", True), ("fx", False),
                                                  ("pressure", False)])
 def test_fused_kernels_equal_the_reference_bit_for_bit(dtype, source, free_surface):
-    """With a free surface the half-step kernels run; without one, on one rank and thread, the
-    single sweep (elastic_sweep, which adds the point forces itself)."""
+    """On one rank the forward's passes (elastic_run.c: several steps per pass over the rows,
+    the sources and the free surface's images inside them)."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         import elastic_equivalence as eq
@@ -254,14 +254,21 @@ def test_fused_kernels_equal_the_reference_bit_for_bit(dtype, source, free_surfa
     setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, eq.NT, shots, recs,
                           ricker(25.0, eq.NT, eq.DT), components=comps, width=6, segments=3,
                           dtype=dtype, source_type=source, free_surface=free_surface)
+    from odecli.pde.elastic.forward_pass import kernels_flush_subnormals
+
     results = []
     for fused in (True, False):
         prop = build(setup)
         if fused and not prop.fused:
             pytest.skip("no C compiler: the fused kernels do not run here")
         prop.fused = fused
-        with torch.no_grad():
-            results.append(prop.forward(eq.true_model().to(dtype), return_field=True))
+        # the kernels flush subnormals (subnormals.c): PyTorch alike
+        torch.set_flush_denormal(not fused and kernels_flush_subnormals())
+        try:
+            with torch.no_grad():
+                results.append(prop.forward(eq.true_model().to(dtype), return_field=True))
+        finally:
+            torch.set_flush_denormal(False)
     (traces, fields), (ref_traces, ref_fields) = results
     assert float(ref_traces.abs().max()) > 0
     assert torch.equal(traces, ref_traces) and torch.equal(fields, ref_fields)
@@ -317,8 +324,8 @@ def test_two_kernel_threads_give_one_threads_results(monkeypatch):
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_the_one_sweep_step_on_several_threads_gives_one_threads_results(monkeypatch, threads):
-    """Without a free surface a step is one sweep over the rows, on several threads a piece
-    each and then the rows around the cuts (fused.sweep_phases): the traces and final fields
+    """The forward's passes on several threads (a pass's steps shared out, each thread a row
+    iteration behind the one before: forward_pass.run_passes): the traces and final fields
     bit for bit one thread's; point forces on the rows beside the cuts (rows 13, 20, 26 of
     40), where a wrong phase order would read a half-updated row.  The adjoint step likewise
     on two threads (elastic_adjoint_split): the gradient bit for bit; on three the two-pass

@@ -10,7 +10,7 @@
  * reference bit for bit.  Where a CPML coefficient a is 0 (outside the layers) the memory
  * variable stays 0 and d + 0 == d, so its update is skipped there without changing a bit.
  *
- * One pass over the grid per half step (or one per step: elastic_sweep_rows, at the end), against
+ * One pass over the grid per half step (or several steps per pass: elastic_run.c), against
  * about forty full-size temporaries in eager PyTorch.  Every row runs as row functions with one
  * restrict pointer per array, which GCC vectorises (the same loop inline in the kernel, with
  * pointers derived from one restrict base, stayed scalar: -fopt-info-vec showed no vectorised
@@ -23,6 +23,7 @@
  * layers' rows, 20 % of a 640^2 step when scalar, now cost about what their memory traffic does.
  */
 #include <stddef.h>
+#include "subnormals.c"
 
 #define C1 (9.0 / 8.0)
 #define C2 (-1.0 / 24.0)
@@ -178,6 +179,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
     real *vy = v, *vx = v + plane;                                                                 \
     const real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                   \
     real *p0 = psi, *p1 = psi + pp, *p2 = psi + 2 * pp, *p3 = psi + 3 * pp;                        \
+    const unsigned fp_mode = elastic_flush_subnormals();                                           \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                             \
         real *st0 = store ? store + P0 : NULL, *st1 = store ? store + pp + P0 : NULL;              \
@@ -200,6 +202,7 @@ void elastic_velocity_##sfx(long ny, long nx, long r0, long r1, real *restrict v
                                        ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);              \
         }                                                                                          \
     }                                                                                              \
+    elastic_restore_fp_mode(fp_mode);                                                              \
 }                                                                                                  \
                                                                                                    \
 void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restrict v,             \
@@ -216,6 +219,7 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
     const real *vy = v, *vx = v + plane;                                                           \
     real *syy = s, *sxx = s + plane, *sxy = s + 2 * plane;                                         \
     real *p4 = psi + 4 * pp, *p5 = psi + 5 * pp, *p6 = psi + 6 * pp, *p7 = psi + 7 * pp;           \
+    const unsigned fp_mode = elastic_flush_subnormals();                                           \
     for (long i = r0; i < r1; i++) {                                                               \
         const long R0 = (i + 2) * NX + 2, P0 = i * nx;                                             \
         const real ayh_i = ayh[i], byh_i = byh[i], ayi_i = ayi[i], byi_i = byi[i];                 \
@@ -261,58 +265,14 @@ void elastic_stress_##sfx(long ny, long nx, long r0, long r1, const real *restri
                                      ayh_i, byh_i, ayi_i, byi_i, ypml, dt, idy, idx);                    \
         }                                                                                          \
     }                                                                                              \
+    elastic_restore_fp_mode(fp_mode);                                                              \
 }
 
 DEFINE_KERNELS(double, f64)
 DEFINE_KERNELS(float, f32)
 
-/* One whole step of one shot in a single sweep over the rows, for one rank without a free
- * surface (no halo exchange or image between the half steps): velocity row i, the point forces
- * on that row (src_at: flat indices into v, src_val: the values the caller's index_put_ would
- * add), then stress row i - 2, whose stencil reads velocity rows up to i, while the velocity
- * rows still to come read stress rows from i - 1 on.  The stress rows are read by both half
- * steps while they are in cache: about 15 array passes per step instead of 20.  Every point's
- * operations are the half-step kernels', so the bits are theirs.
- *
- * elastic_sweep_rows runs velocity rows [v0, v1) and stress rows [s0, s1) in that order (a
- * stress row j once velocity row j + 2 is done, or, past v1, at the end: velocity row i reads
- * stress rows i - 2 .. i + 2 and stress row j velocity rows j - 2 .. j + 2).  Several threads
- * share a step with it (sweep_phases in fused.py): each piece [a, b) of the rows first sweeps
- * velocity rows [a, b - 2) and stress rows [a + 2, b - 4) (the first piece from 0, the last to
- * ny), which read and write nothing another piece touches in that phase; then, after all
- * pieces, one thread runs each cut h's velocity rows [h - 2, h) and stress rows
- * [h - 4, h + 2), whose stencils cross it.  So two threads also get the one-sweep traffic,
- * bit for bit the one-thread step. */
-#define DEFINE_SWEEP(real, sfx)                                                                    \
-void elastic_sweep_rows_##sfx(long ny, long nx, long v0, long v1, long s0, long s1, real *v,      \
-                         real *s, real *psi, const real *buy,                                     \
-                         const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
-                         real *vstore, real *sstore,                                              \
-                         const real *ayi, const real *byi, const real *ayh, const real *byh,      \
-                         const real *axi, const real *bxi, const real *axh, const real *bxh,      \
-                         real dt, real idy, real idx, long jlo, long jhi, long nsrc,              \
-                         const long *src_at, const real *src_val)                                 \
-{                                                                                                  \
-    const long NX = nx + 4, plane = (ny + 4) * NX;                                                 \
-    for (long j = s0; j < s1 && j < v0 - 2; j++)                                                   \
-        elastic_stress_##sfx(ny, nx, j, j + 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL,        \
-                             ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);      \
-    for (long i = v0; i < v1; i++) {                                                               \
-        elastic_velocity_##sfx(ny, nx, i, i + 1, v, s, psi, buy, bux, vstore, ayi, byi, ayh,      \
-                               byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                   \
-        for (long k = 0; k < nsrc; k++)                                                            \
-            if ((src_at[k] % plane) / NX - 2 == i) v[src_at[k]] = v[src_at[k]] + src_val[k];       \
-        if (i - 2 >= s0 && i - 2 < s1)                                                             \
-            elastic_stress_##sfx(ny, nx, i - 2, i - 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL, \
-                                 ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);  \
-    }                                                                                              \
-    for (long j = (v1 > v0 ? v1 : v0) - 2 > s0 ? (v1 > v0 ? v1 : v0) - 2 : s0; j < s1; j++)      \
-        elastic_stress_##sfx(ny, nx, j, j + 1, v, s, psi, lam2mu, lam, muxy, sstore, NULL,        \
-                             ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);      \
-}
-
-DEFINE_SWEEP(double, f64)
-DEFINE_SWEEP(float, f32)
+/* several steps in one pass over the rows */
+#include "elastic_run.c"
 
 /* the hand-written adjoint of these steps */
 #include "elastic_adjoint.c"

@@ -350,7 +350,8 @@ void elastic_adjoint_step_##sfx(long ny, long nx, real *lv, real *ls, real *lp, 
 DEFINE_ADJOINT_STEP(double, f64)
 DEFINE_ADJOINT_STEP(float, f32)
 
-/* The adjoint step on two threads (one rank, no free surface), as the forward's sweep_phases:
+/* The adjoint step on two threads (one rank, no free surface), a piece of the rows each, then
+ * the rows around the cut:
  * in field rows, SA(i) = stress adjoint row i (reads adjoint stress row i, writes ws row i),
  * GL(f) = gather of adjoint velocity row f (reads ws rows f - 2 .. f + 2), VA(f) = velocity
  * adjoint row f (reads the finished adjoint velocity row f, writes wv row f), GS(f) = gather of

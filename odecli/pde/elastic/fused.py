@@ -9,10 +9,10 @@ and thread without a free surface both halves in one sweep over the rows whose s
 in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
-dot-product test.  On one rank without a free surface a step is one sweep over the rows
-(``elastic_sweep_rows``; on several threads a piece of the rows each, then the rows around the
-cuts: :func:`sweep_phases`); otherwise two half-step kernels with the halo exchange and the
-free-surface image between them.  A backward's large scratch tensors (stores, padded
+dot-product test.  On one rank the forward runs several steps per pass over the rows
+(:mod:`odecli.pde.elastic.forward_pass`); on several ranks (or with ``steps_per_pass = 0``)
+two half-step kernels per step with the halo exchange and the free-surface image between
+them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
@@ -33,7 +33,9 @@ from torch import Tensor
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
 from odecli.pde.elastic import adjoint_pass
+from odecli.pde.elastic.forward_pass import ringed, run_passes
 from odecli.pde.elastic.reference import (
+    N_PSI,
     RING,
     STRESS_IMAGE,
     VELOCITY_IMAGE,
@@ -120,19 +122,7 @@ def _mirror_top_(fp: Tensor, image) -> None:
 
 
 MIN_SPLIT_ROWS = 16  # rows each of the adjoint's two pieces needs (elastic_adjoint_split)
-MIN_SWEEP_ROWS = 8  # rows a thread's piece needs for sweep_phases (its own rows, then the cuts')
-
-
-def sweep_phases(ny: int, pieces: list[tuple[int, int]]) -> tuple[list, list]:
-    """``elastic_sweep_rows``'s ``(v0, v1, s0, s1)`` for each row piece (run at once), then for
-    each cut between pieces (run after them), so that no piece reads a row another one writes
-    in the same phase (elastic.c explains it).  One piece: one sweep of every row."""
-    first = []
-    for k, (a, b) in enumerate(pieces):
-        last = k == len(pieces) - 1
-        first.append((a, b if last else b - 2, a if k == 0 else a + 2, b if last else b - 4))
-    cuts = [(h - 2, h, h - 4, h + 2) for _, h in pieces[:-1]]
-    return first, cuts
+MIN_SWEEP_ROWS = 8  # rows the one-sweep adjoint step needs (elastic_adjoint_step)
 
 
 def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ctypes.c_long]:
@@ -148,6 +138,10 @@ def interior_columns(ax_int: Tensor, ax_half: Tensor) -> tuple[ctypes.c_long, ct
 class FusedLoop:
     """The C kernels bound to one forward's parameters and CPML coefficients."""
 
+    # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank (None:
+    # its default); 0: the per-step path that the tests and benchmarks compare it with
+    steps_per_pass: int | None = None
+
     def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
         self.prop = prop
         like = m.by
@@ -160,7 +154,7 @@ class FusedLoop:
         self.velocity_adjoint = getattr(lib, f"elastic_velocity_adjoint_{name}")
         self.stress_adjoint = getattr(lib, f"elastic_stress_adjoint_{name}")
         self.velocity_gather = getattr(lib, f"elastic_velocity_gather_{name}")
-        self.sweep = getattr(lib, f"elastic_sweep_rows_{name}")
+        self.run_rows = getattr(lib, f"elastic_run_rows_{name}")
         self.stress_adjoint_sweep = getattr(lib, f"elastic_stress_adjoint_sweep_{name}")
         self.velocity_adjoint_sweep = getattr(lib, f"elastic_velocity_adjoint_sweep_{name}")
         self.stress_gather = getattr(lib, f"elastic_stress_gather_{name}")
@@ -238,38 +232,43 @@ class FusedLoop:
                 _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
 
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
-            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False):
+            stores: tuple[Tensor, Tensor] | None = None, fields: bool = False,
+            own_fields: bool = False):
         """Steps ``t0 .. t1-1`` from unringed ``(v, s, psi)``: the new ones and the traces.
         ``own``: ``psi`` may be overwritten (no graph keeps it).  ``stores``: ``(steps, B, 2,
         ny, nx)`` and ``(steps, B, 3, ny, nx)`` buffers for each step's corrected derivative
         sums that the adjoint reads (the velocity update's two, the stress update's three);
-        then the new ``v`` and ``s`` are not returned (None) unless ``fields``."""
+        then the new ``v`` and ``s`` are not returned (None) unless ``fields``.
+        ``psi`` None: from zero memory variables, not returned (a forward without a graph).
+        ``own_fields``: ``v`` and ``s`` may be overwritten too; where they are the inside of
+        ringed tensors (:func:`~odecli.pde.elastic.forward_pass.ringed`), those are
+        stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
+        and copied less)."""
         prop = self.prop
         if stores is None:  # a forward: its scratch would outlive it
-            vr = torch.nn.functional.pad(v, (RING,) * 4).contiguous()
-            sr = torch.nn.functional.pad(s, (RING,) * 4).contiguous()
+            vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
-        psi = psi.contiguous() if own else psi.clone().contiguous()
+        if psi is not None:
+            psi = psi.contiguous() if own else psi.clone().contiguous()
         self._receivers(vr)
-        self._t0 = t0
+        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        # one rank: several steps per pass over the rows (a free surface needs 3 rows there)
+        if prop.comm.size == 1 and self.steps_per_pass != 0 and self.ny >= 3:
+            traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
+            if stores is None:  # views of this forward's own tensors: no copies
+                return vr[inner], sr[inner], psi, traces
+            if not fields:
+                return None, None, psi, traces
+            return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+        # otherwise each step's two half steps, with the halo exchange and the image between
+        if psi is None:
+            psi = v.new_zeros((v.shape[0], N_PSI, self.ny, self.nx))
         vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"])
         st = self._calls(self.stress, vr, sr, psi, [*self.mats[2:], "store", self.surface])
         force = prop.source_type != "pressure"
         recs = []
-        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        if (prop.comm.size == 1 and not prop.free_surface_here
-                and min(b - a for a, b in self.pieces) >= MIN_SWEEP_ROWS):
-            sweep = self._sweep_calls(vr, sr, psi, force, stores)
-        else:
-            sweep = None
         for it in range(t0, t1):
-            if sweep is not None:
-                sweep(it)
-                if not force:
-                    prop._inject(sr[inner], it, self.materials, in_place=True)
-                recs.append(self._record(vr, sr))
-                continue
             if stores is not None:
                 k = it - t0
                 vel = self._calls(self.velocity, vr, sr, psi, [*self.mats[:2], "store"],
@@ -290,51 +289,6 @@ class FusedLoop:
         if stores is not None and not fields:  # the adjoint's recomputation: the stores alone
             return None, None, psi, traces
         return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
-
-    def _sweep_calls(self, vr: Tensor, sr: Tensor, psi: Tensor, force: bool, stores):
-        """``step(it)``: step ``it`` of every shot by ``elastic_sweep_rows`` (both half steps
-        in one pass over the rows; one rank, no free surface), the point forces included with
-        the values :meth:`ElasticPropagator._inject` adds.  On several threads each takes a
-        piece of the rows, then this thread the rows around the cuts (:func:`sweep_phases`)."""
-        prop, geom = self.prop, self.prop.geom
-        b = vr.shape[0]
-        plane = vr.shape[-2] * vr.shape[-1]
-        if force and geom.has_sources:
-            chan = 0 if prop.source_type == "fy" else 1
-            buoy = self.materials.by if chan == 0 else self.materials.bx
-            at = (chan * plane + (geom.src_iy + RING) * vr.shape[-1] + geom.src_ix + RING)
-            shots = [(geom.src_shot == k).nonzero().flatten() for k in range(b)]
-            at = [at[sel].contiguous() for sel in shots]
-            scale = prop.dt / (prop.grid.dy * prop.grid.dx)
-            at_buoy = buoy[geom.src_iy, geom.src_ix]
-        else:
-            shots = None
-        fixed = [_ptr(t) for t in self.mats]
-        pml = [_ptr(t) for t in self.pml]
-        dims = (ctypes.c_long(self.ny), ctypes.c_long(self.nx))
-        pieces, cuts = sweep_phases(self.ny, self.pieces)
-        rows = lambda r: [ctypes.c_long(k) for k in r]
-
-        def step(it: int) -> None:
-            k = None if stores is None else it - self._t0
-            if shots is not None:
-                vals = geom.src_amp * (geom.wavelet[it] * scale)
-                vals = vals * at_buoy
-            for shot in range(b):
-                if shots is not None:
-                    val = vals[shots[shot]].contiguous()
-                    src = (ctypes.c_long(val.numel()), _ptr(at[shot]), _ptr(val))
-                else:
-                    src = (ctypes.c_long(0), _ptr(None), _ptr(None))
-                st = ((None, None) if stores is None
-                      else (stores[0][k, shot], stores[1][k, shot]))
-                args = (_ptr(vr[shot]), _ptr(sr[shot]), _ptr(psi[shot]), *fixed,
-                        _ptr(st[0]), _ptr(st[1]), *pml, *self.scalars, *src)
-                run_on_pool([lambda r=r, a=args: self.sweep(*dims, *rows(r), *a)
-                             for r in pieces])
-                for r in cuts:
-                    self.sweep(*dims, *rows(r), *args)
-        return step
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
                 grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:

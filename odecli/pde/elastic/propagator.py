@@ -30,6 +30,7 @@ from torch import Tensor
 
 from odecli.pde.elastic import cuda_loop
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
+from odecli.pde.elastic.forward_pass import materials_without_graph
 from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
@@ -223,14 +224,18 @@ class ElasticPropagator:
         past the grid (y first, then x: the corner is the clamped global node)."""
         d = self.decomp
         p = timed_halo(coefficient, d, self.comm, 1, 0.0, self.timer)
+        # in place, a row or column each (a concatenation per side copied the planes); not
+        # into the halo exchange's own output under autograd, which forbids that
+        if p.requires_grad:
+            p = p.clone()
         if d.north is None:
-            p = torch.cat([p[:, 1:2], p[:, 1:]], dim=1)
+            p[:, 0] = p[:, 1]
         if d.south is None:
-            p = torch.cat([p[:, :-1], p[:, -2:-1]], dim=1)
+            p[:, -1] = p[:, -2]
         if d.west is None:
-            p = torch.cat([p[:, :, 1:2], p[:, :, 1:]], dim=2)
+            p[:, :, 0] = p[:, :, 1]
         if d.east is None:
-            p = torch.cat([p[:, :, :-1], p[:, :, -2:-1]], dim=2)
+            p[:, :, -1] = p[:, :, -2]
         return p
 
     # -------------------------------------------------------------------------- steps
@@ -293,13 +298,15 @@ class ElasticPropagator:
         return v, s, psi, traces
 
     def _run_without_graph(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor,
-                           *materials, own: bool = False):
+                           *materials, own: bool = False, own_fields: bool = False):
         """:meth:`_run` without a graph: on the fused C kernels where they run (``own``: the
-        memory variables ``psi`` may be updated in place)."""
+        memory variables ``psi`` may be updated in place; ``own_fields``: ``v`` and ``s`` too,
+        and ``psi`` may be None, :meth:`FusedLoop.run`)."""
         if not self.fused:
             return self._run(t0, t1, v, s, psi, *materials)
         loop = self.loop_class(self, Materials(*materials), self._profiles, self.threads)
-        return loop.run(t0, t1, v, s, psi, own=own)
+        kwargs = {"own_fields": True} if own_fields else {}  # only the C loop takes it
+        return loop.run(t0, t1, v, s, psi, own=own, **kwargs)
 
     def forward(self, coefficient: Tensor, return_field: bool = False):
         """Receiver traces ``(shots, local receivers, nt)`` for the block's ``(vp, vs, rho)``
@@ -309,14 +316,21 @@ class ElasticPropagator:
             raise ValueError(f"elastic forward takes (vp, vs, rho) stacked (3, ny, nx), "
                              f"got {tuple(coefficient.shape)}")
         self.profiles(coefficient[0])
-        m = materials(self.padded_parameters(coefficient), self.free_surface_here)
+        graph = torch.is_grad_enabled() and coefficient.requires_grad
+        # the C kernels without a graph: the parameters in one C pass, the memory variables in
+        # the layers only and the fields stepped in place (forward_pass.py)
+        c_loop = (self.fused and not graph and coefficient.device.type == "cpu"
+                  and self.loop_class is FusedLoop)
+        pick = materials_without_graph if c_loop else materials
+        m = pick(self.padded_parameters(coefficient), self.free_surface_here)
         b = self.geom.nshots
         ny, nx = coefficient.shape[-2:]
-        v = coefficient.new_zeros((b, 2, ny, nx))
-        s = coefficient.new_zeros((b, 3, ny, nx))
-        psi = coefficient.new_zeros((b, N_PSI, ny, nx))
+        # the insides of ringed tensors, which the C kernels without a graph step in place
+        ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
+        s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
+        psi = None if c_loop else coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
-        graph = torch.is_grad_enabled() and coefficient.requires_grad
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []
         # Segments bound the backward's memory; without a graph one run over all steps saves
@@ -329,7 +343,8 @@ class ElasticPropagator:
                 v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
             else:
                 with torch.no_grad():
-                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True)
+                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True,
+                                                            own_fields=c_loop)
             out.append(tr)
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces
