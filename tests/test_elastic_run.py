@@ -29,6 +29,9 @@ COMPONENTS = ["vy", "vx", "pressure", "vy", "vx", "pressure", "pressure", "vx"]
 def small_pieces(monkeypatch):
     """Two kernel threads on this small grid (the propagator keeps one below 50k points)."""
     monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    # the five derivative planes, which the per-step path writes too (the compact stores of the
+    # passes: tests/test_elastic_stores.py)
+    monkeypatch.setattr(FusedLoop, "compact_stores", False)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -76,7 +76,8 @@ class AdjointPass:
     ``(STEPS, B, 2, 4, 8, nx + 8)``; :meth:`steps` runs a pass."""
 
     def __init__(self, loop, lv: Tensor, ls: Tensor, lp: Tensor, store_v: Tensor,
-                 store_s: Tensor, gm: list[Tensor], w: Tensor, threads: int) -> None:
+                 store_s: Tensor, gm: list[Tensor], w: Tensor, threads: int,
+                 v0: Tensor | None = None) -> None:
         self.prop = loop.prop
         sfx = "f64" if lv.dtype == torch.float64 else "f32"
         lib, why = native.load("elastic")
@@ -90,6 +91,10 @@ class AdjointPass:
         self.fields = (*[_ptr(t) for t in gm], _ptr(w), *[_ptr(t) for t in loop.pml],
                        *loop.scalars)
         self.no_points = torch.zeros(self.ny + 1, dtype=torch.int64)
+        # compact stores (loop.compact): the velocities before the segment (v0, ringed) and
+        # the rows the kernel derives the stores into, (steps, 5, nx)
+        self.layout, self.v0 = loop.compact, v0
+        self.drow = lv.new_empty((0, 5, self.nx))
         self._receiver_table(loop.rec_plan)
         self._source_table(gm)
 
@@ -176,9 +181,17 @@ class AdjointPass:
         head = (ctypes.c_long(self.b), ctypes.c_long(self.ny), ctypes.c_long(self.nx),
                 ctypes.c_long(n))
         stores = (addresses(self.store_v), addresses(self.store_s))
+        if self.layout is None:
+            compact = (_ptr(None), ctypes.c_int(0), _ptr(None), ctypes.c_long(0), _ptr(None))
+        else:  # each step's velocities before it: the step before's, or the segment's start
+            if self.drow.shape[0] < n:
+                self.drow = self.lv.new_empty((n, 5, self.nx))
+            before = [self.store_v[k - 1] if k > 0 else self.v0 for k in ks]
+            compact = ((ctypes.c_void_p * n)(*(t.data_ptr() for t in before)),
+                       *self.layout.args(), _ptr(self.drow))
         call = lambda j0, j1, done, ahead: self.kernel(
             *head, ctypes.c_long(j0), ctypes.c_long(j1), done, ahead, *self.fixed, *stores,
-            *self.fields, *tail)
+            *self.fields, *tail, *compact)
         parts = split_rows(n, self.threads)
         if len(parts) == 1:
             call(0, n, None, None)

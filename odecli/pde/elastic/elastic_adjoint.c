@@ -91,9 +91,10 @@ DEFINE_ADJOINT_ROWS(double, f64)
 DEFINE_ADJOINT_ROWS(float, f32)
 
 #define DEFINE_ADJOINT(real, sfx)                                                                  \
-static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *ls,               \
+static void stress_adjoint_rows_at_##sfx(long ny, long nx, long r0, long r1, real *ls,            \
                                   real *lp, const real *lam2mu, const real *lam,                  \
                                   const real *muxy, const real *surface, const real *store,       \
+                                  long sp,                                                        \
                                   real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface,     \
                                   real *w, long wp, long mask,                                    \
                                   const real *ayi, const real *byi, const real *ayh,              \
@@ -111,8 +112,9 @@ static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *
         const long jb = (top || ypml || jhi <= jlo) ? nx : jhi;                                   \
         if (jb > ja) {                                                                             \
             const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
-            stress_adjoint_row_##sfx(jb - ja, lyy + R0, lxx + R0, lxy + R0, store + P0,            \
-                                     store + pp + P0, store + 2 * pp + P0, lam2mu + P0, lam + P0,  \
+            const long S0 = (i - r0) * nx + ja;                                                    \
+            stress_adjoint_row_##sfx(jb - ja, lyy + R0, lxx + R0, lxy + R0, store + S0,            \
+                                     store + sp + S0, store + 2 * sp + S0, lam2mu + P0, lam + P0,  \
                                      muxy + P0, g_lam2mu + P0, g_lam + P0, g_muxy + P0, w0 + ja,   \
                                      w1 + ja, w2 + ja, w3 + ja, dt, idy, idx);                      \
         }                                                                                          \
@@ -120,7 +122,8 @@ static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *
             if (j == ja && jb > ja) { j = jb - 1; continue; }                                      \
             const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
             const real Lyy = lyy[R], Lxx = lxx[R], Lxy = lxy[R];                                   \
-            const real dvx_dx = store[P], dvy_dy = store[pp + P], shear = store[2 * pp + P];       \
+            const long S = (i - r0) * nx + j;                                                      \
+            const real dvx_dx = store[S], dvy_dy = store[sp + S], shear = store[2 * sp + S];       \
             real e_xx, e_yy, e_xy = (dt * muxy[P]) * Lxy, e_yx;                                    \
             g_muxy[P] += dt * Lxy * shear;                                                         \
             if (top) {                                                                             \
@@ -143,6 +146,20 @@ static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *
     }                                                                                              \
 }                                                                                                  \
                                                                                                    \
+/* the above with the stores as full (C, ny, nx) planes */                                         \
+static void stress_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *ls, real *lp,     \
+        const real *lam2mu, const real *lam, const real *muxy, const real *surface,               \
+        const real *store, real *g_lam2mu, real *g_lam, real *g_muxy, real *g_surface, real *w,   \
+        long wp, long mask, const real *ayi, const real *byi, const real *ayh, const real *byh,   \
+        const real *axi, const real *bxi, const real *axh, const real *bxh, real dt, real idy,    \
+        real idx, long jlo, long jhi)                                                              \
+{                                                                                                  \
+    stress_adjoint_rows_at_##sfx(ny, nx, r0, r1, ls, lp, lam2mu, lam, muxy, surface,              \
+                                 store + r0 * nx, ny * nx, g_lam2mu, g_lam, g_muxy, g_surface, w, \
+                                 wp, mask, ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx,  \
+                                 jlo, jhi);                                                        \
+}                                                                                                  \
+                                                                                                   \
 /* dvy/dy = D-y vy (w0), dvx/dx = D-x vx (w1), dvx/dy = D+y vx (w2), dvy/dx = D+x vy (w3) */      \
 static void stress_gather_rows_##sfx(long ny, long nx, long q0, long q1, real *lv, const real *w, \
                                      long wp, long mask)                                           \
@@ -156,9 +173,9 @@ static void stress_gather_rows_##sfx(long ny, long nx, long q0, long q1, real *l
                                 WROW(w, 2, q + 3) + 2, WROW(w, 3, q + 2) + 2);                     \
 }                                                                                                  \
                                                                                                    \
-static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *lv,             \
+static void velocity_adjoint_rows_at_##sfx(long ny, long nx, long r0, long r1, real *lv,          \
                                     real *lp, const real *buy, const real *bux,                   \
-                                    const real *store, real *g_by, real *g_bx, real *w,           \
+                                    const real *store, long sp, real *g_by, real *g_bx, real *w,  \
                                     long wp, long mask,                                           \
                                     const real *ayi, const real *byi, const real *ayh,            \
                                     const real *byh, const real *axi, const real *bxi,            \
@@ -173,7 +190,8 @@ static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real
         const long ja = (ypml || jhi <= jlo) ? nx : jlo, jb = (ypml || jhi <= jlo) ? nx : jhi;    \
         if (jb > ja) {                                                                             \
             const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
-            velocity_adjoint_row_##sfx(jb - ja, lvy + R0, lvx + R0, store + P0, store + pp + P0,   \
+            const long S0 = (i - r0) * nx + ja;                                                    \
+            velocity_adjoint_row_##sfx(jb - ja, lvy + R0, lvx + R0, store + S0, store + sp + S0,   \
                                        buy + P0, bux + P0, g_by + P0, g_bx + P0, w0 + ja, w1 + ja, \
                                        w2 + ja, w3 + ja, dt, idy, idx);                             \
         }                                                                                          \
@@ -181,8 +199,9 @@ static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real
             if (j == ja && jb > ja) { j = jb - 1; continue; }                                      \
             const long R = (i + 2) * NX + 2 + j, P = i * nx + j;                                   \
             const real Ly = lvy[R], Lx = lvx[R];                                                   \
-            g_by[P] += dt * Ly * store[P];                                                         \
-            g_bx[P] += dt * Lx * store[pp + P];                                                    \
+            const long S = (i - r0) * nx + j;                                                      \
+            g_by[P] += dt * Ly * store[S];                                                         \
+            g_bx[P] += dt * Lx * store[sp + S];                                                    \
             real e0 = (dt * buy[P]) * Ly, e1 = e0, e2 = (dt * bux[P]) * Lx, e3 = e2;               \
             CPML_ADJOINT(0, ayh[i], byh[i], e0);                                                   \
             CPML_ADJOINT(1, axi[j], bxi[j], e1);                                                   \
@@ -191,6 +210,17 @@ static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real
             w0[j] = e0 * idy; w1[j] = e1 * idx; w2[j] = e2 * idx; w3[j] = e3 * idy;                \
         }                                                                                          \
     }                                                                                              \
+}                                                                                                  \
+                                                                                                   \
+static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real *lv, real *lp,   \
+        const real *buy, const real *bux, const real *store, real *g_by, real *g_bx, real *w,     \
+        long wp, long mask, const real *ayi, const real *byi, const real *ayh, const real *byh,   \
+        const real *axi, const real *bxi, const real *axh, const real *bxh, real dt, real idy,    \
+        real idx, long jlo, long jhi)                                                              \
+{                                                                                                  \
+    velocity_adjoint_rows_at_##sfx(ny, nx, r0, r1, lv, lp, buy, bux, store + r0 * nx, ny * nx,    \
+                                   g_by, g_bx, w, wp, mask, ayi, byi, ayh, byh, axi, bxi, axh,    \
+                                   bxh, dt, idy, idx, jlo, jhi);                                   \
 }                                                                                                  \
                                                                                                    \
 /* dsyy/dy = D+y syy (w0), dsxy/dx = D-x sxy (w1), dsxx/dx = D+x sxx (w2), dsxy/dy = D-y sxy (w3) */ \

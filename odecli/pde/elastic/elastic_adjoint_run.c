@@ -40,6 +40,65 @@
 
 #define ARUN_LAG 4 /* rows step j + 1 works behind step j (4: see above) */
 
+/* Compact stores (compact != 0): store_v[j] holds the velocities after the step, ringed (B, 2,
+ * ny + 4, nx + 4) with a zero ring, vprev[j] those before it (the step before's, or the
+ * segment's start); store_s[j] the stress update's corrected derivatives in the CPML layers
+ * only (forward_pass.CompactStores: per shot 3 planes of the y layers' sy rows, row k of them
+ * at smap[i] for field row i, then 3 planes (ny, cols) of the x layers' columns of the other
+ * rows, columns [0, jlo) and [jhi, nx) side by side).  The derivatives the adjoint reads are
+ * made row by row into drow ((n, 5, nx): per pass step the stress row's three, then the
+ * velocity row's two): elsewhere than in the layers the stress derivatives by the forward's own
+ * expressions from the stored velocities (the same bits, as the layers' stored ones); the
+ * velocity update's sums from the velocities' change, (v_new - v_old - force) / (dt b), which
+ * the forward computed as v_old + (dt b) sum (+ force): round-off apart, not bit for bit. */
+#define DEFINE_DERIVE(real, sfx)                                                                   \
+static void derive_stress_row_##sfx(long ny, long nx, long i, const real *v, const real *cstore,  \
+        const int64_t *smap, long sy, real *out, const real *ayi, const real *ayh, real idy,      \
+        real idx, long jlo, long jhi)                                                              \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, cols = jlo + nx - jhi;                          \
+    const real c1 = (real)C1, c2 = (real)C2;                                                       \
+    const real *restrict vy = v + (i + 2) * NX + 2, *restrict vx = vy + plane;                     \
+    real *restrict d0 = out, *restrict d1 = out + nx, *restrict d2 = out + 2 * nx;                 \
+    const int ypml = ayh[i] != 0 || ayi[i] != 0;                                                   \
+    const long a = (ypml || jhi <= jlo) ? nx : jlo, b = (ypml || jhi <= jlo) ? nx : jhi;          \
+    for (long j = a; j < b; j++) {                                                                 \
+        real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;      \
+        real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;             \
+        real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;      \
+        real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;             \
+        d0[j] = dvx_dx; d1[j] = dvy_dy; d2[j] = dvx_dy + dvy_dx;                                   \
+    }                                                                                              \
+    const real *src = ypml ? cstore + smap[i] * nx : cstore + 3 * sy * nx + i * cols;              \
+    const long ck = ypml ? sy * nx : ny * cols, shift = ypml ? 0 : jhi - jlo;                      \
+    for (long j = 0; j < a; j++) { d0[j] = src[j]; d1[j] = src[ck + j]; d2[j] = src[2 * ck + j]; } \
+    for (long j = b; j < nx; j++) {                                                                \
+        const long k = j - shift;                                                                  \
+        d0[j] = src[k]; d1[j] = src[ck + k]; d2[j] = src[2 * ck + k];                              \
+    }                                                                                              \
+}                                                                                                  \
+static void derive_velocity_row_##sfx(long ny, long nx, long r, long shot, const real *vnow,      \
+        const real *vold, const real *buy, const real *bux, real *out, real dt,                   \
+        const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val) \
+{                                                                                                  \
+    const long NX = nx + 4, plane = (ny + 4) * NX, at = shot * 2 * plane + (r + 2) * NX + 2;       \
+    const real *restrict ny_ = vnow + at, *restrict nx_ = ny_ + plane;                             \
+    const real *restrict oy = vold + at, *restrict ox = oy + plane;                                \
+    const real *restrict by = buy + r * nx, *restrict bx = bux + r * nx;                           \
+    real *restrict e0 = out, *restrict e1 = out + nx;                                              \
+    for (long j = 0; j < nx; j++) { e0[j] = ny_[j] - oy[j]; e1[j] = nx_[j] - ox[j]; }             \
+    for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++) { /* the point forces the step added */   \
+        const long rest = src_at[k] - shot * 2 * plane;                                            \
+        if (rest < 0 || rest >= 2 * plane) continue; /* another shot's */                          \
+        const long c = rest / plane, g = src_g[k];                                                 \
+        (c ? e1 : e0)[g % nx] -= src_val[k] * (c ? bux : buy)[g];                                  \
+    }                                                                                              \
+    for (long j = 0; j < nx; j++) { e0[j] = e0[j] / (dt * by[j]); e1[j] = e1[j] / (dt * bx[j]); } \
+}
+
+DEFINE_DERIVE(double, f64)
+DEFINE_DERIVE(float, f32)
+
 #define DEFINE_ADJOINT_RUN(real, sfx)                                                              \
 void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j1,                \
         int64_t *done, const int64_t *ahead, real *lv, real *ls, real *lp,                        \
@@ -52,9 +111,11 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
         const int64_t *rv_ptr, const int64_t *rv_at, const real *rv_val, long rv_count,           \
         const int64_t *rs_ptr, const int64_t *rs_at, const real *rs_val, long rs_count,           \
         const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val, \
-        long src_count, real *g_src)                                                               \
+        long src_count, real *g_src, const real *const *vprev, int compact, const int64_t *smap,  \
+        long sy, real *drow)                                                                       \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
+    const long cols = jlo + nx - jhi, cstride = 3 * (sy * nx + ny * cols);                         \
     const long ring = 4 * 8 * WX, wp = 8 * WX, mask = 7;                                           \
     for (long q = 0; q < ny + 6 + (n - 1) * ARUN_LAG; q++) {                                       \
         if (ahead) /* wait for the steps before this call's */                                     \
@@ -68,6 +129,11 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                 real *lvb = lv + b * 2 * plane, *lsb = ls + b * 3 * plane, *lpb = lp + b * 8 * pp; \
                 real *ws = w + (j * B + b) * 2 * ring, *wv = ws + ring;                            \
                 const real *sv = store_v[j] + b * 2 * pp, *ss = store_s[j] + b * 3 * pp;           \
+                real *ds = drow + j * 5 * nx, *dv = ds + 3 * nx; /* compact: derived rows */       \
+                const long sp = compact ? nx : pp;                                                 \
+                if (compact) {                                                                     \
+                    sv = dv; ss = ds;                                                              \
+                }                                                                                  \
                 if (i == 0)                                                                        \
                     for (long c = 0; c < 2 * ring; c++) ws[c] = 0;                                 \
                 if (i < ny) {                                                                      \
@@ -75,8 +141,13 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                         lvb[rv_at[k]] += rv_val[(j * B + b) * rv_count + k];                       \
                     for (long k = rs_ptr[i]; k < rs_ptr[i + 1]; k++)                               \
                         lsb[rs_at[k]] += rs_val[(j * B + b) * rs_count + k];                       \
-                    stress_adjoint_rows_##sfx(ny, nx, i, i + 1, lsb, lpb, lam2mu, lam, muxy, NULL, \
-                                              ss, g_lam2mu, g_lam, g_muxy, NULL, ws, wp, mask,     \
+                    if (compact)                                                                   \
+                        derive_stress_row_##sfx(ny, nx, i, store_v[j] + b * 2 * plane,             \
+                                                store_s[j] + b * cstride, smap, sy, ds, ayi, ayh,  \
+                                                idy, idx, jlo, jhi);                               \
+                    stress_adjoint_rows_at_##sfx(ny, nx, i, i + 1, lsb, lpb, lam2mu, lam, muxy,    \
+                                              NULL, compact ? ss : ss + i * nx, sp, g_lam2mu,      \
+                                              g_lam, g_muxy, NULL, ws, wp, mask,                   \
                                               ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy,     \
                                               idx, jlo, jhi);                                      \
                 }                                                                                  \
@@ -84,10 +155,16 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                     if (i + 4 >= ny + 4) zero_ring_rows_##sfx(ws, nx, i + 4);                      \
                     stress_gather_rows_##sfx(ny, nx, i, i + 1, lvb, ws, wp, mask);                 \
                 }                                                                                  \
-                if (i >= 2 && i - 2 < ny)                                                          \
-                    velocity_adjoint_rows_##sfx(ny, nx, i - 2, i - 1, lvb, lpb, buy, bux, sv,      \
+                if (i >= 2 && i - 2 < ny) {                                                        \
+                    if (compact)                                                                   \
+                        derive_velocity_row_##sfx(ny, nx, i - 2, b, store_v[j], vprev[j], buy,     \
+                                                  bux, dv, dt, src_ptr, src_at, src_g,             \
+                                                  src_val + j * src_count);                        \
+                    velocity_adjoint_rows_at_##sfx(ny, nx, i - 2, i - 1, lvb, lpb, buy, bux,       \
+                                                compact ? sv : sv + (i - 2) * nx, sp,              \
                                                 g_by, g_bx, wv, wp, mask, ayi, byi, ayh, byh, axi, \
                                                 bxi, axh, bxh, dt, idy, idx, jlo, jhi);            \
+                }                                                                                  \
                 if (i >= 2) {                                                                      \
                     if (i + 2 >= ny + 4) zero_ring_rows_##sfx(wv, nx, i + 2);                      \
                     velocity_gather_rows_##sfx(ny, nx, i - 2, i - 1, lsb, wv, wp, mask);           \

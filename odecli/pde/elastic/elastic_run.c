@@ -59,6 +59,7 @@
  * for a call alone. */
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 
 #define RUN_LAG 4 /* rows each step of elastic_run_rows runs behind the step before it */
 
@@ -111,7 +112,8 @@ static void stress_mapped_##sfx(long ny, long nx, long i, const real *v, real *s
                                 const real *muxy, real *store, const real *ayi, const real *byi,  \
                                 const real *ayh, const real *byh, const real *axi,                \
                                 const real *bxi, const real *axh, const real *bxh, real dt,       \
-                                real idy, real idx, long jlo, long jhi)                            \
+                                real idy, real idx, long jlo, long jhi, real *cstore,             \
+                                const int64_t *smap, long sy)                                      \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx;                                   \
     const real *vy = v, *vx = v + plane;                                                           \
@@ -134,10 +136,17 @@ static void stress_mapped_##sfx(long ny, long nx, long i, const real *v, real *s
         }                                                                                          \
         real *p = (ypml ? psi_y + ymap[i] * nx + j0                                                \
                         : psi_x + i * xs + (part == 0 ? j0 : j0 - xshift)) + 4 * kp;               \
+        real *cs0 = st0 ? st0 + j0 : NULL, *cs1 = st1 ? st1 + j0 : NULL;                          \
+        real *cs2 = st2 ? st2 + j0 : NULL;                                                         \
+        if (cstore) { /* the compact store: the layers' corrected derivatives only */             \
+            const long cols = jlo + nx - jhi, ck = ypml ? sy * nx : ny * cols;                     \
+            cs0 = ypml ? cstore + smap[i] * nx + j0                                                \
+                       : cstore + 3 * sy * nx + i * cols + (part == 0 ? j0 : j0 - (jhi - jlo));    \
+            cs1 = cs0 + ck; cs2 = cs0 + 2 * ck;                                                    \
+        }                                                                                          \
         stress_pml_row_##sfx(j1 - j0, NX, vy + R0 + j0, vx + R0 + j0, syy + R0 + j0,               \
                              sxx + R0 + j0, sxy + R0 + j0, lam2mu + P0 + j0, lam + P0 + j0,        \
-                             muxy + P0 + j0, st0 ? st0 + j0 : NULL, st1 ? st1 + j0 : NULL,         \
-                             st2 ? st2 + j0 : NULL, p, p + kp, p + 2 * kp, p + 3 * kp,             \
+                             muxy + P0 + j0, cs0, cs1, cs2, p, p + kp, p + 2 * kp, p + 3 * kp,     \
                              axi + j0, bxi + j0, axh + j0, bxh + j0,                               \
                              ayh[i], byh[i], ayi[i], byi[i], ypml, dt, idy, idx);                  \
     }                                                                                              \
@@ -174,7 +183,8 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
                             const int64_t *vrec_slot, const int64_t *prec_ptr,                     \
                             const int64_t *prec_at, const int64_t *prec_slot, real *traces,        \
                             long rec_stride, const real *surface, const int64_t *vimage,           \
-                            const real *vsign, const int64_t *simage, const real *ssign)           \
+                            const real *vsign, const int64_t *simage, const real *ssign,           \
+                            int compact, const int64_t *smap, long sy)                             \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX;                                                 \
     long vlast = 0, slast = 0; /* the last block row each image reads */                          \
@@ -197,11 +207,17 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
             real *tr = traces ? traces + j * rec_stride : NULL;                                    \
             if (i < ny) {                                                                          \
                 velocity_mapped_##sfx(ny, nx, i, v, s, psi_y, ymap, ypl, psi_x, xpl, xs, xshift,  \
-                                      buy, bux, vstore ? vstore[j] : NULL, ayi, byi, ayh, byh,     \
+                                      buy, bux, vstore && !compact ? vstore[j] : NULL, ayi, byi,  \
+                                      ayh, byh,                                                    \
                                       axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);                 \
                 if (src_ptr && !src_on_stress)                                                     \
                     for (long k = src_ptr[i]; k < src_ptr[i + 1]; k++)                             \
                         v[src_at[k]] = v[src_at[k]] + sv[src_idx[k]];                              \
+                if (compact) /* the compact store: the new velocities' row, ringed layout */     \
+                    for (int c = 0; c < 2; c++) {                                                  \
+                        const long at = c * plane + (i + 2) * NX + 2;                              \
+                        memcpy(vstore[j] + at, v + at, nx * sizeof(real));                         \
+                    }                                                                              \
                 if (vrec_ptr)                                                                      \
                     for (long k = vrec_ptr[i]; k < vrec_ptr[i + 1]; k++)                           \
                         tr[vrec_slot[k]] = v[vrec_at[k]];                                          \
@@ -216,8 +232,9 @@ void elastic_run_rows_##sfx(long ny, long nx, long n, long j0, long j1, int64_t 
                                          axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);              \
                 else                                                                               \
                     stress_mapped_##sfx(ny, nx, r, v, s, psi_y, ymap, ypl, psi_x, xpl, xs, xshift, \
-                                        lam2mu, lam, muxy, sstore ? sstore[j] : NULL, ayi, byi,    \
-                                        ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, jhi);     \
+                                        lam2mu, lam, muxy, sstore && !compact ? sstore[j] : NULL,  \
+                                        ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy, idx, jlo, \
+                                        jhi, compact ? sstore[j] : NULL, smap, sy);                \
                 if (src_ptr && src_on_stress) {                                                    \
                     for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                             \
                         s[src_at[k]] = s[src_at[k]] + sv[src_idx[k]];                              \

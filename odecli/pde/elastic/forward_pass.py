@@ -34,7 +34,13 @@ import torch
 from torch import Tensor
 
 from odecli.pde import native
-from odecli.pde.elastic.reference import N_PSI, RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials
+from odecli.pde.elastic.reference import (
+    N_PSI,
+    RING,
+    STRESS_IMAGE,
+    VELOCITY_IMAGE,
+    Materials,
+)
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
@@ -206,13 +212,51 @@ def _psi_layout(loop, psi: Tensor | None, shots: int, ny: int, nx: int, like: Te
              c_long(cols), c_long(jhi - jlo)) for b in range(shots)], (ys, xs, ymap)
 
 
+class CompactStores:
+    """Where a step's compact stores lie (``elastic_adjoint_run.c`` says how the adjoint reads
+    them): the new velocities, ringed ``(B, 2, ny + 4, nx + 4)`` with a zero ring, and the
+    stress update's corrected derivatives only in the CPML layers, per shot ``3 * (sy * nx +
+    ny * cols)`` numbers: 3 planes of the ``sy`` rows of the y layers (row ``smap[i]`` for field
+    row ``i``, -1 elsewhere), then 3 planes ``(ny, cols)`` of the x layers' columns.  Instead of
+    the five full derivative planes a step: 2 planes and the layers' 3 (8 % of a plane at
+    1040^2 with 20-cell layers), about 2.3 planes a step against 5.
+
+    Why: the recomputation that wrote five planes a step (43 MB at 1040^2 float64) ran at
+    10 ms a step, memory-bound, against 3.9 for a plain step; and half the stores let the
+    gradient keep its first pass's stores of more segments (or all) instead of recomputing
+    them.  For one rank without a free surface (the ring is then 0; the passes of both
+    directions run there)."""
+
+    def __init__(self, ay_int: Tensor, ay_half: Tensor, jlo: int, jhi: int, nx: int) -> None:
+        ny = ay_int.numel()
+        rows = ((ay_int.reshape(-1) != 0) | (ay_half.reshape(-1) != 0)).nonzero().flatten()
+        self.smap = torch.full((ny,), -1, dtype=torch.int64)
+        self.smap[rows] = torch.arange(rows.numel())
+        self.sy = rows.numel()
+        self.cols = jlo + nx - jhi
+        self.ny, self.nx = ny, nx
+        self.per_shot = 3 * (self.sy * nx + ny * self.cols)
+
+    def shapes(self, steps: int, shots: int) -> tuple[tuple, tuple]:
+        """The shapes of ``steps`` steps' velocity and derivative stores."""
+        return ((steps, shots, 2, self.ny + 2 * RING, self.nx + 2 * RING),
+                (steps, shots, self.per_shot))
+
+    def args(self) -> tuple:
+        return ctypes.c_int(1), _ptr(self.smap), ctypes.c_long(self.sy)
+
+
+NO_COMPACT = (ctypes.c_int(0), ctypes.c_void_p(None), ctypes.c_long(0))
+
+
 def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | None,
                stores: tuple[Tensor, Tensor] | None, steps_per_pass: int | None) -> Tensor:
     """Steps ``t0 .. t1-1`` of every shot on the ringed fields ``vr``, ``sr`` and ``psi`` (in
     place; None: from zero memory variables, which are then dropped), in passes of
     ``steps_per_pass`` steps (the last one shorter; None: :data:`STEPS_PER_THREAD` per kernel
     thread); ``stores`` as :meth:`FusedLoop.run` takes them.  Returns the traces ``(B,
-    receivers, steps)``."""
+    receivers, steps)``.  With ``loop.compact`` (a :class:`CompactStores`; None: the five
+    planes) the stores are compact ones."""
     b, ny2, nx2 = vr.shape[0], vr.shape[-2], vr.shape[-1]
     ny, nx = ny2 - 2 * RING, nx2 - 2 * RING
     steps = t1 - t0
@@ -234,6 +278,16 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | Non
     images = None if loop.surface is None else _images(vr)  # kept alive through the calls
     surface = (_ptr(None),) * 5 if images is None else (_ptr(loop.surface),
                                                          *[_ptr(t) for t in images])
+    layout = getattr(loop, "compact", None)
+    if stores is not None and layout is not None and images is not None:
+        raise ValueError("elastic passes: compact stores take no free surface")
+    compact = layout.args() if stores is not None and layout is not None else NO_COMPACT
+    if stores is not None:  # the kernel writes what the layout says: the buffers must fit it
+        shapes = layout.shapes(steps, b) if layout is not None else (
+            (steps, b, 2, ny, nx), (steps, b, 3, ny, nx))
+        if tuple(tuple(t.shape) for t in stores) != shapes:
+            raise ValueError(f"elastic passes: stores {[tuple(t.shape) for t in stores]}, "
+                             f"expected {shapes}")
     for shot in range(b):
         src, vals = sources[shot]
         for k0 in range(0, steps, steps_per_pass):
@@ -251,7 +305,8 @@ def run_passes(loop, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | Non
                     ctypes.c_long(0 if vals is None else vals.shape[1]), on_stress,
                     *(none if vrec is None else vrec.args()),
                     *(none if prec is None else prec.args()),
-                    _ptr(traces[shot, k0] if nrec else None), ctypes.c_long(nrec), *surface)
+                    _ptr(traces[shot, k0] if nrec else None), ctypes.c_long(nrec), *surface,
+                    *compact)
             parts = split_rows(n, threads)
             if len(parts) == 1:
                 kernel(*dims, ctypes.c_long(n), ctypes.c_long(0), ctypes.c_long(n), None, None,

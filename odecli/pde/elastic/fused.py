@@ -33,7 +33,7 @@ from torch import Tensor
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
 from odecli.pde.elastic import adjoint_pass
-from odecli.pde.elastic.forward_pass import ringed, run_passes
+from odecli.pde.elastic.forward_pass import CompactStores, ringed, run_passes
 from odecli.pde.elastic.reference import (
     N_PSI,
     RING,
@@ -141,6 +141,9 @@ class FusedLoop:
     # steps per pass of :func:`~odecli.pde.elastic.forward_pass.run_passes` on one rank (None:
     # its default); 0: the per-step path that the tests and benchmarks compare it with
     steps_per_pass: int | None = None
+    # the gradient's stores as velocities and the layers' derivatives where the passes run
+    # (forward_pass.CompactStores); False: the five derivative planes a step everywhere
+    compact_stores: bool = True
 
     def __init__(self, prop, m: Materials, p: Profiles, threads: int) -> None:
         self.prop = prop
@@ -173,6 +176,12 @@ class FusedLoop:
         self.pieces = split_rows(self.ny, threads)
         # the adjoint's gathers write the ringed rows
         self.ringed_pieces = split_rows(self.ny + 2 * RING, threads)
+        # where the passes run both ways: the gradient's stores compact (CompactStores)
+        compact = (self.compact_stores and prop.comm.size == 1 and not prop.free_surface_here
+                   and self.steps_per_pass != 0 and self.ny >= MIN_SWEEP_ROWS
+                   and adjoint_pass.pass_length(len(self.pieces)) > 0)
+        self.compact = (CompactStores(p.ay_int, p.ay_half, self.scalars[3].value,
+                                      self.scalars[4].value, self.nx) if compact else None)
 
     def _calls(self, kernel, first: Tensor, second: Tensor, psi: Tensor, fixed: list,
                store: Tensor | None = None, at: int = 0) -> list:
@@ -228,6 +237,10 @@ class FusedLoop:
         prop, b = self.prop, like.shape[0]
         longest = max(e - a for a, e in prop.segments)
         steps = t1 - t0
+        if self.compact is not None:  # the velocities' ring stays 0 (the passes write inside)
+            vshape, sshape = self.compact.shapes(longest, b)
+            return (_reused_zeroed(prop, "store_v", vshape, like)[:steps],
+                    _reused(prop, "store_s", sshape, like)[:steps])
         return (_reused(prop, "store_v", (longest, b, 2, self.ny, self.nx), like)[:steps],
                 _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
 
@@ -377,7 +390,9 @@ class FusedLoop:
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
         if passes:
-            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr)
+            # compact stores: the velocities before the segment's first step, ringed
+            v0 = None if self.compact is None else _padded(prop, "v0", v)
+            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
@@ -421,7 +436,8 @@ class FusedLoop:
         return (*out, *[None] * (len(gm) + 1))
 
     def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
-                        store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None) -> None:
+                        store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None,
+                        v0: Tensor | None) -> None:
         """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
         :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
         residuals and the point forces' gradient inside them; the adjoints' rings cleared
@@ -430,7 +446,7 @@ class FusedLoop:
         rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
         rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
         run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
-                                       len(self.pieces))
+                                       len(self.pieces), v0)
         hi = t1
         while hi > t0:
             n = min(steps, hi - t0)

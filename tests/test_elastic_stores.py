@@ -1,0 +1,86 @@
+"""The gradient from compact stores (:class:`~odecli.pde.elastic.forward_pass.CompactStores`:
+each step's velocities and the CPML layers' stress derivatives, from which the adjoint pass
+derives the five derivative planes) against the five stored planes (``FusedLoop.compact_stores
+= False``): float64 to 1e-12 relative per parameter, float32 to 2e-6 (the velocity sums come
+from the velocities' change, ``(v_new - v_old - force) / (dt b)``: round-off apart, ~1e-16
+relative measured in float64 and ~7e-8 in float32); point forces ``fy`` and ``fx`` (their
+part is taken out of the change) and pressure sources, one and two kernel threads, two time
+segments (the last one's stores written by its first pass, the other's recomputed).  The
+checks can fail: a wrong ``v_old`` (zeros for a segment's first step) is seen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_elastic_adjoint_run import gradient, problem
+
+from odecli.pde.elastic import adjoint_pass
+from odecli.pde.elastic.fused import FusedLoop
+
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest per-parameter (vp, vs, rho) error relative to that parameter's largest."""
+    return max(float((g - r).abs().max() / r.abs().max()) for g, r in zip(got, ref))
+
+
+def compact_used(monkeypatch) -> list:
+    """Record each adjoint pass's store layout (None: the five planes)."""
+    seen = []
+    init = adjoint_pass.AdjointPass.__init__
+
+    def spy(self, loop, *args, **kwargs):
+        seen.append(loop.compact)
+        init(self, loop, *args, **kwargs)
+
+    monkeypatch.setattr(adjoint_pass.AdjointPass, "__init__", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("source_type", ["fy", "fx", "pressure"])
+def test_compact_stores_give_the_five_planes_gradient(monkeypatch, dtype, source_type):
+    import odecli.pde.elastic.propagator as elastic_propagator
+
+    monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    prop, model, observed = problem(source_type, dtype)
+    assert len(prop.segments) == 2
+    seen = compact_used(monkeypatch)
+    for threads in (1, 2):
+        prop.threads = threads
+        monkeypatch.setattr(FusedLoop, "compact_stores", False)
+        reference = gradient(prop, model, observed)
+        assert seen and all(layout is None for layout in seen)
+        seen.clear()
+        monkeypatch.setattr(FusedLoop, "compact_stores", True)
+        got = gradient(prop, model, observed)
+        assert len(seen) == 2 and all(layout is not None for layout in seen)
+        seen.clear()
+        assert torch.isfinite(reference).all()
+        assert relative(got, reference) < TOLERANCE[dtype], (threads, relative(got, reference))
+
+
+def test_the_check_can_fail(monkeypatch):
+    """The velocities before a segment's first step taken as zeros: the buoyancy gradient's
+    terms of those steps go wrong, far beyond the tolerance."""
+    prop, model, observed = problem("fy", torch.float64)
+    monkeypatch.setattr(FusedLoop, "compact_stores", False)
+    reference = gradient(prop, model, observed)
+    monkeypatch.setattr(FusedLoop, "compact_stores", True)
+    init = adjoint_pass.AdjointPass.__init__
+
+    def zero_start(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.v0 = torch.zeros_like(self.v0)
+
+    monkeypatch.setattr(adjoint_pass.AdjointPass, "__init__", zero_start)
+    assert relative(gradient(prop, model, observed), reference) > 1e-6
