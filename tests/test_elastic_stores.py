@@ -84,3 +84,32 @@ def test_the_check_can_fail(monkeypatch):
 
     monkeypatch.setattr(adjoint_pass.AdjointPass, "__init__", zero_start)
     assert relative(gradient(prop, model, observed), reference) > 1e-6
+
+
+@pytest.mark.parametrize("source_type", ["fy", "pressure"])
+def test_segments_kept_from_the_first_pass_give_the_recomputed_gradient(monkeypatch,
+                                                                        source_type):
+    """A store budget that keeps every segment's first-pass stores (none recomputed), one that
+    keeps the last only (today's), and the five planes: the kept compact stores give the
+    recomputed ones' gradient bit for bit (the same forward steps wrote them)."""
+    import odecli.pde.elastic.propagator as elastic_propagator
+
+    prop, model, observed = problem(source_type, torch.float64)
+    prop.segments = [(0, 7), (7, 13), (13, 19), (19, 25)]
+    runs = []
+    run = FusedLoop.run
+    monkeypatch.setattr(FusedLoop, "run", lambda self, *a, **k: (runs.append(k.get("stores")
+                                                                               is not None),
+                                                                  run(self, *a, **k))[1])
+    grads = {}
+    for budget in (0, 1 << 40):
+        prop.store_budget = budget
+        runs.clear()
+        grads[budget] = gradient(prop, model, observed)
+        # the first passes that stored (the kept segments), then the recomputations
+        assert runs.count(True) == 4, runs
+        assert prop._keep_from == (19 if budget == 0 else 0)
+    assert torch.equal(grads[0], grads[1 << 40])
+    assert elastic_propagator.keep_from(prop.segments, 100, 1200, True) == 7
+    assert elastic_propagator.keep_from(prop.segments, 100, 1199, True) == 13
+    assert elastic_propagator.keep_from(prop.segments, 100, None, False) == 19

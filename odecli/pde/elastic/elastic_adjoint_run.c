@@ -54,7 +54,7 @@
 #define DEFINE_DERIVE(real, sfx)                                                                   \
 static void derive_stress_row_##sfx(long ny, long nx, long i, const real *v, const real *cstore,  \
         const int64_t *smap, long sy, real *out, const real *ayi, const real *ayh, real idy,      \
-        real idx, long jlo, long jhi)                                                              \
+        real idx, long jlo, long jhi, int layers_only)                                             \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, cols = jlo + nx - jhi;                          \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
@@ -62,7 +62,7 @@ static void derive_stress_row_##sfx(long ny, long nx, long i, const real *v, con
     real *restrict d0 = out, *restrict d1 = out + nx, *restrict d2 = out + 2 * nx;                 \
     const int ypml = ayh[i] != 0 || ayi[i] != 0;                                                   \
     const long a = (ypml || jhi <= jlo) ? nx : jlo, b = (ypml || jhi <= jlo) ? nx : jhi;          \
-    for (long j = a; j < b; j++) {                                                                 \
+    for (long j = a; j < (layers_only ? a : b); j++) {                                             \
         real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy;      \
         real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;             \
         real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy;      \
@@ -77,23 +77,36 @@ static void derive_stress_row_##sfx(long ny, long nx, long i, const real *v, con
         d0[j] = src[k]; d1[j] = src[ck + k]; d2[j] = src[2 * ck + k];                              \
     }                                                                                              \
 }                                                                                                  \
+static int row_has_force_##sfx(long ny, long nx, long r, long shot, const int64_t *src_ptr,      \
+                               const int64_t *src_at)                                              \
+{                                                                                                  \
+    const long plane = (ny + 4) * (nx + 4);                                                        \
+    for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++)                                             \
+        if (src_at[k] / (2 * plane) == shot) return 1;                                             \
+    return 0;                                                                                      \
+}                                                                                                  \
+/* columns [0, a) and [b, nx) (the layers' parts) where layers_only, else all */                  \
 static void derive_velocity_row_##sfx(long ny, long nx, long r, long shot, const real *vnow,      \
         const real *vold, const real *buy, const real *bux, real *out, real dt,                   \
-        const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val) \
+        const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val, \
+        long a, long b, int layers_only)                                                           \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, at = shot * 2 * plane + (r + 2) * NX + 2;       \
     const real *restrict ny_ = vnow + at, *restrict nx_ = ny_ + plane;                             \
     const real *restrict oy = vold + at, *restrict ox = oy + plane;                                \
     const real *restrict by = buy + r * nx, *restrict bx = bux + r * nx;                           \
     real *restrict e0 = out, *restrict e1 = out + nx;                                              \
-    for (long j = 0; j < nx; j++) { e0[j] = ny_[j] - oy[j]; e1[j] = nx_[j] - ox[j]; }             \
-    for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++) { /* the point forces the step added */   \
+    if (!layers_only) a = b = nx;                                                                  \
+    for (long j = 0; j < a; j++) { e0[j] = ny_[j] - oy[j]; e1[j] = nx_[j] - ox[j]; }              \
+    for (long j = b; j < nx; j++) { e0[j] = ny_[j] - oy[j]; e1[j] = nx_[j] - ox[j]; }             \
+    for (long k = src_ptr[r]; !layers_only && k < src_ptr[r + 1]; k++) { /* the step's forces */ \
         const long rest = src_at[k] - shot * 2 * plane;                                            \
         if (rest < 0 || rest >= 2 * plane) continue; /* another shot's */                          \
         const long c = rest / plane, g = src_g[k];                                                 \
         (c ? e1 : e0)[g % nx] -= src_val[k] * (c ? bux : buy)[g];                                  \
     }                                                                                              \
-    for (long j = 0; j < nx; j++) { e0[j] = e0[j] / (dt * by[j]); e1[j] = e1[j] / (dt * bx[j]); } \
+    for (long j = 0; j < a; j++) { e0[j] = e0[j] / (dt * by[j]); e1[j] = e1[j] / (dt * bx[j]); }  \
+    for (long j = b; j < nx; j++) { e0[j] = e0[j] / (dt * by[j]); e1[j] = e1[j] / (dt * bx[j]); } \
 }
 
 DEFINE_DERIVE(double, f64)
@@ -141,12 +154,14 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                         lvb[rv_at[k]] += rv_val[(j * B + b) * rv_count + k];                       \
                     for (long k = rs_ptr[i]; k < rs_ptr[i + 1]; k++)                               \
                         lsb[rs_at[k]] += rs_val[(j * B + b) * rs_count + k];                       \
-                    if (compact)                                                                   \
+                    if (compact) /* the layers' parts; the rest in the row function */         \
                         derive_stress_row_##sfx(ny, nx, i, store_v[j] + b * 2 * plane,             \
                                                 store_s[j] + b * cstride, smap, sy, ds, ayi, ayh,  \
-                                                idy, idx, jlo, jhi);                               \
+                                                idy, idx, jlo, jhi, 1);                            \
                     stress_adjoint_rows_at_##sfx(ny, nx, i, i + 1, lsb, lpb, lam2mu, lam, muxy,    \
-                                              NULL, compact ? ss : ss + i * nx, sp, g_lam2mu,      \
+                                              NULL, compact ? ss : ss + i * nx, sp,                \
+                                              compact ? store_v[j] + b * 2 * plane : NULL,         \
+                                              g_lam2mu,                                            \
                                               g_lam, g_muxy, NULL, ws, wp, mask,                   \
                                               ayi, byi, ayh, byh, axi, bxi, axh, bxh, dt, idy,     \
                                               idx, jlo, jhi);                                      \
@@ -156,12 +171,20 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                     stress_gather_rows_##sfx(ny, nx, i, i + 1, lvb, ws, wp, mask);                 \
                 }                                                                                  \
                 if (i >= 2 && i - 2 < ny) {                                                        \
+                    /* a row without this shot's point forces: the interior in the row     \
+                     * function, from the velocities */                                          \
+                    const int inner = compact && !row_has_force_##sfx(ny, nx, i - 2, b, src_ptr,   \
+                                                                      src_at);                     \
+                    const int yl = ayi[i - 2] != 0 || ayh[i - 2] != 0;                             \
+                    const long va = (yl || jhi <= jlo) ? nx : jlo, vb = (yl || jhi <= jlo) ? nx : jhi; \
                     if (compact)                                                                   \
                         derive_velocity_row_##sfx(ny, nx, i - 2, b, store_v[j], vprev[j], buy,     \
                                                   bux, dv, dt, src_ptr, src_at, src_g,             \
-                                                  src_val + j * src_count);                        \
+                                                  src_val + j * src_count, va, vb, inner);         \
                     velocity_adjoint_rows_at_##sfx(ny, nx, i - 2, i - 1, lvb, lpb, buy, bux,       \
                                                 compact ? sv : sv + (i - 2) * nx, sp,              \
+                                                inner ? store_v[j] + b * 2 * plane : NULL,         \
+                                                inner ? vprev[j] + b * 2 * plane : NULL,           \
                                                 g_by, g_bx, wv, wp, mask, ayi, byi, ayh, byh, axi, \
                                                 bxi, axh, bxh, dt, idy, idx, jlo, jhi);            \
                 }                                                                                  \

@@ -81,12 +81,14 @@ class _Segment(torch.autograd.Function):
         ctx.save_for_backward(v, s, *mats)
         ctx.stored = None
         with torch.no_grad():
-            if prop.store_last_segment and t1 == prop.nt:
+            if prop.store_last_segment and (t1 == prop.nt or t0 >= prop._keep_from):
                 # the backward's first segment: its first pass writes the stores into the
                 # buffers that its recomputation would have filled (no more memory at the
-                # backward's peak), which it then skips
+                # backward's peak), which it then skips; the segments before it that the
+                # store budget keeps (keep_from): into their own
                 loop = prop.loop_class(prop, Materials(*materials), prop._profiles, prop.threads)
-                ctx.stored = loop.store_buffers(t0, t1, v)
+                ctx.stored = (loop.store_buffers(t0, t1, v) if t1 == prop.nt
+                              else loop.store_buffers(t0, t1, v, fresh=True))
                 out = loop.run(t0, t1, v, s, psi.contiguous(), own=True, stores=ctx.stored,
                                fields=True)
             else:
@@ -119,6 +121,44 @@ class _Segment(torch.autograd.Function):
         return (None, None, None, *got)
 
 
+# The default store budget (keep_from): this fraction of the memory available when the
+# forward starts (MemAvailable), and only for compact stores (five planes a step would take
+# twice the memory for the same steps).  Measured at 1040^2, 100 steps, float64 on one thread
+# (benchmarks/elastic_bench.py, same-run ratios with Deepwave): see keep_from.
+STORE_MEMORY_FRACTION = 0.05
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (``MemAvailable`` of /proc/meminfo; 0 where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def keep_from(segments: list[tuple[int, int]], step_bytes: int, budget: int | None,
+              compact: bool) -> int:
+    """The first step of the trailing segments whose first pass keeps its stores for the
+    backward (their recomputation skipped), the last segment always (its stores lie in the
+    buffers the recomputation would fill): the segments before it, last first, while their
+    stores together take at most ``budget`` bytes (None: :data:`STORE_MEMORY_FRACTION` of the
+    memory available, with compact stores; none with the five planes)."""
+    if budget is None:
+        budget = int(STORE_MEMORY_FRACTION * available_memory()) if compact else 0
+    start = segments[-1][0]
+    used = 0
+    for t0, t1 in reversed(segments[:-1]):
+        used += (t1 - t0) * step_bytes
+        if used > budget:
+            break
+        start = t0
+    return start
+
+
 class ElasticPropagator:
     """The elastic equation's :class:`~odecli.pde.propagator.Propagator` (PyTorch reference
     steps under autograd, checkpointed by time segment)."""
@@ -127,6 +167,10 @@ class ElasticPropagator:
     # the last time segment's first pass keeps its stores for the backward (False: recompute it
     # as the others; the tests compare the two)
     store_last_segment = True
+    # bytes the first pass may keep of the segments before the last one's stores (their
+    # recomputation skipped); None: keep_from's default rule
+    store_budget: int | None = None
+    _keep_from = 1 << 62  # the first step of the segments kept (set by forward)
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, source_type: str, receiver_components: list[str],
@@ -336,6 +380,10 @@ class ElasticPropagator:
         # Segments bound the backward's memory; without a graph one run over all steps saves
         # each segment's padded copies of the fields (600^2, 60 steps: 8 runs -> 1).
         spans = self.segments if graph else [(0, self.nt)]
+        if graph and self.fused and self.loop_class is FusedLoop and self.store_last_segment:
+            loop = FusedLoop(self, m, self._profiles, self.threads)
+            self._keep_from = keep_from(self.segments, loop.store_step_bytes(b, coefficient),
+                                        self.store_budget, loop.compact is not None)
         for t0, t1 in spans:
             if graph and (len(self.segments) > 1 or self.fused):
                 v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
