@@ -61,51 +61,6 @@ static __attribute__((noinline)) void velocity_adjoint_row_##sfx(long n, const r
         w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
     }                                                                                              \
 }                                                                                                  \
-/* the same rows with the stores derived from the velocities in place (compact stores, \
- * elastic_adjoint_run.c): the stress update's derivatives of the new velocities vy, vx \
- * (ringed, rows NX apart) by the forward's expressions, the velocity update's sums from the \
- * change vn - vo */ \
-static __attribute__((noinline)) void stress_adjoint_row_v_##sfx(long n, long NX, const real *restrict lyy, const real *restrict lxx, \
-        const real *restrict lxy, const real *restrict vy, const real *restrict vx,               \
-        const real *restrict lam2mu, const real *restrict lam,                                     \
-        const real *restrict muxy, real *restrict g_lam2mu, real *restrict g_lam,                 \
-        real *restrict g_muxy, real *restrict w0, real *restrict w1, real *restrict w2,           \
-        real *restrict w3, real dt, real idy, real idx)                                            \
-{                                                                                                  \
-    const real c1 = (real)C1, c2 = (real)C2;                                                       \
-    for (long j = 0; j < n; j++) {                                                                 \
-        const real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy; \
-        const real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;       \
-        const real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy; \
-        const real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;       \
-        const real st0 = dvx_dx, st1 = dvy_dy, st2 = dvx_dy + dvy_dx;                              \
-        const real Lyy = lyy[j], Lxx = lxx[j], Lxy = lxy[j];                                       \
-        const real e_xy = (dt * muxy[j]) * Lxy;                                                    \
-        const real e_xx = dt * (lam[j] * Lyy + lam2mu[j] * Lxx);                                   \
-        const real e_yy = dt * (lam2mu[j] * Lyy + lam[j] * Lxx);                                   \
-        g_muxy[j] += dt * Lxy * st2;                                                               \
-        g_lam[j] += dt * (Lyy * st0 + Lxx * st1);                                                  \
-        g_lam2mu[j] += dt * (Lyy * st1 + Lxx * st0);                                               \
-        w0[j] = e_yy * idy; w1[j] = e_xx * idx; w2[j] = e_xy * idy; w3[j] = e_xy * idx;            \
-    }                                                                                              \
-}                                                                                                  \
-static __attribute__((noinline)) void velocity_adjoint_row_v_##sfx(long n, const real *restrict lvy, \
-        const real *restrict lvx, const real *restrict vny, const real *restrict voy,             \
-        const real *restrict vnx, const real *restrict vox,                                        \
-        const real *restrict buy, const real *restrict bux, real *restrict g_by,                  \
-        real *restrict g_bx, real *restrict w0, real *restrict w1, real *restrict w2,             \
-        real *restrict w3, real dt, real idy, real idx)                                            \
-{                                                                                                  \
-    for (long j = 0; j < n; j++) {                                                                 \
-        const real st0 = (vny[j] - voy[j]) / (dt * buy[j]);                                        \
-        const real st1 = (vnx[j] - vox[j]) / (dt * bux[j]);                                        \
-        const real Ly = lvy[j], Lx = lvx[j];                                                       \
-        g_by[j] += dt * Ly * st0;                                                                  \
-        g_bx[j] += dt * Lx * st1;                                                                  \
-        const real e0 = (dt * buy[j]) * Ly, e2 = (dt * bux[j]) * Lx;                               \
-        w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
-    }                                                                                              \
-}                                                                                                  \
 static __attribute__((noinline)) void stress_gather_row_##sfx(long n, real *restrict lvy,           \
         real *restrict lvx, const real *restrict a_m1, const real *restrict a_0,                  \
         const real *restrict a_p1, const real *restrict a_p2, const real *restrict w1,            \
@@ -134,6 +89,9 @@ static __attribute__((noinline)) void velocity_gather_row_##sfx(long n, real *re
 
 DEFINE_ADJOINT_ROWS(double, f64)
 DEFINE_ADJOINT_ROWS(float, f32)
+
+/* the same rows for compact stores */
+#include "elastic_adjoint_compact.c"
 
 #define DEFINE_ADJOINT(real, sfx)                                                                  \
 static void stress_adjoint_rows_at_##sfx(long ny, long nx, long r0, long r1, real *ls,            \

@@ -11,9 +11,12 @@ bit the reference's) and the gradient on their hand-written adjoint; on CUDA dev
 rank) on the same loop's CUDA kernels (:mod:`odecli.pde.elastic.cuda_loop`); elsewhere (no
 compiler, no NVRTC) autograd differentiates the PyTorch reference steps.
 Either way the time loop is split into segments that the backward recomputes (:class:`_Segment`), so memory grows like one
-state (13 fields) per segment plus one segment's store (5 fields a step on the fused path),
-not like ``nt``; on the fused path the last segment's first pass writes its stores into that
-buffer and its recomputation is skipped.
+state (13 fields) per segment plus one segment's store (5 fields a step on the fused path;
+on one rank without a free surface the compact stores, the 2 velocities and the CPML layers'
+derivatives, :class:`~odecli.pde.elastic.forward_pass.CompactStores`), not like ``nt``; on the
+fused path the last segment's first pass writes its stores into that buffer and its
+recomputation is skipped, and with compact stores the segments before it whose stores fit
+the store budget (:func:`keep_from`) keep theirs too.
 
 Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
 (dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
@@ -121,11 +124,16 @@ class _Segment(torch.autograd.Function):
         return (None, None, None, *got)
 
 
-# The default store budget (keep_from): this fraction of the memory available when the
-# forward starts (MemAvailable), and only for compact stores (five planes a step would take
-# twice the memory for the same steps).  Measured at 1040^2, 100 steps, float64 on one thread
-# (benchmarks/elastic_bench.py, same-run ratios with Deepwave): see keep_from.
-STORE_MEMORY_FRACTION = 0.05
+# The default store budget (keep_from), compact stores only (five planes a step would take
+# twice the memory for the same steps): the stores of half the steps, and at most a quarter of
+# the memory available when the forward starts (MemAvailable).  Measured at 1040^2 (1000^2 +
+# 20-cell CPML), 100 steps in 10 segments, float64, one thread, process CPU time, same run,
+# loaded 2-core VM: keeping the stores of no segment but the last 3.84-3.87 s, of 60 steps
+# 3.55-3.65 s, of all 3.38-3.46 s (writing them into fresh memory in the first pass costs most
+# of the recomputation it saves); the peak memory with all kept was 0.60x Deepwave's (2.8 GB),
+# over the 0.5x the issue allows, so half.
+STORE_STEPS_FRACTION = 0.5
+STORE_MEMORY_FRACTION = 0.25
 
 
 def available_memory() -> int:
@@ -145,10 +153,13 @@ def keep_from(segments: list[tuple[int, int]], step_bytes: int, budget: int | No
     """The first step of the trailing segments whose first pass keeps its stores for the
     backward (their recomputation skipped), the last segment always (its stores lie in the
     buffers the recomputation would fill): the segments before it, last first, while their
-    stores together take at most ``budget`` bytes (None: :data:`STORE_MEMORY_FRACTION` of the
+    stores together take at most ``budget`` bytes (None: those of
+    :data:`STORE_STEPS_FRACTION` of all steps and at most :data:`STORE_MEMORY_FRACTION` of the
     memory available, with compact stores; none with the five planes)."""
     if budget is None:
-        budget = int(STORE_MEMORY_FRACTION * available_memory()) if compact else 0
+        steps = segments[-1][1] - segments[0][0]
+        budget = (int(min(STORE_STEPS_FRACTION * steps * step_bytes,
+                          STORE_MEMORY_FRACTION * available_memory())) if compact else 0)
     start = segments[-1][0]
     used = 0
     for t0, t1 in reversed(segments[:-1]):
