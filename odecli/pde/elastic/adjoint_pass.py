@@ -13,7 +13,10 @@ by row, from tables built once per segment (no per-step torch indexing or ring c
 on several kernel threads the pass's steps shared out, each thread starting a row once the
 thread before it is far enough ahead (pipelined, as acoustic's ``leapfrog_forward_run``).  The
 gradient is bit for bit one thread's, and that of one ``elastic_adjoint_step`` per step
-(``tests/test_elastic_adjoint_run.py``).
+(``tests/test_elastic_adjoint_run.py``).  With compact stores (``loop.compact``,
+:class:`~odecli.pde.elastic.forward_pass.CompactStores`) the pass derives each step's five
+derivative planes from the stored velocities after and before the step (the segment's start
+``v0`` before its first) and the layers' stored derivatives (``tests/test_elastic_stores.py``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,11 @@
  * iterations earlier.
  *
  * vstore, sstore (else NULL): n pointers to each step's stores, (2, ny, nx) and (3, ny, nx),
- * written by the row kernels as in the single steps.
+ * written by the row kernels as in the single steps.  compact (no free surface): the compact
+ * stores instead (forward_pass.CompactStores): vstore[j] gets the step's new velocity rows,
+ * ringed (2, ny + 4, nx + 4), once their forces are added; sstore[j] the stress rows' corrected
+ * derivatives in the CPML layers only, where smap and sy (the y layers' rows) put them
+ * (elastic_adjoint_run.c reads them back).
  *
  * Threads: a call makes steps j0 .. j1 - 1 of the n; calls for consecutive step ranges run at
  * once, each publishing in *done the last row iteration it has finished and waiting before
