@@ -80,7 +80,7 @@ class AdjointPass:
 
     def __init__(self, loop, lv: Tensor, ls: Tensor, lp: Tensor, store_v: Tensor,
                  store_s: Tensor, gm: list[Tensor], w: Tensor, threads: int,
-                 v0: Tensor | None = None) -> None:
+                 v0: Tensor | None = None, graw: Tensor | None = None) -> None:
         self.prop = loop.prop
         sfx = "f64" if lv.dtype == torch.float64 else "f32"
         lib, why = native.load("elastic")
@@ -96,7 +96,7 @@ class AdjointPass:
         self.no_points = torch.zeros(self.ny + 1, dtype=torch.int64)
         # compact stores (loop.compact): the velocities before the segment (v0, ringed) and
         # the rows the kernel derives the stores into, (steps, 5, nx)
-        self.layout, self.v0 = loop.compact, v0
+        self.layout, self.v0, self.graw = loop.compact, v0, graw  # graw: (2, ny, nx)
         self.drow = lv.new_empty((0, 5, self.nx))
         self._receiver_table(loop.rec_plan)
         self._source_table(gm)
@@ -185,13 +185,15 @@ class AdjointPass:
                 ctypes.c_long(n))
         stores = (addresses(self.store_v), addresses(self.store_s))
         if self.layout is None:
-            compact = (_ptr(None), ctypes.c_int(0), _ptr(None), ctypes.c_long(0), _ptr(None))
+            compact = (_ptr(None), ctypes.c_int(0), _ptr(None), ctypes.c_long(0), _ptr(None),
+                       _ptr(None), _ptr(None))
         else:  # each step's velocities before it: the step before's, or the segment's start
             if self.drow.shape[0] < n:
                 self.drow = self.lv.new_empty((n, 5, self.nx))
             before = [self.store_v[k - 1] if k > 0 else self.v0 for k in ks]
             compact = ((ctypes.c_void_p * n)(*(t.data_ptr() for t in before)),
-                       *self.layout.args(), _ptr(self.drow))
+                       *self.layout.args(), _ptr(self.drow), _ptr(self.graw[0]),
+                       _ptr(self.graw[1]))
         call = lambda j0, j1, done, ahead: self.kernel(
             *head, ctypes.c_long(j0), ctypes.c_long(j1), done, ahead, *self.fixed, *stores,
             *self.fields, *tail, *compact)

@@ -186,7 +186,7 @@ static void stress_gather_rows_##sfx(long ny, long nx, long q0, long q1, real *l
 static void velocity_adjoint_rows_at_##sfx(long ny, long nx, long r0, long r1, real *lv,          \
                                     real *lp, const real *buy, const real *bux,                   \
                                     const real *store, long sp, const real *vn, const real *vo,   \
-                                    real *g_by, real *g_bx, real *w,                              \
+                                    real *gr_y, real *gr_x, real *g_by, real *g_bx, real *w,      \
                                     long wp, long mask,                                           \
                                     const real *ayi, const real *byi, const real *ayh,            \
                                     const real *byh, const real *axi, const real *bxi,            \
@@ -203,7 +203,7 @@ static void velocity_adjoint_rows_at_##sfx(long ny, long nx, long r0, long r1, r
             const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
             velocity_adjoint_row_v_##sfx(jb - ja, lvy + R0, lvx + R0, vn + R0, vo + R0,            \
                                          vn + plane + R0, vo + plane + R0, buy + P0, bux + P0,     \
-                                         g_by + P0, g_bx + P0, w0 + ja, w1 + ja, w2 + ja, w3 + ja, \
+                                         gr_y + P0, gr_x + P0, w0 + ja, w1 + ja, w2 + ja, w3 + ja, \
                                          dt, idy, idx);                                            \
         } else if (jb > ja) {                                                                      \
             const long R0 = (i + 2) * NX + 2 + ja, P0 = i * nx + ja;                               \
@@ -236,7 +236,7 @@ static void velocity_adjoint_rows_##sfx(long ny, long nx, long r0, long r1, real
         real idx, long jlo, long jhi)                                                              \
 {                                                                                                  \
     velocity_adjoint_rows_at_##sfx(ny, nx, r0, r1, lv, lp, buy, bux, store + r0 * nx, ny * nx,    \
-                                   NULL, NULL, g_by, g_bx, w, wp, mask, ayi, byi, ayh, byh, axi, bxi, axh,    \
+                                   NULL, NULL, NULL, NULL, g_by, g_bx, w, wp, mask, ayi, byi, ayh, byh, axi, bxi, axh,    \
                                    bxh, dt, idy, idx, jlo, jhi);                                   \
 }                                                                                                  \
                                                                                                    \

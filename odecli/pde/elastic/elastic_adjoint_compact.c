@@ -4,7 +4,9 @@
  * pass over them (the adjoint 0.35-0.45 s slower than with the five stored planes at 1040^2
  * float64, 100 steps; in the row: 0.1-0.15 s).  The stress update's derivatives of the new
  * velocities vy, vx (ringed, rows NX apart) by the forward's expressions (the same bits), the
- * velocity update's sums from the change vn - vo (round-off apart). */
+ * velocity update's sums from the change vn - vo: dt L (vn - vo) / (dt b) is summed as L (vn - vo)
+ * into gr_y, gr_x, which the caller divides by the buoyancy once a backward (a division per
+ * point and step cost 0.1-0.15 s of the adjoint at 1040^2 float64, 100 steps); round-off apart. */
 #define DEFINE_ADJOINT_ROWS_V(real, sfx)                                                           \
 static __attribute__((noinline)) void stress_adjoint_row_v_##sfx(long n, long NX, const real *restrict lyy, const real *restrict lxx, \
         const real *restrict lxy, const real *restrict vy, const real *restrict vx,               \
@@ -33,16 +35,14 @@ static __attribute__((noinline)) void stress_adjoint_row_v_##sfx(long n, long NX
 static __attribute__((noinline)) void velocity_adjoint_row_v_##sfx(long n, const real *restrict lvy, \
         const real *restrict lvx, const real *restrict vny, const real *restrict voy,             \
         const real *restrict vnx, const real *restrict vox,                                        \
-        const real *restrict buy, const real *restrict bux, real *restrict g_by,                  \
-        real *restrict g_bx, real *restrict w0, real *restrict w1, real *restrict w2,             \
+        const real *restrict buy, const real *restrict bux, real *restrict gr_y,                  \
+        real *restrict gr_x, real *restrict w0, real *restrict w1, real *restrict w2,             \
         real *restrict w3, real dt, real idy, real idx)                                            \
 {                                                                                                  \
     for (long j = 0; j < n; j++) {                                                                 \
-        const real st0 = (vny[j] - voy[j]) / (dt * buy[j]);                                        \
-        const real st1 = (vnx[j] - vox[j]) / (dt * bux[j]);                                        \
         const real Ly = lvy[j], Lx = lvx[j];                                                       \
-        g_by[j] += dt * Ly * st0;                                                                  \
-        g_bx[j] += dt * Lx * st1;                                                                  \
+        gr_y[j] += Ly * (vny[j] - voy[j]);                                                         \
+        gr_x[j] += Lx * (vnx[j] - vox[j]);                                                         \
         const real e0 = (dt * buy[j]) * Ly, e2 = (dt * bux[j]) * Lx;                               \
         w0[j] = e0 * idy; w1[j] = e0 * idx; w2[j] = e2 * idx; w3[j] = e2 * idy;                    \
     }                                                                                              \

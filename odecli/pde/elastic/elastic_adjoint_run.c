@@ -125,7 +125,7 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
         const int64_t *rs_ptr, const int64_t *rs_at, const real *rs_val, long rs_count,           \
         const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val, \
         long src_count, real *g_src, const real *const *vprev, int compact, const int64_t *smap,  \
-        long sy, real *drow)                                                                       \
+        long sy, real *drow, real *gr_y, real *gr_x)                                               \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     const long cols = jlo + nx - jhi, cstride = 3 * (sy * nx + ny * cols);                         \
@@ -185,6 +185,7 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
                                                 compact ? sv : sv + (i - 2) * nx, sp,              \
                                                 inner ? store_v[j] + b * 2 * plane : NULL,         \
                                                 inner ? vprev[j] + b * 2 * plane : NULL,           \
+                                                gr_y, gr_x,                                        \
                                                 g_by, g_bx, wv, wp, mask, ayi, byi, ayh, byh, axi, \
                                                 bxi, axh, bxh, dt, idy, idx, jlo, jhi);            \
                 }                                                                                  \

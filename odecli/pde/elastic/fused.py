@@ -313,6 +313,12 @@ class FusedLoop:
             cache["gm"] = ([torch.zeros_like(t) for t in self.mats],  # by, bx, lam2mu, lam, mu_xy
                            None if self.surface is None else torch.zeros_like(self.surface))
         gm, g_surface = cache["gm"]
+        # compact stores: the buoyancy gradient's interior terms before their division by b
+        graw = None
+        if self.compact is not None:
+            if "graw" not in cache:
+                cache["graw"] = v.new_zeros((2, ny, nx))
+            graw = cache["graw"]
         self._receivers(lv)
         force = prop.source_type != "pressure"
         geom = prop.geom
@@ -365,7 +371,7 @@ class FusedLoop:
         if passes:
             # compact stores: the velocities before the segment's first step, ringed
             v0 = None if self.compact is None else _padded(prop, "v0", v)
-            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0)
+            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0, graw)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
@@ -404,13 +410,16 @@ class FusedLoop:
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         out = [lv[inner], ls[inner], lp]  # the previous segment's gv, gs: padded in place
         if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
+            if graw is not None:
+                gm[0].add_(graw[0] / self.mats[0])
+                gm[1].add_(graw[1] / self.mats[1])
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
 
     def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
                         store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None,
-                        v0: Tensor | None) -> None:
+                        v0: Tensor | None, graw: Tensor | None) -> None:
         """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
         :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
         residuals and the point forces' gradient inside them; the adjoints' rings cleared
@@ -419,7 +428,7 @@ class FusedLoop:
         rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
         rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
         run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
-                                       len(self.pieces), v0)
+                                       len(self.pieces), v0, graw)
         hi = t1
         while hi > t0:
             n = min(steps, hi - t0)
