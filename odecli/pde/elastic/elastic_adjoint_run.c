@@ -50,7 +50,11 @@
  * velocity row's two): elsewhere than in the layers the stress derivatives by the forward's own
  * expressions from the stored velocities (the same bits, as the layers' stored ones); the
  * velocity update's sums from the velocities' change, (v_new - v_old - force) / (dt b), which
- * the forward computed as v_old + (dt b) sum (+ force): round-off apart, not bit for bit. */
+ * the forward computed as v_old + (dt b) sum (+ force): round-off apart, not bit for bit.
+ * Into drow only the layers' parts (and whole rows with one of the shot's point forces): the
+ * rows' interiors derive theirs in the row functions (elastic_adjoint_compact.c), which sum the
+ * buoyancy gradient's terms there as L (v_new - v_old) into gr_y, gr_x ((ny, nx) each) for the
+ * caller to divide by b once a backward. */
 #define DEFINE_DERIVE(real, sfx)                                                                   \
 static void derive_stress_row_##sfx(long ny, long nx, long i, const real *v, const real *cstore,  \
         const int64_t *smap, long sy, real *out, const real *ayi, const real *ayh, real idy,      \
