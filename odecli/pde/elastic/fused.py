@@ -32,7 +32,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
-from odecli.pde.elastic import adjoint_pass
+from odecli.pde.elastic import adjoint_pass, ranks_pass
 from odecli.pde.elastic.forward_pass import ringed, run_passes
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -261,6 +261,12 @@ class FusedLoop:
             if not fields:
                 return None, None, psi, traces
             return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+        # several ranks, nothing stored: passes on blocks grown into the neighbours'
+        if prop.comm.size > 1 and self.steps_per_pass != 0 and stores is None:
+            steps = ranks_pass.steps_per_pass(self)
+            if ranks_pass.usable(prop.decomp, steps):
+                traces = ranks_pass.RankPasses(self, steps).run(t0, t1, vr, sr, psi)
+                return vr[inner], sr[inner], psi, traces
         # otherwise each step's two half steps, with the halo exchange and the image between
         if psi is None:
             psi = v.new_zeros((v.shape[0], N_PSI, self.ny, self.nx))

@@ -205,19 +205,27 @@ class ElasticPropagator:
                 if self.comm.size > 1:
                     speed = self.comm.allreduce_scalar(speed, op="max")
             self.pml_speed = speed
-            g, b, w = self.grid, self.block, self.pml_width
-            common = {"width": w, "speed": speed, "frequency": self.pml_frequency, "dt": self.dt,
-                          "dtype": self.dtype, "device": self.device}
-            ya = {"n": g.ny, "h": g.dy, "low": not self.free_surface, "high": True, "start": b.y0, "stop": b.y1}
-            xa = {"n": g.nx, "h": g.dx, "low": True, "high": True, "start": b.x0, "stop": b.x1}
-            ay_i, by_i = axis_coefficients(half=False, **ya, **common)
-            ay_h, by_h = axis_coefficients(half=True, **ya, **common)
-            ax_i, bx_i = axis_coefficients(half=False, **xa, **common)
-            ax_h, bx_h = axis_coefficients(half=True, **xa, **common)
-            col, row = (lambda t: t[:, None]), (lambda t: t[None, :])
-            self._profiles = Profiles(col(ay_i), col(by_i), col(ay_h), col(by_h),
-                                      row(ax_i), row(bx_i), row(ax_h), row(bx_h))
+            b = self.block
+            self._profiles = self.profiles_over(b.y0, b.y1, b.x0, b.x1)
         return self._profiles
+
+    def profiles_over(self, y0: int, y1: int, x0: int, x1: int) -> Profiles:
+        """The CPML coefficients of the global rows ``y0 .. y1-1`` and columns ``x0 .. x1-1``
+        (each node's a function of its global index alone: a rank's block grown into its
+        neighbours' gets their numbers); ``pml_speed`` must be set (:meth:`profiles`)."""
+        g, w = self.grid, self.pml_width
+        common = {"width": w, "speed": self.pml_speed, "frequency": self.pml_frequency,
+                  "dt": self.dt, "dtype": self.dtype, "device": self.device}
+        ya = {"n": g.ny, "h": g.dy, "low": not self.free_surface, "high": True, "start": y0,
+              "stop": y1}
+        xa = {"n": g.nx, "h": g.dx, "low": True, "high": True, "start": x0, "stop": x1}
+        ay_i, by_i = axis_coefficients(half=False, **ya, **common)
+        ay_h, by_h = axis_coefficients(half=True, **ya, **common)
+        ax_i, bx_i = axis_coefficients(half=False, **xa, **common)
+        ax_h, bx_h = axis_coefficients(half=True, **xa, **common)
+        col, row = (lambda t: t[:, None]), (lambda t: t[None, :])
+        return Profiles(col(ay_i), col(by_i), col(ay_h), col(by_h),
+                        row(ax_i), row(bx_i), row(ax_h), row(bx_h))
 
     def padded_parameters(self, coefficient: Tensor) -> Tensor:
         """``(3, ny + 2, nx + 2)``: the neighbours' values in the one-cell ring, the edge node's

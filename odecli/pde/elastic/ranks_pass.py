@@ -1,0 +1,200 @@
+"""The elastic forward in passes of several steps on several ranks: each rank steps its block
+grown into its neighbours' (deep halos), with one halo exchange per pass instead of two per
+step; what :meth:`FusedLoop.run <odecli.pde.elastic.fused.FusedLoop.run>` calls there for a
+forward without stores (a forward without gradient, a gradient's first pass that stores
+nothing).
+
+Why: the per-step path on ranks runs each step as two half-step sweeps with an exchange
+between them, so it gets none of the one-rank passes' cache reuse
+(:mod:`odecli.pde.elastic.forward_pass`) and waits on its neighbours twice a step.  Here a
+rank's block is grown by :func:`extension` cells on every side with a neighbour; one exchange
+per pass fills the grown cells and the fields' ring there from the neighbours (the fields, and
+the CPML memory variables on the grown cells); then the one-rank pass (``elastic_run_rows``,
+unchanged) runs ``steps`` steps on the grown block.  The cells next to the grown block's edge
+go wrong (the ring beyond it is not the neighbours'), by the stencils' reach (:data:`REACH`) per
+step, so after the pass the owned block and a margin are still exact: every number there
+is the same operations on the same inputs as on one rank, so the traces and fields are one
+rank's bit for bit (tests/test_elastic_ranks_pass.py).  The acoustic engine's fused loop does
+the same with shrinking windows (:mod:`odecli.pde.acoustic.loop`); here the grown block is
+stepped whole (the redundant cells cost ``extension / block`` more work per side).
+
+What the grown block needs from the neighbours once per run: the staggered parameters (one
+deep exchange), the CPML coefficients (functions of the global index,
+:meth:`ElasticPropagator.profiles_over`), the sources inside it (gathered once from all
+ranks, kept on the propagator) and, on the top ranks, the free surface's coefficient
+(computed from the grown parameters by :func:`~odecli.pde.elastic.reference.materials`'s
+expression).  The receivers are read on the owned block only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from types import SimpleNamespace
+
+import torch
+from torch import Tensor
+
+from odecli.parallel.ops import HaloPlan
+from odecli.pde.elastic.forward_pass import STEPS_PER_THREAD, run_passes
+from odecli.pde.elastic.reference import N_PSI, RING, Materials
+from odecli.threads import split_rows
+
+REACH = 3  # cells a step (two half steps) reads toward one side: see extension()
+
+
+def extension(steps: int) -> int:
+    """Cells a block grows into a neighbour for passes of ``steps`` steps.  A velocity half
+    step reads the stresses 2 rows (columns) toward one side and the stress half step the
+    velocities 1 more (vy[i + 1/2] reads syy[i + 2], syy[i] reads vy[i + 1/2]; vx and sxy
+    alike): :data:`REACH` cells a step.  At a pass's start the fields are exact on the grown
+    cells and their ring (also exchanged), the memory variables (no ring) on the grown cells
+    only, and a step at a point reads its memory variables there: so ``REACH * steps - 1``
+    cells (measured the least: one fewer changes the traces of every case in
+    tests/test_elastic_ranks_pass.py, passes of 3 and 4 steps)."""
+    return REACH * steps - 1
+
+
+def steps_per_pass(loop) -> int:
+    """Steps per pass on ranks, the same on all of them (they exchange in step): the loop's
+    ``steps_per_pass`` or :data:`STEPS_PER_THREAD` per kernel thread of the rank with fewest
+    (a rank's thread count follows its block's size)."""
+    prop = loop.prop
+    if loop.steps_per_pass:
+        return int(loop.steps_per_pass)
+    cached = prop.__dict__.get("_rank_pass_steps")
+    if cached is None:
+        threads = int(prop.comm.allreduce_scalar(float(len(loop.pieces)), op="min"))
+        cached = prop.__dict__["_rank_pass_steps"] = STEPS_PER_THREAD * max(1, threads)
+    return cached
+
+
+def usable(decomp, steps: int) -> bool:
+    """Whether every block is deep enough to lend its neighbours ``extension(steps) + RING``
+    cells (the decision is the same on every rank)."""
+    return min(decomp.min_local_shape) >= extension(steps) + RING
+
+
+def _all_sources(prop) -> list[tuple[int, int, int, float]]:
+    """Every rank's sources ``(shot, global iy, global ix, amplitude)``, rank by rank (each
+    rank's in its geometry's order, so sources at one node keep one rank's order); gathered
+    once and kept on the propagator."""
+    cached = prop.__dict__.get("_all_sources")
+    if cached is None:
+        g, b = prop.geom, prop.block
+        mine = [(int(s), int(iy) + b.y0, int(ix) + b.x0, float(a)) for s, iy, ix, a in
+                zip(g.src_shot.tolist(), g.src_iy.tolist(), g.src_ix.tolist(),
+                    g.src_amp.tolist())]
+        cached = [src for part in prop.comm.allgather_object(mine) for src in part]
+        prop.__dict__["_all_sources"] = cached
+    return cached
+
+
+class RankPasses:
+    """One run's grown block: its parameters, CPML coefficients, sources, receivers and the
+    two exchange plans (fields with their ring; memory variables)."""
+
+    def __init__(self, loop, steps: int) -> None:
+        from odecli.pde.elastic.fused import (
+            interior_columns,  # fused imports this module
+        )
+
+        prop, d = loop.prop, loop.prop.decomp
+        self.loop, self.steps = loop, steps
+        e = extension(steps)
+        self.grow = tuple(e if peer is not None else 0
+                          for peer in (d.north, d.south, d.west, d.east))
+        gn, gs, gw, ge = self.grow
+        ny, nx = loop.ny, loop.nx
+        self.ny, self.nx = ny + gn + gs, nx + gw + ge
+        self.owned = (slice(gn, gn + ny), slice(gw, gw + nx))
+        like = loop.mats[0]
+        mats = like.new_zeros((5, self.ny, self.nx))
+        mats[:, gn:gn + ny, gw:gw + nx] = torch.stack(loop.mats)
+        self._timed(HaloPlan(tuple(mats.shape), mats.dtype, d, prop.comm, self.grow, (e,)),
+                    [mats])
+        by, bx, lam2mu, lam, mu_xy = mats.unbind(0)
+        surface = None
+        if loop.surface is not None:  # reference.materials' expression, on the grown row
+            surface = (lam2mu[0] - lam[0] * lam[0] / lam2mu[0]).contiguous()
+        b = prop.block
+        p = prop.profiles_over(b.y0 - gn, b.y1 + gs, b.x0 - gw, b.x1 + ge)
+        pml = [t.detach().reshape(-1).contiguous() for t in
+               (p.ay_int, p.by_int, p.ay_half, p.by_half, p.ax_int, p.bx_int, p.ax_half,
+                p.bx_half)]
+        scalars = (*loop.scalars[:3], *interior_columns(pml[4], pml[6]))
+        y0, x0 = b.y0 - gn, b.x0 - gw
+        inside = [(s, iy - y0, ix - x0, a) for s, iy, ix, a in _all_sources(prop)
+                  if 0 <= iy - y0 < self.ny and 0 <= ix - x0 < self.nx]
+        g = prop.geom
+        li = lambda k: torch.tensor([src[k] for src in inside], dtype=torch.long)
+        geom = replace(g, src_shot=li(0), src_iy=li(1), src_ix=li(2),
+                       src_amp=torch.tensor([src[3] for src in inside], dtype=like.dtype))
+        self._mats = mats  # alive as long as the views the kernels get
+        self.glue = SimpleNamespace(
+            prop=SimpleNamespace(geom=geom, dt=prop.dt, grid=prop.grid,
+                                 source_type=prop.source_type, rec_order=prop.rec_order),
+            materials=Materials(by, bx, lam2mu, lam, mu_xy, surface),
+            mats=[by, bx, lam2mu, lam, mu_xy], surface=surface, pml=pml, scalars=scalars,
+            run_rows=loop.run_rows, pieces=split_rows(self.ny, len(loop.pieces)),
+            rec_plan=self._receivers(prop))
+        shots = prop.geom.nshots
+        self.fields_shape = (shots, 5, self.ny + 2 * RING, self.nx + 2 * RING)
+        self.psi_shape = (shots, N_PSI, self.ny, self.nx)
+        ring = tuple(w + RING for w in self.grow)
+        self.field_plan = HaloPlan(self.fields_shape, like.dtype, d, prop.comm, ring,
+                                   (e + RING,))
+        self.psi_plan = HaloPlan(self.psi_shape, like.dtype, d, prop.comm, self.grow, (e,))
+
+    def _timed(self, plan: HaloPlan, fields: list[Tensor]) -> None:
+        timer = self.loop.prop.timer
+        start = time.perf_counter()
+        plan(fields)
+        if timer is not None:
+            timer.add(time.perf_counter() - start)
+
+    def _receivers(self, prop) -> tuple:
+        """:meth:`FusedLoop._receivers`'s plan on the grown block's ringed fields (the owned
+        receivers only)."""
+        gn, _, gw, _ = self.grow
+        nx2 = self.nx + 2 * RING
+        plane = (self.ny + 2 * RING) * nx2
+        v_idx, p_idx = [], []
+        for c, iy, ix in prop.rec_groups:
+            flat = (iy.cpu() + gn + RING) * nx2 + (ix.cpu() + gw + RING)
+            if c == "pressure":
+                p_idx.append(flat)
+                v_idx.append(None)
+            else:
+                v_idx.append(flat + (0 if c == "vy" else plane))
+        return v_idx, p_idx, plane
+
+    def run(self, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | None) -> Tensor:
+        """Steps ``t0 .. t1-1`` of the owned ringed fields ``vr``, ``sr`` and the memory
+        variables ``psi`` ``(B, 8, ny, nx)`` (None: from zero), all updated in place; the
+        owned receivers' traces ``(B, receivers, steps)``."""
+        ys, xs = self.owned
+        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
+        ringed_owned = (slice(None), slice(None), slice(ys.start + RING, ys.stop + RING),
+                        slice(xs.start + RING, xs.stop + RING))
+        fields = vr.new_zeros(self.fields_shape)
+        fields[:, :2][ringed_owned] = vr[inner]
+        fields[:, 2:][ringed_owned] = sr[inner]
+        grown_psi = vr.new_zeros(self.psi_shape)
+        if psi is not None:
+            grown_psi[..., ys, xs] = psi
+        gv, gs = fields[:, :2], fields[:, 2:]
+        traces = []
+        for k0 in range(t0, t1, self.steps):
+            n = min(self.steps, t1 - k0)
+            self._timed(self.field_plan, [fields])
+            self._timed(self.psi_plan, [grown_psi])
+            traces.append(run_passes(self.glue, k0, k0 + n, gv, gs, grown_psi, None, n))
+        vr[inner] = gv[ringed_owned]
+        sr[inner] = gs[ringed_owned]
+        if psi is not None:
+            psi.copy_(grown_psi[..., ys, xs])
+        if not traces:
+            return vr.new_zeros((vr.shape[0], self.loop.prop.geom.nrec_local, 0))
+        return torch.cat(traces, dim=-1)
+
