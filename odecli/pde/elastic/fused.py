@@ -245,6 +245,13 @@ class FusedLoop:
         stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
         and copied less)."""
         prop = self.prop
+        # several ranks, nothing stored: passes on blocks grown into the neighbours'
+        steps = None if stores is not None else ranks_pass.pass_steps(prop, self.steps_per_pass)
+        if steps is not None:
+            if psi is not None and not own:
+                psi = psi.clone()
+            v, s, traces = ranks_pass.RankPasses(self, steps).run(t0, t1, v, s, psi, own_fields)
+            return v, s, psi, traces
         if stores is None:  # a forward: its scratch would outlive it
             vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:
@@ -261,12 +268,6 @@ class FusedLoop:
             if not fields:
                 return None, None, psi, traces
             return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
-        # several ranks, nothing stored: passes on blocks grown into the neighbours'
-        if prop.comm.size > 1 and self.steps_per_pass != 0 and stores is None:
-            steps = ranks_pass.steps_per_pass(self)
-            if ranks_pass.usable(prop.decomp, steps):
-                traces = ranks_pass.RankPasses(self, steps).run(t0, t1, vr, sr, psi)
-                return vr[inner], sr[inner], psi, traces
         # otherwise each step's two half steps, with the halo exchange and the image between
         if psi is None:
             psi = v.new_zeros((v.shape[0], N_PSI, self.ny, self.nx))

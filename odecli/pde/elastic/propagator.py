@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from odecli.pde.elastic import cuda_loop
+from odecli.pde.elastic import cuda_loop, ranks_pass
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
 from odecli.pde.elastic.forward_pass import materials_without_graph
 from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
@@ -335,8 +335,14 @@ class ElasticPropagator:
         ny, nx = coefficient.shape[-2:]
         # the insides of ringed tensors, which the C kernels without a graph step in place
         ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
-        s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
+        # on ranks, the passes' grown fields (ranks_pass.py), stepped in place
+        grown = ranks_pass.grown_fields(self, coefficient, FusedLoop.steps_per_pass) \
+            if c_loop else None
+        if grown is not None:
+            v, s = grown
+        else:
+            v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
+            s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
         psi = None if c_loop else coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)

@@ -56,24 +56,71 @@ def extension(steps: int) -> int:
     return REACH * steps - 1
 
 
-def steps_per_pass(loop) -> int:
-    """Steps per pass on ranks, the same on all of them (they exchange in step): the loop's
-    ``steps_per_pass`` or :data:`STEPS_PER_THREAD` per kernel thread of the rank with fewest
-    (a rank's thread count follows its block's size)."""
-    prop = loop.prop
-    if loop.steps_per_pass:
-        return int(loop.steps_per_pass)
-    cached = prop.__dict__.get("_rank_pass_steps")
-    if cached is None:
-        threads = int(prop.comm.allreduce_scalar(float(len(loop.pieces)), op="min"))
-        cached = prop.__dict__["_rank_pass_steps"] = STEPS_PER_THREAD * max(1, threads)
-    return cached
+def pass_steps(prop, override: int | None) -> int | None:
+    """Steps per pass on ranks, or None where the passes do not run (one rank; ``override``
+    0, the per-step path; a block too small to lend its neighbours ``extension + RING``
+    cells).  The same on every rank (they exchange in step): ``override`` or
+    :data:`STEPS_PER_THREAD` per kernel thread of the rank with fewest (a rank's thread count
+    follows its block's size)."""
+    if prop.comm.size == 1 or override == 0:
+        return None
+    steps = override
+    if not steps:
+        steps = prop.__dict__.get("_rank_pass_steps")
+    if not steps:
+        pieces = len(split_rows(prop.block.shape[0], prop.threads))
+        threads = int(prop.comm.allreduce_scalar(float(pieces), op="min"))
+        steps = prop.__dict__["_rank_pass_steps"] = STEPS_PER_THREAD * max(1, threads)
+    if min(prop.decomp.min_local_shape) < extension(steps) + RING:
+        return None
+    return int(steps)
 
 
-def usable(decomp, steps: int) -> bool:
-    """Whether every block is deep enough to lend its neighbours ``extension(steps) + RING``
-    cells (the decision is the same on every rank)."""
-    return min(decomp.min_local_shape) >= extension(steps) + RING
+class Layout:
+    """A rank's block grown by :func:`extension` cells on every side with a neighbour: the
+    kernels' block ``(ny, nx)``, the owned block's rows and columns in it, the ringed fields'
+    shape ``(B, 5, ny + 2 RING, nx + 2 RING)`` (velocities then stresses, one exchange) and
+    the memory variables' ``(B, 8, ny, nx)``."""
+
+    def __init__(self, prop, steps: int) -> None:
+        d = prop.decomp
+        self.extension = extension(steps)
+        self.grow = tuple(self.extension if peer is not None else 0
+                          for peer in (d.north, d.south, d.west, d.east))
+        gn, gs, gw, ge = self.grow
+        ny, nx = prop.block.shape
+        self.ny, self.nx = ny + gn + gs, nx + gw + ge
+        self.owned = (slice(gn, gn + ny), slice(gw, gw + nx))
+        self.ringed_owned = (slice(None), slice(None), slice(gn + RING, gn + ny + RING),
+                             slice(gw + RING, gw + nx + RING))
+        shots = prop.geom.nshots
+        self.fields_shape = (shots, 5, self.ny + 2 * RING, self.nx + 2 * RING)
+        self.psi_shape = (shots, N_PSI, self.ny, self.nx)
+
+    def holds(self, v: Tensor, s: Tensor) -> Tensor | None:
+        """The grown fields tensor whose owned block ``v`` and ``s`` are the views of (as
+        :func:`grown_fields` hands them out), else None."""
+        base = v._base
+        if (base is None or s._base is not base or tuple(base.shape) != self.fields_shape
+                or not base.is_contiguous()):
+            return None
+        own_v, own_s = base[:, :2][self.ringed_owned], base[:, 2:][self.ringed_owned]
+        if (v.data_ptr(), s.data_ptr(), v.stride(), s.stride()) != (
+                own_v.data_ptr(), own_s.data_ptr(), own_v.stride(), own_s.stride()):
+            return None
+        return base
+
+
+def grown_fields(prop, like: Tensor, override: int | None) -> tuple[Tensor, Tensor] | None:
+    """Zero velocities and stresses ``(B, 2 | 3, ny, nx)`` as the owned block's views of one
+    grown fields tensor, which :meth:`RankPasses.run` then steps in place (no copies of the
+    fields in or out); None where the passes do not run on ranks."""
+    steps = pass_steps(prop, override)
+    if steps is None:
+        return None
+    lay = Layout(prop, steps)
+    fields = _lazy_zeros(lay.fields_shape, like.dtype)
+    return fields[:, :2][lay.ringed_owned], fields[:, 2:][lay.ringed_owned]
 
 
 def _all_sources(prop) -> list[tuple[int, int, int, float]]:
@@ -109,13 +156,11 @@ class RankPasses:
 
         prop, d = loop.prop, loop.prop.decomp
         self.loop, self.steps = loop, steps
-        e = extension(steps)
-        self.grow = tuple(e if peer is not None else 0
-                          for peer in (d.north, d.south, d.west, d.east))
+        self.layout = lay = Layout(prop, steps)
+        e, self.grow = lay.extension, lay.grow
         gn, gs, gw, ge = self.grow
         ny, nx = loop.ny, loop.nx
-        self.ny, self.nx = ny + gn + gs, nx + gw + ge
-        self.owned = (slice(gn, gn + ny), slice(gw, gw + nx))
+        self.ny, self.nx, self.owned = lay.ny, lay.nx, lay.owned
         like = loop.mats[0]
         mats = like.new_zeros((5, self.ny, self.nx))
         mats[:, gn:gn + ny, gw:gw + nx] = torch.stack(loop.mats)
@@ -146,9 +191,7 @@ class RankPasses:
             mats=[by, bx, lam2mu, lam, mu_xy], surface=surface, pml=pml, scalars=scalars,
             run_rows=loop.run_rows, pieces=split_rows(self.ny, len(loop.pieces)),
             rec_plan=self._receivers(prop))
-        shots = prop.geom.nshots
-        self.fields_shape = (shots, 5, self.ny + 2 * RING, self.nx + 2 * RING)
-        self.psi_shape = (shots, N_PSI, self.ny, self.nx)
+        self.fields_shape, self.psi_shape = lay.fields_shape, lay.psi_shape
         ring = tuple(w + RING for w in self.grow)
         self.field_plan = HaloPlan(self.fields_shape, like.dtype, d, prop.comm, ring,
                                    (e + RING,))
@@ -177,24 +220,27 @@ class RankPasses:
                 v_idx.append(flat + (0 if c == "vy" else plane))
         return v_idx, p_idx, plane
 
-    def run(self, t0: int, t1: int, vr: Tensor, sr: Tensor, psi: Tensor | None) -> Tensor:
-        """Steps ``t0 .. t1-1`` of the owned ringed fields ``vr``, ``sr`` and the memory
-        variables ``psi`` ``(B, 8, ny, nx)`` (None: from zero), all updated in place; the
-        owned receivers' traces ``(B, receivers, steps)``."""
+    def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | None,
+            in_place: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """Steps ``t0 .. t1-1`` from the owned fields ``v`` ``(B, 2, ny, nx)``, ``s`` and the
+        memory variables ``psi`` ``(B, 8, ny, nx)`` (None: from zero; else updated in place):
+        the new ``v`` and ``s`` (the owned block's views of the grown fields) and the owned
+        receivers' traces ``(B, receivers, steps)``.  ``in_place``: ``v`` and ``s`` may be
+        overwritten; where they are :func:`grown_fields`' views, their tensor is stepped."""
         ys, xs = self.owned
-        inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        ringed_owned = (slice(None), slice(None), slice(ys.start + RING, ys.stop + RING),
-                        slice(xs.start + RING, xs.stop + RING))
-        # every cell is written below: the owned block here, the grown cells and their ring by
-        # the first exchange, the ring on the sides without a neighbour here
-        fields = vr.new_empty(self.fields_shape)
-        fields[..., :RING, :] = 0
+        own = self.layout.ringed_owned
+        fields = self.layout.holds(v, s) if in_place else None
+        if fields is None:
+            # every cell is written below: the owned block here, the grown cells and their
+            # ring by the first exchange, the ring on the sides without a neighbour here
+            fields = v.new_empty(self.fields_shape)
+            fields[:, :2][own] = v
+            fields[:, 2:][own] = s
+        fields[..., :RING, :] = 0  # as forward_pass.ringed: the images of a last run
         fields[..., -RING:, :] = 0
         fields[..., :, :RING] = 0
         fields[..., :, -RING:] = 0
-        fields[:, :2][ringed_owned] = vr[inner]
-        fields[:, 2:][ringed_owned] = sr[inner]
-        grown_psi = _lazy_zeros(self.psi_shape, vr.dtype)
+        grown_psi = _lazy_zeros(self.psi_shape, v.dtype)
         if psi is not None:
             grown_psi[..., ys, xs] = psi
         gv, gs = fields[:, :2], fields[:, 2:]
@@ -204,11 +250,8 @@ class RankPasses:
             self._timed(self.field_plan, [fields])
             self._timed(self.psi_plan, [grown_psi])
             traces.append(run_passes(self.glue, k0, k0 + n, gv, gs, grown_psi, None, n))
-        vr[inner] = gv[ringed_owned]
-        sr[inner] = gs[ringed_owned]
         if psi is not None:
             psi.copy_(grown_psi[..., ys, xs])
         if not traces:
-            return vr.new_zeros((vr.shape[0], self.loop.prop.geom.nrec_local, 0))
-        return torch.cat(traces, dim=-1)
-
+            traces = [v.new_zeros((v.shape[0], self.loop.prop.geom.nrec_local, 0))]
+        return gv[own], gs[own], torch.cat(traces, dim=-1)
