@@ -162,8 +162,11 @@ class RankPasses:
         ny, nx = loop.ny, loop.nx
         self.ny, self.nx, self.owned = lay.ny, lay.nx, lay.owned
         like = loop.mats[0]
-        mats = like.new_zeros((5, self.ny, self.nx))
-        mats[:, gn:gn + ny, gw:gw + nx] = torch.stack(loop.mats)
+        # the owned block copied, the grown cells written by the exchange (a stack into a
+        # zeroed tensor: 0.08 s CPU a run at 2000 x 1000 float64, this half of it)
+        mats = like.new_empty((5, self.ny, self.nx))
+        for k, t in enumerate(loop.mats):
+            mats[k, gn:gn + ny, gw:gw + nx] = t
         self._timed(HaloPlan(tuple(mats.shape), mats.dtype, d, prop.comm, self.grow, (e,)),
                     [mats])
         by, bx, lam2mu, lam, mu_xy = mats.unbind(0)
