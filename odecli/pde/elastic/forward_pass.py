@@ -21,9 +21,8 @@ half step and reads them after the step; the gradient's stores are written in th
 Several threads share a pass's steps (each waits on the previous one's row counter), bit for
 bit the one-thread result, which is bit for bit the per-step path's (tests/test_elastic_run.py).
 
-Several ranks would need the halo exchanged only every k steps with deep halos (the acoustic
-engine's ``windows``: each step of a pass makes a shrinking window of the extended block, and
-a neighbour's free-surface image too); they take the per-step path today.
+On several ranks :mod:`odecli.pde.elastic.ranks_pass` runs these passes on blocks grown into
+the neighbours' (deep halos exchanged once a pass).
 """
 
 from __future__ import annotations
@@ -34,7 +33,13 @@ import torch
 from torch import Tensor
 
 from odecli.pde import native
-from odecli.pde.elastic.reference import N_PSI, RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials
+from odecli.pde.elastic.reference import (
+    N_PSI,
+    RING,
+    STRESS_IMAGE,
+    VELOCITY_IMAGE,
+    Materials,
+)
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,

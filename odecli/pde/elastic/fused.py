@@ -10,9 +10,11 @@ in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows a
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank the forward runs several steps per pass over the rows
-(:mod:`odecli.pde.elastic.forward_pass`); on several ranks (or with ``steps_per_pass = 0``)
-two half-step kernels per step with the halo exchange and the free-surface image between
-them.  A backward's large scratch tensors (stores, padded
+(:mod:`odecli.pde.elastic.forward_pass`); on several ranks a run that stores nothing takes
+the same passes on blocks grown into the neighbours', one deep halo exchange a pass
+(:mod:`odecli.pde.elastic.ranks_pass`); the recomputation that stores (and every run with
+``steps_per_pass = 0``, or blocks too small to lend the deep halo) two half-step kernels per
+step with the halo exchange and the free-surface image between them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
