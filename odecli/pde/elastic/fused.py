@@ -10,9 +10,9 @@ in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows a
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank the forward runs several steps per pass over the rows
-(:mod:`odecli.pde.elastic.forward_pass`); on several ranks a run that stores nothing takes
+(:mod:`odecli.pde.elastic.forward_pass`); on several ranks a forward without a graph takes
 the same passes on blocks grown into the neighbours', one deep halo exchange a pass
-(:mod:`odecli.pde.elastic.ranks_pass`); the recomputation that stores (and every run with
+(:mod:`odecli.pde.elastic.ranks_pass`); a gradient's runs there (and every run with
 ``steps_per_pass = 0``, or blocks too small to lend the deep halo) two half-step kernels per
 step with the halo exchange and the free-surface image between them.  A backward's large scratch tensors (stores, padded
 adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
@@ -247,13 +247,13 @@ class FusedLoop:
         stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
         and copied less)."""
         prop = self.prop
-        # several ranks, nothing stored: passes on blocks grown into the neighbours'
-        steps = None if stores is not None else ranks_pass.pass_steps(prop, self.steps_per_pass)
+        # several ranks, a forward without a graph: passes on blocks grown into the
+        # neighbours' (a gradient's first passes stay per step: ranks_pass.py says why)
+        steps = (ranks_pass.pass_steps(prop, self.steps_per_pass)
+                 if stores is None and psi is None else None)
         if steps is not None:
-            if psi is not None and not own:
-                psi = psi.clone()
-            v, s, traces = ranks_pass.RankPasses(self, steps).run(t0, t1, v, s, psi, own_fields)
-            return v, s, psi, traces
+            v, s, traces = ranks_pass.RankPasses(self, steps).run(t0, t1, v, s, own_fields)
+            return v, s, None, traces
         if stores is None:  # a forward: its scratch would outlive it
             vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:
