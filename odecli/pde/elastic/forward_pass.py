@@ -33,13 +33,7 @@ import torch
 from torch import Tensor
 
 from odecli.pde import native
-from odecli.pde.elastic.reference import (
-    N_PSI,
-    RING,
-    STRESS_IMAGE,
-    VELOCITY_IMAGE,
-    Materials,
-)
+from odecli.pde.elastic.reference import N_PSI, RING, STRESS_IMAGE, VELOCITY_IMAGE, Materials
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
