@@ -1,9 +1,9 @@
 """The elastic forward on several ranks in passes over blocks grown into the neighbours'
-(odecli.pde.elastic.ranks_pass): 1x2, 2x1 and 2x2 ranks (uneven blocks of a 37x43 grid) give
-the one-rank traces and final fields bit for bit, float64 and float32, point forces and
-explosive sources, with and without a free surface, in passes of 4 and of 3 steps (one and two
-kernel threads); blocks grown
-one cell short of the stencil's reach differ (the exchange's depth is what makes them equal)."""
+(odecli.pde.elastic.ranks_pass): 2x1, 1x3 (a middle block grown on both sides) and 2x2 ranks
+(uneven blocks of a 37x43 grid) give the one-rank traces and final fields bit for bit, float64
+and float32, point forces and explosive sources, with and without a free surface, in passes of
+4 and of 3 steps (one and two kernel threads); blocks grown one cell short of the stencils'
+reach differ (the exchange's depth is what makes them equal)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _ranks(tmp_path, n: int, grid: str, *extra: str) -> dict:
     return dict(np.load(out))
 
 
-@pytest.mark.parametrize("n,grid", [(2, "1x2"), (2, "2x1"), (4, "2x2")])
+@pytest.mark.parametrize("n,grid", [(2, "2x1"), (3, "1x3"), (4, "2x2")])
 def test_passes_on_ranks_equal_one_rank_bit_for_bit(one_rank, tmp_path, n, grid):
     """On 2x1 also the probe: blocks grown one cell short give other numbers in every case."""
     got = _ranks(tmp_path, n, grid, *(["short"] if grid == "2x1" else []))
