@@ -14,8 +14,8 @@ dot-product test.  On one rank the forward runs several steps per pass over the 
 the same passes on blocks grown into the neighbours', one deep halo exchange a pass
 (:mod:`odecli.pde.elastic.ranks_pass`); a gradient's runs there (and every run with
 ``steps_per_pass = 0``, or blocks too small to lend the deep halo) two half-step kernels per
-step with the halo exchange and the free-surface image between them.  A backward's large scratch tensors (stores, padded
-adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
+step with the halo exchange and the free-surface image between them.  A backward's large
+scratch tensors (stores, padded adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
 Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo

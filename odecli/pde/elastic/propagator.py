@@ -4,7 +4,9 @@ The scheme is :mod:`odecli.pde.elastic.reference`'s (velocity-stress, staggered,
 space, leapfrog in time, CPML on the absorbing sides, optional free surface on top).  Every step
 exchanges a two-cell halo of the stresses before the velocity update and of the velocities before
 the stress update (out of place and differentiable, :func:`odecli.parallel.ops.halo_exchange`);
-the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
+the parameters' one-cell halo is exchanged once per forward (a forward without gradient on
+the C kernels exchanges deep halos once per pass of several steps instead,
+:mod:`odecli.pde.elastic.ranks_pass`).  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
 bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
 bit the reference's) and the gradient on their hand-written adjoint; on CUDA devices (one per
