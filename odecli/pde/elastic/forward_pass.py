@@ -21,9 +21,8 @@ half step and reads them after the step; the gradient's stores are written in th
 Several threads share a pass's steps (each waits on the previous one's row counter), bit for
 bit the one-thread result, which is bit for bit the per-step path's (tests/test_elastic_run.py).
 
-Several ranks would need the halo exchanged only every k steps with deep halos (the acoustic
-engine's ``windows``: each step of a pass makes a shrinking window of the extended block, and
-a neighbour's free-surface image too); they take the per-step path today.
+On several ranks :mod:`odecli.pde.elastic.ranks_pass` runs these passes on blocks grown into
+the neighbours' (deep halos exchanged once a pass).
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows a
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank the forward runs several steps per pass over the rows
-(:mod:`odecli.pde.elastic.forward_pass`); on several ranks (or with ``steps_per_pass = 0``)
-two half-step kernels per step with the halo exchange and the free-surface image between
-them.  A backward's large scratch tensors (stores, padded
-adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
+(:mod:`odecli.pde.elastic.forward_pass`); on several ranks a forward without a graph takes
+the same passes on blocks grown into the neighbours', one deep halo exchange a pass
+(:mod:`odecli.pde.elastic.ranks_pass`); a gradient's runs there (and every run with
+``steps_per_pass = 0``, or blocks too small to lend the deep halo) two half-step kernels per
+step with the halo exchange and the free-surface image between them.  A backward's large
+scratch tensors (stores, padded adjoints, memory variables) are reused across its segments; a segment's checkpoint keeps the
 memory variables only in the layers (:class:`PackedPsi`).
 
 Fields are kept here with their ghost ring (``(B, C, ny + 4, nx + 4)``) so that the halo
@@ -35,7 +37,7 @@ from torch import Tensor
 
 from odecli.parallel.ops import fill_ring_, fill_ring_adjoint_
 from odecli.pde import native
-from odecli.pde.elastic import adjoint_pass
+from odecli.pde.elastic import adjoint_pass, ranks_pass
 from odecli.pde.elastic.forward_pass import CompactStores, ringed, run_passes
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -186,14 +188,16 @@ class FusedLoop:
             return vr.new_zeros((b, 0))
         return torch.cat(cols, dim=1)[:, self.prop.rec_order]
 
+    def store_shapes(self, steps: int, shots: int) -> tuple[tuple, tuple]:
+        """The shapes of ``steps`` steps' stores: compact, or the five planes."""
+        if self.compact is not None:
+            return self.compact.shapes(steps, shots)
+        return (steps, shots, 2, self.ny, self.nx), (steps, shots, 3, self.ny, self.nx)
+
     def store_step_bytes(self, shots: int, like: Tensor) -> int:
         """Bytes of one step's stores (:meth:`store_buffers`) for ``shots`` shots."""
-        if self.compact is not None:
-            vshape, sshape = self.compact.shapes(1, shots)
-            numbers = sum(int(torch.Size(t).numel()) for t in (vshape, sshape))
-        else:
-            numbers = shots * 5 * self.ny * self.nx
-        return numbers * like.element_size()
+        shapes = self.store_shapes(1, shots)
+        return sum(int(torch.Size(t).numel()) for t in shapes) * like.element_size()
 
     def store_buffers(self, t0: int, t1: int, like: Tensor,
                       fresh: bool = False) -> tuple[Tensor, Tensor]:
@@ -201,21 +205,15 @@ class FusedLoop:
         buffers of the longest segment's size (so a segment stored by its first pass costs no
         memory the backward would not take anyway); ``fresh``: in new tensors of their own (a
         segment whose first pass keeps its stores, freed after its backward)."""
-        prop, b = self.prop, like.shape[0]
-        longest = max(e - a for a, e in prop.segments)
-        steps = t1 - t0
-        if self.compact is not None:  # the velocities' ring stays 0 (the passes write inside)
-            if fresh:
-                vshape, sshape = self.compact.shapes(steps, b)
-                return zeroed_pages(vshape, like), zeroed_pages(sshape, like)
-            vshape, sshape = self.compact.shapes(longest, b)
-            return (_reused_zeroed(prop, "store_v", vshape, like)[:steps],
-                    _reused(prop, "store_s", sshape, like)[:steps])
+        prop, b, steps = self.prop, like.shape[0], t1 - t0
         if fresh:
-            return (like.new_empty((steps, b, 2, self.ny, self.nx)),
-                    like.new_empty((steps, b, 3, self.ny, self.nx)))
-        return (_reused(prop, "store_v", (longest, b, 2, self.ny, self.nx), like)[:steps],
-                _reused(prop, "store_s", (longest, b, 3, self.ny, self.nx), like)[:steps])
+            vshape, sshape = self.store_shapes(steps, b)
+            return zeroed_pages(vshape, like), zeroed_pages(sshape, like)
+        vshape, sshape = self.store_shapes(max(e - a for a, e in prop.segments), b)
+        # compact: the velocities' ring stays 0 (the passes write inside)
+        make = _reused_zeroed if self.compact is not None else _reused
+        return (make(prop, "store_v", vshape, like)[:steps],
+                _reused(prop, "store_s", sshape, like)[:steps])
 
     def run(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor, own: bool = False,
             stores: tuple[Tensor, Tensor] | None = None, fields: bool = False,
@@ -231,6 +229,13 @@ class FusedLoop:
         stepped in place instead of padded copies (a forward at 1040^2: 5 planes allocated
         and copied less)."""
         prop = self.prop
+        # several ranks, a forward without a graph: passes on blocks grown into the
+        # neighbours' (a gradient's first passes stay per step: ranks_pass.py says why)
+        steps = (ranks_pass.pass_steps(prop, self.steps_per_pass)
+                 if stores is None and psi is None else None)
+        if steps is not None:
+            v, s, traces = ranks_pass.RankPasses(self, steps).run(t0, t1, v, s, own_fields)
+            return v, s, None, traces
         if stores is None:  # a forward: its scratch would outlive it
             vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:

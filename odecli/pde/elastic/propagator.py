@@ -4,7 +4,9 @@ The scheme is :mod:`odecli.pde.elastic.reference`'s (velocity-stress, staggered,
 space, leapfrog in time, CPML on the absorbing sides, optional free surface on top).  Every step
 exchanges a two-cell halo of the stresses before the velocity update and of the velocities before
 the stress update (out of place and differentiable, :func:`odecli.parallel.ops.halo_exchange`);
-the parameters' one-cell halo is exchanged once per forward.  Since every per-node number is a
+the parameters' one-cell halo is exchanged once per forward (a forward without gradient on
+the C kernels exchanges deep halos once per pass of several steps instead,
+:mod:`odecli.pde.elastic.ranks_pass`).  Since every per-node number is a
 function of the global node index and of the same neighbours, N ranks give the 1-rank traces
 bit for bit.  On CPU the steps run on fused C kernels (:mod:`odecli.pde.elastic.fused`, bit for
 bit the reference's) and the gradient on their hand-written adjoint; on CUDA devices (one per
@@ -31,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from odecli.pde.elastic import cuda_loop
+from odecli.pde.elastic import cuda_loop, ranks_pass
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
 from odecli.pde.elastic.forward_pass import materials_without_graph
 from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
@@ -260,19 +262,27 @@ class ElasticPropagator:
                 if self.comm.size > 1:
                     speed = self.comm.allreduce_scalar(speed, op="max")
             self.pml_speed = speed
-            g, b, w = self.grid, self.block, self.pml_width
-            common = {"width": w, "speed": speed, "frequency": self.pml_frequency, "dt": self.dt,
-                          "dtype": self.dtype, "device": self.device}
-            ya = {"n": g.ny, "h": g.dy, "low": not self.free_surface, "high": True, "start": b.y0, "stop": b.y1}
-            xa = {"n": g.nx, "h": g.dx, "low": True, "high": True, "start": b.x0, "stop": b.x1}
-            ay_i, by_i = axis_coefficients(half=False, **ya, **common)
-            ay_h, by_h = axis_coefficients(half=True, **ya, **common)
-            ax_i, bx_i = axis_coefficients(half=False, **xa, **common)
-            ax_h, bx_h = axis_coefficients(half=True, **xa, **common)
-            col, row = (lambda t: t[:, None]), (lambda t: t[None, :])
-            self._profiles = Profiles(col(ay_i), col(by_i), col(ay_h), col(by_h),
-                                      row(ax_i), row(bx_i), row(ax_h), row(bx_h))
+            b = self.block
+            self._profiles = self.profiles_over(b.y0, b.y1, b.x0, b.x1)
         return self._profiles
+
+    def profiles_over(self, y0: int, y1: int, x0: int, x1: int) -> Profiles:
+        """The CPML coefficients of the global rows ``y0 .. y1-1`` and columns ``x0 .. x1-1``
+        (each node's a function of its global index alone: a rank's block grown into its
+        neighbours' gets their numbers); ``pml_speed`` must be set (:meth:`profiles`)."""
+        g, w = self.grid, self.pml_width
+        common = {"width": w, "speed": self.pml_speed, "frequency": self.pml_frequency,
+                  "dt": self.dt, "dtype": self.dtype, "device": self.device}
+        ya = {"n": g.ny, "h": g.dy, "low": not self.free_surface, "high": True, "start": y0,
+              "stop": y1}
+        xa = {"n": g.nx, "h": g.dx, "low": True, "high": True, "start": x0, "stop": x1}
+        ay_i, by_i = axis_coefficients(half=False, **ya, **common)
+        ay_h, by_h = axis_coefficients(half=True, **ya, **common)
+        ax_i, bx_i = axis_coefficients(half=False, **xa, **common)
+        ax_h, bx_h = axis_coefficients(half=True, **xa, **common)
+        col, row = (lambda t: t[:, None]), (lambda t: t[None, :])
+        return Profiles(col(ay_i), col(by_i), col(ay_h), col(by_h),
+                        row(ax_i), row(bx_i), row(ax_h), row(bx_h))
 
     def padded_parameters(self, coefficient: Tensor) -> Tensor:
         """``(3, ny + 2, nx + 2)``: the neighbours' values in the one-cell ring, the edge node's
@@ -382,8 +392,14 @@ class ElasticPropagator:
         ny, nx = coefficient.shape[-2:]
         # the insides of ringed tensors, which the C kernels without a graph step in place
         ring = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
-        v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
-        s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
+        # on ranks, the passes' grown fields (ranks_pass.py), stepped in place
+        grown = ranks_pass.grown_fields(self, coefficient, FusedLoop.steps_per_pass) \
+            if c_loop else None
+        if grown is not None:
+            v, s = grown
+        else:
+            v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
+            s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
         psi = None if c_loop else coefficient.new_zeros((b, N_PSI, ny, nx))
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
