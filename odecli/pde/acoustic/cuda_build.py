@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from odecli import native
+from odecli.pde.cuda_driver import DriverLaunches
 
 HERE = Path(__file__).resolve().parent
 TILE_X, TILE_Y = 32, 8  # as cuda_point.h: a thread block is a tile of 32 x 8 block points
@@ -348,36 +349,13 @@ def host_launcher(dtype: torch.dtype, lanes: tuple[int, int] | None = None) -> H
     return HostLauncher(dtype, lanes)
 
 
-class CudaLauncher(Launcher):
+class CudaLauncher(DriverLaunches, Launcher):
     """The NVRTC-built kernels on one GPU, launched by the driver on torch's current stream."""
-
-    device_type = "cuda"
 
     def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
         from odecli.ode.gpu import driver
 
-        cubin = compile_cubin(dtype, driver.device_arch(device))
-        self.kernels = {name: driver.Kernel(cubin, name, device) for name in (ENTRY, BLOCKS_ENTRY)}
-        self.device = device
-        self._driver = driver
-        address = ctypes.cast(driver._libcuda().cuLaunchKernel, ctypes.c_void_p).value
-        super().__init__({name: (address, kernel._function) for name, kernel in self.kernels.items()})
-
-    def stream(self) -> ctypes.c_void_p:
-        return ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
-
-    def check(self, result: int, what: str) -> None:
-        self._driver._check(result, what)
-
-    # The driver launches in the calling thread's current context: the device's, made current
-    # here (autograd runs the backward on a thread of its own, and tensors may be on cuda:1).
-    def launch(self, call: StepCall) -> None:
-        with torch.cuda.device(self.device):
-            super().launch(call)
-
-    def run(self, *args) -> None:
-        with torch.cuda.device(self.device):
-            super().run(*args)
+        super().__init__(compile_cubin(dtype, driver.device_arch(device)), (ENTRY, BLOCKS_ENTRY), device)
 
     def run_blocks(self, *args) -> None:
         with torch.cuda.device(self.device):
