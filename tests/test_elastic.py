@@ -22,14 +22,7 @@ from odecli.pde.sources import ricker
 SCRIPTS = Path(__file__).parent / "mpi_scripts"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small tensors: a second torch thread costs more than it gives on a shared 2-core machine
-    (a 140^2 forward took 27 s with two threads under load and 1.5 s with one)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def homogeneous(shape, vp, vs, rho):

@@ -20,13 +20,7 @@ from odecli.pde.elastic import adjoint_pass
 from odecli.pde.elastic.fused import FusedLoop
 from odecli.pde.sources import ricker
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def problem(source_type: str, dtype):

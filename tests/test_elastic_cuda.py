@@ -34,12 +34,7 @@ NO_NVRTC = nvrtc.available()
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class CountingHost:

@@ -21,12 +21,7 @@ from odecli.pde.elastic.fused import FusedLoop
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
