@@ -14,6 +14,12 @@ from collections.abc import Iterable
 
 import torch
 
+# cuLaunchKernel's signature (function, grid x y z, block x y z, shared bytes, stream, kernel
+# parameters, extra): the driver's function and the host builds' stand-ins are called through it
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
 
 class DriverLaunches:
     """Mixin for a launcher whose ``__init__`` takes ``{name: (launch address, kernel handle)}``

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from odecli import native
-from odecli.pde.cuda_driver import DriverLaunches
+from odecli.pde.cuda_driver import LAUNCH, DriverLaunches
 
 HERE = Path(__file__).resolve().parent
 TILE_X, TILE_Y = 32, 8  # as cuda_point.h: a thread block is a tile of 32 x 8 block points
@@ -209,11 +209,6 @@ def tiles_x(nx: int, tile_x: int = TILE_X) -> int:
     return -(-nx // tile_x)
 
 
-_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
-                           ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                           ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
-
 @functools.cache
 def _steps_library() -> ctypes.CDLL:
     lib, why = native.load_source("acoustic_cuda_steps", (HERE / "cuda_steps.c").read_bytes())
@@ -231,7 +226,7 @@ class Launcher:
     device_type = "cpu"
 
     def __init__(self, entries: dict[str, tuple[int, ctypes.c_void_p]]) -> None:
-        self._entries = {name: (ctypes.c_void_p(address), _LAUNCH(address), function)
+        self._entries = {name: (ctypes.c_void_p(address), LAUNCH(address), function)
                          for name, (address, function) in entries.items()}
         lib = _steps_library()
         self._run, self._run_blocks = lib.acoustic_run_steps, lib.acoustic_run_blocks

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from odecli import native
-from odecli.pde.cuda_driver import DriverLaunches
+from odecli.pde.cuda_driver import LAUNCH, DriverLaunches
 
 HERE = Path(__file__).resolve().parent
 TILE_X, TILE_Y = 32, 8  # as cuda_point.h: a thread block is a tile of 32 x 8 points
@@ -170,11 +170,6 @@ class Call:
             self._slot[name].value = value
 
 
-_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
-                           ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                           ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
-
 @functools.cache
 def _steps_library() -> ctypes.CDLL:
     lib, why = native.load_source("elastic_cuda_steps", (HERE / "cuda_steps.c").read_bytes())
@@ -206,7 +201,7 @@ class Between:
                 self.error = exc
                 return 1
 
-        self._function = _LAUNCH(call)  # kept alive while the loop may call it
+        self._function = LAUNCH(call)  # kept alive while the loop may call it
         self.address = ctypes.cast(self._function, ctypes.c_void_p).value
 
 
@@ -218,7 +213,7 @@ class Launcher:
     device_type = "cpu"
 
     def __init__(self, entries: dict[str, tuple[int, ctypes.c_void_p]]) -> None:
-        self._entries = {name: (_LAUNCH(address), function)
+        self._entries = {name: (LAUNCH(address), function)
                          for name, (address, function) in entries.items()}
         self._addresses = {name: address for name, (address, _) in entries.items()}
         self._run = _steps_library().elastic_run_steps
