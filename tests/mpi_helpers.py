@@ -65,3 +65,31 @@ def run_mpi(script: Path, n: int, args: list[str], timeout: float = 120) -> subp
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+SCRIPTS = Path(__file__).parent / "mpi_scripts"
+
+
+def mpi_script(name: str):
+    """The MPI script ``mpi_scripts/<name>.py`` imported as a module, for what the tests use of it
+    in this process (its one-rank ``compute(None)``, its constants) beside its mpiexec runs."""
+    import importlib
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+def compute_on_one_thread(script):
+    """``script.compute(None)``, the one-rank result, with one torch thread: small tensors, where
+    a second thread costs more than it gives on a shared 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return script.compute(None)
+    finally:
+        torch.set_num_threads(before)

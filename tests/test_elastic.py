@@ -6,21 +6,16 @@ and Taylor tests of the gradient for each of vp, vs and rho.  The propagator is 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from elastic_setup import build, elastic_setup, green_velocity
-from mpi_helpers import run_mpi
+from mpi_helpers import SCRIPTS, compute_on_one_thread, mpi_script, run_mpi
 
 from odecli.parallel.comm import get_comm
 from odecli.pde.elastic import equation
 from odecli.pde.sources import ricker
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -183,17 +178,7 @@ def test_free_surface_zeroes_the_normal_stress_on_top():
 
 @pytest.fixture(scope="module")
 def one_rank():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import elastic_equivalence
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return elastic_equivalence.compute(None)
-    finally:
-        torch.set_num_threads(before)
+    return compute_on_one_thread(mpi_script("elastic_equivalence"))
 
 
 @pytest.mark.parametrize("n,grid", [(2, "2x1"), (2, "1x2"), (4, "2x2")])
@@ -238,11 +223,7 @@ def test_reference_path_on_two_ranks_equals_fused_one_rank(one_rank, tmp_path, m
 def test_fused_kernels_equal_the_reference_bit_for_bit(dtype, source, free_surface):
     """On one rank the forward's passes (elastic_run.c: several steps per pass over the rows,
     the sources and the free surface's images inside them)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import elastic_equivalence as eq
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    eq = mpi_script("elastic_equivalence")
     _, shots, recs, comps = eq.variants()
     setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, eq.NT, shots, recs,
                           ricker(25.0, eq.NT, eq.DT), components=comps, width=6, segments=3,
@@ -271,11 +252,7 @@ def test_fused_kernels_equal_the_reference_bit_for_bit(dtype, source, free_surfa
 def test_hand_written_adjoint_gives_autograds_gradient(source, free_surface):
     """The C adjoint (fused path) against autograd through the PyTorch reference steps, for
     vp, vs and rho (a fluid patch, CPML, 3 time segments, mixed receivers)."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import elastic_equivalence as eq
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    eq = mpi_script("elastic_equivalence")
     _, shots, recs, comps = eq.variants()
     setup = elastic_setup(get_comm(), eq.SHAPE, eq.SPACING, eq.DT, eq.NT, shots, recs,
                           ricker(25.0, eq.NT, eq.DT), components=comps, width=6, segments=3,

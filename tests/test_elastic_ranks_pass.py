@@ -7,30 +7,14 @@ reach differ (the exchange's depth is what makes them equal)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-import torch
-from mpi_helpers import run_mpi
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
+from mpi_helpers import SCRIPTS, compute_on_one_thread, mpi_script, run_mpi
 
 
 @pytest.fixture(scope="module")
 def one_rank():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import elastic_ranks_pass
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return elastic_ranks_pass.compute(None)
-    finally:
-        torch.set_num_threads(before)
+    return compute_on_one_thread(mpi_script("elastic_ranks_pass"))
 
 
 def _ranks(tmp_path, n: int, grid: str, *extra: str) -> dict:

@@ -6,16 +6,14 @@ adjoint-state gradient against finite differences and Taylor tests (grid and MLP
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 import torch
+from mpi_helpers import SCRIPTS, mpi_script, run_mpi
 
-from mpi_helpers import run_mpi
 from odecli.parallel.comm import Comm
 from odecli.parallel.decomposition import decompose
 from odecli.pde.grid import Block, Grid
@@ -23,7 +21,6 @@ from odecli.pde.linear import NotConverged, SolverSettings
 from odecli.pde.linear.diffusion import DiffusionBoundary
 from odecli.pde.linear.solve import DiffusionSystem, solve
 
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
 MIXED = {"top": {"type": "dirichlet", "value": 1.0}, "bottom": {"type": "neumann"},
          "left": {"type": "dirichlet", "value": -0.5}, "right": {"type": "neumann"}}
 DIRICHLET = {s: {"type": "dirichlet", "value": 0.0} for s in ("top", "bottom", "left", "right")}
@@ -189,12 +186,7 @@ def test_taylor_rate_is_two_for_an_mlp_conductivity():
 
 @pytest.fixture(scope="module")
 def one_rank_reference():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import linear_check
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return linear_check.compute(None)
+    return mpi_script("linear_check").compute(None)
 
 
 # 37x29 splits unevenly on every layout.  Each solve stops at a relative residual of 1e-12, so

@@ -17,20 +17,15 @@ And the rank-to-device rule, ``cuda:rank % count``, with a fake GPU count.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from mpi_helpers import run_mpi
+from mpi_helpers import SCRIPTS, compute_on_one_thread, mpi_script, run_mpi
 
 from odecli.app import pde_problem, solve, solve_ranks
 from odecli.errors import SpecError
 from odecli.pde.acoustic import cuda_build as acoustic_build
 from odecli.pde.elastic import cuda_build as elastic_build
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +36,7 @@ def one_rank():
         elastic_build.host_launcher(torch.float64)
     except RuntimeError as exc:  # no C compiler (or ODECLI_NATIVE=0): nothing to run them on
         pytest.skip(str(exc))
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import pde_cuda_ranks
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return pde_cuda_ranks.compute(None)
-    finally:
-        torch.set_num_threads(threads)
+    return compute_on_one_thread(mpi_script("pde_cuda_ranks"))
 
 
 @pytest.mark.parametrize("n,grid,flags", [(2, "1x2", ["--probes"]), (4, "2x2", ["--staged"]),

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-from mpi_helpers import run_mpi
-
-SCRIPTS = Path(__file__).parent / "mpi_scripts"
+from mpi_helpers import SCRIPTS, mpi_script, run_mpi
 
 
 @pytest.fixture(scope="module")
 def reference():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import pde_equivalence
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return pde_equivalence.compute(None)
+    return mpi_script("pde_equivalence").compute(None)
 
 
 # exchange_every > 1: ranks step an extended block and exchange both time levels every k steps
