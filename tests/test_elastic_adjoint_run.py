@@ -70,8 +70,8 @@ def test_the_pass_gives_the_per_step_adjoints_gradient_bit_for_bit(monkeypatch, 
     lengths = []
     steps = adjoint_pass.AdjointPass.steps
     monkeypatch.setattr(adjoint_pass.AdjointPass, "steps",
-                        lambda self, hi, n, t0, gtr: (lengths.append(n),
-                                                      steps(self, hi, n, t0, gtr)))
+                        lambda self, hi, n, *rest: (lengths.append(n),
+                                                    steps(self, hi, n, *rest)))
     for per_pass in (1, 3, 5):
         monkeypatch.setattr(adjoint_pass, "STEPS", per_pass)
         for threads in (1, 2):
@@ -96,9 +96,9 @@ def test_the_check_can_fail(monkeypatch):
     monkeypatch.setattr(adjoint_pass, "STEPS", 3)
     steps = adjoint_pass.AdjointPass.steps
 
-    def late(self, hi, n, t0, gtr):
+    def late(self, hi, n, t0, gtr, *rest):
         shifted = None if gtr is None else torch.roll(gtr, 1, dims=-1)
-        return steps(self, hi, n, t0, shifted)
+        return steps(self, hi, n, t0, shifted, *rest)
 
     monkeypatch.setattr(adjoint_pass.AdjointPass, "steps", late)
     assert not torch.equal(gradient(prop, model, observed), reference)

@@ -48,6 +48,8 @@ def test_compact_stores_give_the_five_planes_gradient(monkeypatch, dtype, source
     import odecli.pde.elastic.propagator as elastic_propagator
 
     monkeypatch.setattr(elastic_propagator, "MIN_POINTS_PER_THREAD", 1)
+    # the unscaled adjoint on both (the scaled one: tests/test_elastic_scaled_adjoint.py)
+    monkeypatch.setattr(adjoint_pass, "SCALED", False)
     prop, model, observed = problem(source_type, dtype)
     assert len(prop.segments) == 2
     seen = compact_used(monkeypatch)

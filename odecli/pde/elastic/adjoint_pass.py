@@ -34,6 +34,40 @@ from odecli.threads import available_cpus, run_on_pool, split_rows
 # Adjoint steps per pass: None, one per kernel thread (measured below); 0, one
 # elastic_adjoint_step per step (the path before the passes); n, n.
 STEPS: int | None = None
+# The adjoint in scaled variables (elastic_adjoint_scaled.c) where the stiffness allows it
+# (scaled_ok); False: the unscaled one always (the tests compare the two).
+SCALED = True
+# The largest condition number of the normal stresses' stiffness [[lam+2mu, lam], [lam,
+# lam+2mu]] (its eigenvalues 2 (lam + mu) and 2 mu, so (vp^2 - vs^2) / vs^2) for which the
+# scaled adjoint runs: its gradients divide by that matrix once (finish_scaled), which
+# multiplies their round-off by up to the condition number; 100 is vs >= vp / 10.05.
+SCALED_MAX_CONDITION = 100.0
+
+
+def scaled_ok(lam2mu: Tensor, lam: Tensor, mu_xy: Tensor) -> bool:
+    """Whether the scaled adjoint may run on these staggered parameters: mu_xy > 0 and the
+    normal stresses' stiffness positive definite with a condition number of at most
+    :data:`SCALED_MAX_CONDITION` everywhere (a fluid, vs = 0, takes the unscaled adjoint)."""
+    if not SCALED or bool((mu_xy <= 0).any()):
+        return False
+    low, high = lam2mu - lam.abs(), lam2mu + lam.abs()
+    return bool((low > 0).all()) and bool((high <= SCALED_MAX_CONDITION * low).all())
+
+
+def finish_scaled(mats: list[Tensor], gm: list[Tensor], graw: Tensor, dt: float) -> None:
+    """The scaled adjoint's sums turned into the staggered parameters' gradients, in place:
+    ``gm[2:5]`` hold S1, S2, S3 and ``graw`` the buoyancies' sums (elastic_adjoint_scaled.c
+    says what they are); ``gm[0:2]`` already hold the point forces' terms."""
+    by, bx, lam2mu, lam, mu_xy = mats
+    s1, s2, s3 = gm[2], gm[3], gm[4]
+    det = lam2mu * lam2mu - lam * lam
+    g_lam2mu = (lam2mu * s1 - lam * s2) * (dt / det)
+    g_lam = (lam2mu * s2 - lam * s1) * (dt / det)
+    s1.copy_(g_lam2mu)
+    s2.copy_(g_lam)
+    s3.mul_(dt / mu_xy)
+    gm[0].add_(graw[0] / (by * by))
+    gm[1].add_(graw[1] / (bx * bx))
 
 
 def pass_length(threads: int) -> int:
@@ -80,13 +114,18 @@ class AdjointPass:
 
     def __init__(self, loop, lv: Tensor, ls: Tensor, lp: Tensor, store_v: Tensor,
                  store_s: Tensor, gm: list[Tensor], w: Tensor, threads: int,
-                 v0: Tensor | None = None, graw: Tensor | None = None) -> None:
+                 v0: Tensor | None = None, graw: Tensor | None = None,
+                 scaled: bool = False) -> None:
         self.prop = loop.prop
         sfx = "f64" if lv.dtype == torch.float64 else "f32"
         lib, why = native.load("elastic")
         if lib is None:
             raise RuntimeError(f"fused elastic kernels unavailable: {why}")
-        self.kernel = getattr(lib, f"elastic_adjoint_run_{sfx}")
+        # scaled (compact stores only): the adjoints scaled, u = b lambda_v, tau = C lambda_s
+        self.scaled = scaled
+        self.mats = loop.mats
+        name = "elastic_adjoint_scaled_run" if scaled else "elastic_adjoint_run"
+        self.kernel = getattr(lib, f"{name}_{sfx}")
         self.b, self.ny, self.nx = lv.shape[0], loop.ny, loop.nx
         self.lv, self.ls, self.store_v, self.store_s = lv, ls, store_v, store_s
         self.threads = max(1, min(threads, available_cpus()))
@@ -132,8 +171,15 @@ class AdjointPass:
             flat = cat(flats, torch.int64)
             rows = (flat % plane) // nx2 - RING
             order, at, ptr = _by_row(flat, rows, self.ny)
-            self.rec[key] = (ptr, at, cat(cols, torch.int64)[order],
-                             cat(factors, torch.float64)[order].to(self.lv.dtype))
+            factor = cat(factors, torch.float64)[order].to(self.lv.dtype)
+            if self.scaled and at.numel():  # the residuals into u = b lv, tau = C ls
+                point = rows[order] * self.nx + (at % nx2 - RING)
+                by, bx, lam2mu, lam = (t.reshape(-1) for t in self.mats[:4])
+                if key == "v":
+                    factor = factor * torch.where(at // plane == 0, by[point], bx[point])
+                else:  # a pressure residual goes into both normal stresses alike
+                    factor = factor * (lam2mu[point] + lam[point])
+            self.rec[key] = (ptr, at, cat(cols, torch.int64)[order], factor)
         self.inverse_order = torch.argsort(self.prop.rec_order)
 
     def _source_table(self, gm: list[Tensor]) -> None:
@@ -154,9 +200,11 @@ class AdjointPass:
         self.g_src = gm[chan]
         self.scale = prop.dt / (prop.grid.dy * prop.grid.dx)
 
-    def steps(self, hi: int, n: int, t0: int, gtr: Tensor | None) -> None:
-        """Adjoint steps ``hi - 1`` down to ``hi - n`` (of the segment starting at ``t0``), with
-        the traces' adjoints ``gtr`` ``(B, receivers, segment steps)`` (None: none)."""
+    def steps(self, hi: int, n: int, t0: int, gtr: Tensor | None, t1: int | None = None) -> None:
+        """Adjoint steps ``hi - 1`` down to ``hi - n`` (of the segment ``t0 .. t1-1``), with
+        the traces' adjoints ``gtr`` ``(B, receivers, segment steps)`` (None: none).  Scaled:
+        the adjoints come in unscaled at the segment's end (``hi == t1``) and leave unscaled at
+        its start."""
         its = list(range(hi - 1, hi - n - 1, -1))
         ks = [it - t0 for it in its]
         addresses = lambda store: (ctypes.c_void_p * n)(*(store[k].data_ptr() for k in ks))
@@ -194,9 +242,11 @@ class AdjointPass:
             compact = ((ctypes.c_void_p * n)(*(t.data_ptr() for t in before)),
                        *self.layout.args(), _ptr(self.drow), _ptr(self.graw[0]),
                        _ptr(self.graw[1]))
+        flags = ((ctypes.c_int(int(hi == t1)), ctypes.c_int(int(hi - n == t0)))
+                 if self.scaled else ())
         call = lambda j0, j1, done, ahead: self.kernel(
             *head, ctypes.c_long(j0), ctypes.c_long(j1), done, ahead, *self.fixed, *stores,
-            *self.fields, *tail, *compact)
+            *self.fields, *tail, *compact, *flags)
         parts = split_rows(n, self.threads)
         if len(parts) == 1:
             call(0, n, None, None)

@@ -211,3 +211,4 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
 
 DEFINE_ADJOINT_RUN(double, f64)
 DEFINE_ADJOINT_RUN(float, f32)
+#include "elastic_adjoint_scaled.c"

@@ -373,10 +373,16 @@ class FusedLoop:
             mats = [_ptr(t) for t in self.mats]
             grads_at = [_ptr(t) for t in gm]
             cut = ctypes.c_long(self.pieces[0][1])
+        # compact stores: the adjoint in scaled variables where the stiffness allows
+        # (adjoint_pass.scaled_ok; decided once a backward)
+        if passes and self.compact is not None and "scaled" not in cache:
+            cache["scaled"] = adjoint_pass.scaled_ok(*self.mats[2:])
+        scaled = passes and self.compact is not None and cache["scaled"]
         if passes:
             # compact stores: the velocities before the segment's first step, ringed
             v0 = None if self.compact is None else _padded(prop, "v0", v)
-            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0, graw)
+            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0, graw,
+                                 scaled)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
@@ -415,7 +421,9 @@ class FusedLoop:
         inner = (slice(None), slice(None), slice(RING, -RING), slice(RING, -RING))
         out = [lv[inner], ls[inner], lp]  # the previous segment's gv, gs: padded in place
         if t0 == 0:  # the backward's last segment: the sums, and the scratch memory back
-            if graw is not None:
+            if scaled:
+                adjoint_pass.finish_scaled(self.mats, gm, graw, prop.dt)
+            elif graw is not None:
                 gm[0].add_(graw[0] / self.mats[0])
                 gm[1].add_(graw[1] / self.mats[1])
             prop.__dict__.pop("_scratch", None)
@@ -424,7 +432,7 @@ class FusedLoop:
 
     def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
                         store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None,
-                        v0: Tensor | None, graw: Tensor | None) -> None:
+                        v0: Tensor | None, graw: Tensor | None, scaled: bool = False) -> None:
         """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
         :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
         residuals and the point forces' gradient inside them; the adjoints' rings cleared
@@ -433,11 +441,11 @@ class FusedLoop:
         rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
         rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
         run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
-                                       len(self.pieces), v0, graw)
+                                       len(self.pieces), v0, graw, scaled)
         hi = t1
         while hi > t0:
             n = min(steps, hi - t0)
-            run.steps(hi, n, t0, gtr)
+            run.steps(hi, n, t0, gtr, t1)
             hi -= n
             self._exchange_adjoint(lv, VELOCITY_IMAGE)
             self._exchange_adjoint(ls, STRESS_IMAGE)
