@@ -40,10 +40,8 @@
  * its iteration i reads tau rows up to i + 2, which step j finishes in its iteration i + 8
  * (SCALED_DEP), and writes only rows step j is done with.  Threads: as elastic_adjoint_run. */
 
-#define SCALED_LAG 8 /* rows step j + 1 works behind step j */
+#define SCALED_LAG 8 /* rows step j + 1 works behind step j (>= SCALED_DEP; 12 measured alike) */
 #define SCALED_DEP 8  /* rows step j must be ahead (see above) */
-static long scaled_lag = SCALED_LAG;
-void elastic_scaled_set_lag(long lag) { scaled_lag = lag < SCALED_DEP ? SCALED_DEP : lag; }
 
 #define DEFINE_SCALED_ROWS(real, sfx)                                                              \
 /* (1) off the layers: S1..S3 from the strain rates of the stored velocities vy, vx, then the    \
@@ -282,13 +280,13 @@ void elastic_adjoint_scaled_run_##sfx(long B, long ny, long nx, long n, long j0,
     const int inner = jhi > jlo; /* as derive_stress_row's and the compact stores' */             \
     const long ia = inner ? jlo : nx, ib = inner ? jhi : nx;                                       \
     const long ea = inner && jlo + 2 < nx ? jlo + 2 : nx, eb = inner && jhi > 2 ? jhi - 2 : 0;     \
-    for (long q = 0; q < ny + 6 + (n - 1) * scaled_lag; q++)    {                                     \
+    for (long q = 0; q < ny + 6 + (n - 1) * SCALED_LAG; q++) {                                     \
         if (ahead) /* wait for the steps before this call's */                                     \
             for (long spins = 0;                                                                   \
-                 __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q + SCALED_DEP - scaled_lag; ++spins)  \
+                 __atomic_load_n(ahead, __ATOMIC_ACQUIRE) < q + SCALED_DEP - SCALED_LAG; ++spins)  \
                 if (spins > 256) sched_yield();                                                    \
         for (long j = j0; j < j1; j++) {                                                           \
-            const long i = q - j * scaled_lag;                                                     \
+            const long i = q - j * SCALED_LAG;                                                     \
             if (i < 0 || i >= ny + 6) continue;                                                    \
             const int first = convert_in && j == 0, last = convert_out && j == n - 1;              \
             for (long b = 0; b < B; b++) {                                                         \

@@ -437,7 +437,7 @@ class FusedLoop:
         :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
         residuals and the point forces' gradient inside them; the adjoints' rings cleared
         after each pass (the steps do not read them)."""
-        steps = adjoint_pass.pass_length(len(self.pieces))
+        steps = adjoint_pass.pass_length(len(self.pieces), scaled)
         rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
         rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
         run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
