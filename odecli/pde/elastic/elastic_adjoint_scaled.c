@@ -33,8 +33,9 @@
  *   (1) row i: S1..S3 (tau row i before its update), Delta of the stress half into ring ws,
  *       u row i += -dt b D_s tau (reads tau rows i - 2 .. i + 2, none updated yet);
  *   (2) row i - 2: u += b G_s(ws) (the correction; reads ws rows i - 4 .. i);
- *   (3) row i - 4: gr, Delta of the velocity half into ring wv, tau row i - 4 += -dt C D_v u
- *       (reads u rows i - 6 .. i - 2, all final); then the point forces' terms of that row;
+ *   (3) row i - 4: gr (the point forces' part taken out of the change first), Delta of the
+ *       velocity half into ring wv, tau row i - 4 += -dt C D_v u (reads u rows i - 6 .. i - 2,
+ *       all final); then the point forces' own term of g_b, src_val lambda_v, into gr;
  *   (4) row i - 6: tau += C G_v(wv) (reads wv rows i - 8 .. i - 4); unscaled (convert_out).
  * Several steps in one pass: step j + 1 (earlier in time) runs SCALED_LAG rows behind step j;
  * its iteration i reads tau rows up to i + 2, which step j finishes in its iteration i + 8
@@ -269,7 +270,7 @@ void elastic_adjoint_scaled_run_##sfx(long B, long ny, long nx, long n, long j0,
         long src_count, real *g_src, const real *const *vprev, int compact, const int64_t *smap,  \
         long sy, real *drow, real *gr_y, real *gr_x, int convert_in, int convert_out)             \
 {                                                                                                  \
-    (void)g_by_unused; (void)g_bx_unused; (void)compact;                                             \
+    (void)g_by_unused; (void)g_bx_unused; (void)compact; (void)g_src;                                             \
     const unsigned fp_mode = elastic_flush_subnormals(); /* subnormals.c */                       \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     const long cols = jlo + nx - jhi, cstride = 3 * (sy * nx + ny * cols);                         \
@@ -375,9 +376,24 @@ void elastic_adjoint_scaled_run_##sfx(long B, long ny, long nx, long n, long j0,
                                                 bxi, axh, bxh, dt, idy, idx);                      \
                     if (lb > la && near_y_layer_##sfx(ny, r, 4, ayi, ayh))                         \
                         zero_w_cols_##sfx(w0, wp, la, lb);                                         \
+                    /* a row with this shot's point forces: their part taken out of the      \
+                     * change per step, (v_new - (v_old + force)) (summed apart, the two large     \
+                     * sums at the source cancelled to 1e-5 of the buoyancy gradient, float32) */  \
+                    const real *voy = vo + R, *vox = vo + plane + R;                               \
+                    if (row_has_force_##sfx(ny, nx, r, b, src_ptr, src_at)) {                      \
+                        real *oy = ds + 3 * nx, *ox = ds + 4 * nx;                                 \
+                        for (long c = 0; c < nx; c++) { oy[c] = voy[c]; ox[c] = vox[c]; }          \
+                        for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++) {                       \
+                            const long rest = src_at[k] - b * 2 * plane;                           \
+                            if (rest < 0 || rest >= 2 * plane) continue; /* another shot's */     \
+                            const long c = rest / plane, gk = src_g[k];                            \
+                            (c ? ox : oy)[gk % nx] += src_val[j * src_count + k] * (c ? bux : buy)[gk]; \
+                        }                                                                          \
+                        voy = oy; vox = ox;                                                        \
+                    }                                                                              \
                     scaled_stress_row_##sfx(nx, NX, uy, ux, tyy, txx, txy, lam2mu + P, lam + P,    \
-                                            muxy + P, vn + R, vo + R, vn + plane + R,              \
-                                            vo + plane + R, gr_y + P, gr_x + P, mdt, idy, idx);    \
+                                            muxy + P, vn + R, voy, vn + plane + R, vox, gr_y + P,  \
+                                            gr_x + P, mdt, idy, idx);                              \
                 }                                                                                  \
                 if (i - 4 >= ny && i - 4 < ny + 2) zero_ring_rows_##sfx(wv, nx, i);                \
                 const long g = i - 6;                                                              \
@@ -402,13 +418,15 @@ void elastic_adjoint_scaled_run_##sfx(long B, long ny, long nx, long n, long j0,
                 }                                                                                  \
             }                                                                                      \
             const long r = i - 4;                                                                  \
-            if (r >= 0 && r < ny) /* the point forces of row r: their part of gr, and of g_b */  \
+            /* the point forces of row r: their own part of g_b, src_val lambda_v, into the    \
+             * sums gr too (times b^2), where it meets the change's part of the same step (the     \
+             * two large and of opposite sign; summed apart and added at the end, they cancelled  \
+             * to 2e-5 of the source point's gradient in float32) */                             \
+            if (r >= 0 && r < ny)                                                                  \
                 for (long k = src_ptr[r]; k < src_ptr[r + 1]; k++) {                               \
                     const long rest = src_at[k] % (2 * plane), c = rest / plane, gk = src_g[k];    \
-                    const real bk = (c ? bux : buy)[gk], u = lv[src_at[k]];                        \
-                    const real v = src_val[j * src_count + k];                                     \
-                    (c ? gr_x : gr_y)[gk] -= u * (v * bk);                                         \
-                    g_src[gk] += v * (u / bk);                                                     \
+                    const real bk = (c ? bux : buy)[gk];                                           \
+                    (c ? gr_x : gr_y)[gk] += src_val[j * src_count + k] * (lv[src_at[k]] * bk);    \
                 }                                                                                  \
         }                                                                                          \
         if (done)                                                                                  \
