@@ -51,8 +51,10 @@ from odecli.pde.elastic.reference import (
 # cuda_loop takes the scratch helpers from here
 from odecli.pde.elastic.scratch import (
     PackedPsi,
+    _lend,
     _padded,
     _reused,
+    _reused_fresh,
     _reused_zeroed,
     zeroed_pages,
 )
@@ -236,7 +238,12 @@ class FusedLoop:
         if steps is not None:
             v, s, traces = ranks_pass.RankPasses(self, steps).run(t0, t1, v, s, own_fields)
             return v, s, None, traces
-        if stores is None:  # a forward: its scratch would outlive it
+        # a forward (or a first pass keeping its stores): the fields outlive it, in tensors of
+        # their own, returned as views (one copy; _padded's scratch and a contiguous copy out
+        # were two: 10 of 3 planes at 1040^2 took 60 ms of a 3.5 s gradient); the backward's
+        # recomputation (stores alone): in the reused scratch
+        recompute = stores is not None and not fields
+        if not recompute:
             vr, sr = ringed(v, own_fields), ringed(s, own_fields)
         else:
             vr, sr = _padded(prop, "v", v), _padded(prop, "s", s)
@@ -247,11 +254,9 @@ class FusedLoop:
         # one rank: several steps per pass over the rows (a free surface needs 3 rows there)
         if prop.comm.size == 1 and self.steps_per_pass != 0 and self.ny >= 3:
             traces = run_passes(self, t0, t1, vr, sr, psi, stores, self.steps_per_pass)
-            if stores is None:  # views of this forward's own tensors: no copies
-                return vr[inner], sr[inner], psi, traces
-            if not fields:
+            if recompute:
                 return None, None, psi, traces
-            return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+            return vr[inner], sr[inner], psi, traces  # views of their own tensors: no copies
         # otherwise each step's two half steps, with the halo exchange and the image between
         if psi is None:
             psi = v.new_zeros((v.shape[0], N_PSI, self.ny, self.nx))
@@ -277,9 +282,9 @@ class FusedLoop:
             recs.append(self._record(vr, sr))
         traces = (torch.stack(recs, dim=-1) if recs
                   else v.new_zeros((v.shape[0], prop.geom.nrec_local, 0)))
-        if stores is not None and not fields:  # the adjoint's recomputation: the stores alone
+        if recompute:  # the adjoint's recomputation: the stores alone
             return None, None, psi, traces
-        return vr[inner].contiguous(), sr[inner].contiguous(), psi, traces
+        return vr[inner], sr[inner], psi, traces
 
     def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
                 grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:
@@ -298,16 +303,22 @@ class FusedLoop:
         with torch.no_grad():
             # the recomputation's memory variables, then the adjoint's (below) in another
             # scratch tensor, which the next segment's backward gets back as gpsi and reuses
-            work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
-            start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
+            # (none where the first pass kept the stores: nothing is recomputed)
             if stored is None:
+                work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
+                start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
                 self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
+            if self.compact is not None:  # v0 of the passes below: v's own ringed tensor
+                _lend(prop, "v0", v)
+        # None: an output that nothing used (the last segment's fields and memory variables:
+        # _Segment does not have autograd make zeros of 13 planes, then copied here); the
+        # first segment's backward finds its scratch made now, zeroed (_reused_fresh)
         gv, gs, gpsi, gtr = grads
-        pad = lambda g, like: (torch.zeros_like(like) if g is None else g)
-        lv, ls = _padded(prop, "lv", pad(gv, v)), _padded(prop, "ls", pad(gs, s))
-        lp = _reused(prop, "lp", tuple(psi.shape), v)
+        lv, ls = _padded(prop, "lv", gv, like=v), _padded(prop, "ls", gs, like=s)
+        lp, fresh = _reused_fresh(prop, "lp", tuple(psi.shape), v)
         if gpsi is None:
-            lp.zero_()
+            if not fresh:
+                lp.zero_()
         elif gpsi.data_ptr() != lp.data_ptr():
             lp.copy_(gpsi)
         # The parameter gradients are summed over the segments here and returned once, by the
@@ -315,8 +326,9 @@ class FusedLoop:
         # allocation and an autograd sum of five planes each.
         cache = prop.__dict__.setdefault("_scratch", {})
         if "gm" not in cache:
-            cache["gm"] = ([torch.zeros_like(t) for t in self.mats],  # by, bx, lam2mu, lam, mu_xy
-                           None if self.surface is None else torch.zeros_like(self.surface))
+            cache["gm"] = ([zeroed_pages(t.shape, t) for t in self.mats],  # by, bx, lam2mu,
+                           None if self.surface is None  # lam, mu_xy
+                           else torch.zeros_like(self.surface))
         gm, g_surface = cache["gm"]
         # compact stores: the buoyancy gradient's interior terms before their division by b
         graw = None

@@ -36,7 +36,7 @@ from torch import Tensor
 from odecli.pde.elastic import cuda_loop, ranks_pass
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
 from odecli.pde.elastic.forward_pass import materials_without_graph
-from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available
+from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available, zeroed_pages
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -75,6 +75,10 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, prop, t0, t1, v, s, psi, *materials):
         ctx.prop, ctx.span = prop, (t0, t1)
+        # an output nothing used (the last segment's fields and memory variables) gets None,
+        # not zeros (13 planes made, then copied by the adjoint: 60 ms of a 3.5 s gradient
+        # at 1040^2 float64); the reference path's backward makes them
+        ctx.set_materialize_grads(False)
         ctx.has_surface = materials[-1] is not None
         mats = [m for m in materials if m is not None]
         if not prop.fused:
@@ -118,7 +122,10 @@ class _Segment(torch.autograd.Function):
         inputs = saved + ([] if ctx.has_surface else [None])
         with torch.enable_grad():
             outputs = ctx.prop._run(*ctx.span, *inputs)
-        pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+        # zeros where autograd gave None: on several ranks every rank must backpropagate
+        # through the same outputs (their halo exchanges pair up), whatever its receivers
+        pairs = [(o, torch.zeros_like(o) if g is None else g) for o, g in zip(outputs, grads)
+                 if o.requires_grad]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         got = [t.grad for t in saved]
         if not ctx.has_surface:
@@ -395,12 +402,16 @@ class ElasticPropagator:
         # on ranks, the passes' grown fields (ranks_pass.py), stepped in place
         grown = ranks_pass.grown_fields(self, coefficient, FusedLoop.steps_per_pass) \
             if c_loop else None
+        # on the C kernels in zeroed huge pages (scratch.zeroed_pages: 13 planes of new_zeros
+        # took 40 ms at 1040^2 float64, and the kernels' first writes their page faults)
+        zeros = zeroed_pages if self.fused and self.loop_class is FusedLoop else (
+            lambda shape, like: like.new_zeros(shape))
         if grown is not None:
             v, s = grown
         else:
-            v = coefficient.new_zeros((b, 2, ny + 2 * RING, nx + 2 * RING))[ring]
-            s = coefficient.new_zeros((b, 3, ny + 2 * RING, nx + 2 * RING))[ring]
-        psi = None if c_loop else coefficient.new_zeros((b, N_PSI, ny, nx))
+            v = zeros((b, 2, ny + 2 * RING, nx + 2 * RING), coefficient.detach())[ring]
+            s = zeros((b, 3, ny + 2 * RING, nx + 2 * RING), coefficient.detach())[ring]
+        psi = None if c_loop else zeros((b, N_PSI, ny, nx), coefficient.detach())
         args = (m.by, m.bx, m.lam2mu, m.lam, m.mu_xy, m.surface)
         self.__dict__.pop("_scratch", None)  # an interrupted backward's sums (fused.FusedLoop)
         out = []

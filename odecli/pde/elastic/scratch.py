@@ -1,8 +1,8 @@
 """Scratch memory of the elastic C loop's backward: tensors reused between the segments of one
-backward (:func:`_reused`), ringed copies in them (:func:`_padded`), zeroed huge-page memory
-for the stores a first pass keeps (:func:`zeroed_pages`), and a segment's starting CPML memory
-variables kept in the layers only (:class:`PackedPsi`).  Split from :mod:`odecli.pde.elastic.fused`
-for length."""
+backward (:func:`_reused`), ringed copies in them (:func:`_padded`; or none, :func:`_lend`),
+zeroed huge-page memory for the stores a first pass keeps (:func:`zeroed_pages`), and a
+segment's starting CPML memory variables kept in the layers only (:class:`PackedPsi`).  Split
+from :mod:`odecli.pde.elastic.fused` for length."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ def zeroed_pages(shape: tuple, like: Tensor) -> Tensor:
         return like.new_zeros(shape)
     buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf.madvise(mmap.MADV_HUGEPAGE)
-    # numpy's array keeps the mapping alive, the tensor keeps the array
-    array = numpy.frombuffer(buf, dtype=_NUMPY[like.dtype], count=count)
-    return torch.from_numpy(array).view(shape)
+    # numpy's array keeps the mapping alive, the tensor keeps the array; shaped by numpy, so
+    # that the tensor is no view (a view's slices have it as ``_base``: ringed_base)
+    array = numpy.frombuffer(buf, dtype=_NUMPY[like.dtype], count=count).reshape(shape)
+    return torch.from_numpy(array)
 
 
 _NUMPY = {torch.float64: numpy.float64, torch.float32: numpy.float32}
@@ -44,30 +45,97 @@ def _reused(prop, name: str, shape: tuple, like: Tensor) -> Tensor:
     600^2, 60-step float64 gradient 440k minor faults took 0.57 s of 1.27 s CPU time, also
     slowing the kernels that first wrote the stores.  :meth:`FusedLoop.adjoint` drops them
     after the first segment's backward."""
-    return _reused_zeroed(prop, name, shape, like, zero=False)
+    return _reused_fresh(prop, name, shape, like)[0]
 
 
-def _reused_zeroed(prop, name: str, shape: tuple, like: Tensor, zero: bool = True) -> Tensor:
-    """:func:`_reused`, zeroed when it is made (for scratch whose users keep some part 0)."""
+def _reused_zeroed(prop, name: str, shape: tuple, like: Tensor) -> Tensor:
+    """:func:`_reused` for scratch whose users keep some part 0: zeroed when it is made (every
+    scratch tensor is, :func:`_reused_fresh`; this name says that the caller relies on it)."""
+    return _reused_fresh(prop, name, shape, like)[0]
+
+
+def _reused_fresh(prop, name: str, shape: tuple, like: Tensor) -> tuple[Tensor, bool]:
+    """:func:`_reused` and whether it was made now, then zeroed (so that a caller who needs it
+    all 0 need not zero it again).
+
+    Made by :func:`zeroed_pages`: 0 without a pass of its own, in huge pages.  Measured (one
+    thread, float64, process CPU time, best of 5): ``new_zeros`` of the compact velocity
+    stores of 10 steps at 1040^2 (174 MB) took 61 ms, of 8 planes of memory variables 26 ms;
+    the mapping nearly nothing, and written once afterwards 26 ms against 85 (store) and 10
+    against 32 (memory variables) for ``new_zeros`` then writing."""
     cache = prop.__dict__.setdefault("_scratch", {})
     t = cache.get(name)
     if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
-        cache[name] = t = like.new_zeros(shape) if zero else like.new_empty(shape)
-    return t
+        cache[name] = t = zeroed_pages(shape, like)
+        cache.setdefault("_lent", set()).discard(name)
+        return t, True
+    return t, False
 
 
-def _padded(prop, name: str, f: Tensor) -> Tensor:
-    """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor (nothing to do
-    where ``f`` is that tensor's inside, as the adjoint returns it, with the ring cleared)."""
+def ringed_base(f: Tensor) -> Tensor | None:
+    """The contiguous ringed tensor ``(B, C, ny + 4, nx + 4)`` whose inside ``f`` is, or None."""
+    base = f._base
     b, c, ny, nx = f.shape
-    out = _reused(prop, name, (b, c, ny + 2 * RING, nx + 2 * RING), f)
+    if (base is None or not base.is_contiguous()
+            or tuple(base.shape) != (b, c, ny + 2 * RING, nx + 2 * RING)
+            or f.stride() != base.stride() or f.data_ptr() != base[..., RING:, RING:].data_ptr()):
+        return None
+    return base
+
+
+def _ring_is_zero(t: Tensor) -> bool:
+    return not any(bool(part.any()) for part in (t[..., :RING, :], t[..., -RING:, :],
+                                                 t[..., :, :RING], t[..., :, -RING:]))
+
+
+def _lend(prop, name: str, f: Tensor) -> None:
+    """Make ``f``'s ringed tensor the scratch ``name`` where its ring is 0, so that
+    :func:`_padded` of ``f`` there finds it in place (no copy); else drop a tensor lent
+    before, so that :func:`_padded` copies ``f`` into scratch of its own.  Only for scratch
+    that is read, never written: the lent tensor is the caller's (a segment's saved
+    velocities, ``v0`` of the compact stores' adjoint, whose copy took 10 x 4.4 ms a
+    gradient at 1040^2 float64)."""
+    cache = prop.__dict__.setdefault("_scratch", {})
+    lent = cache.setdefault("_lent", set())
+    base = ringed_base(f)
+    if base is not None and _ring_is_zero(base):
+        cache[name] = base
+        lent.add(name)
+    elif name in lent:
+        del cache[name]
+        lent.discard(name)
+
+
+def _padded(prop, name: str, f: Tensor | None, like: Tensor | None = None) -> Tensor:
+    """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor (nothing to do
+    where ``f`` is that tensor's inside, as the adjoint returns it, with the ring cleared).
+    ``f`` None: zeros shaped like ``like`` (nothing to do where the scratch is made now)."""
+    src = like if f is None else f
+    b, c, ny, nx = src.shape
+    out, fresh = _reused_fresh(prop, name, (b, c, ny + 2 * RING, nx + 2 * RING), src)
+    if f is None:
+        if not fresh:
+            out.zero_()
+        return out
     if f.data_ptr() == out[..., RING:, RING:].data_ptr() and f.stride() == out.stride():
         return out
-    out[..., :RING, :] = 0
-    out[..., -RING:, :] = 0
-    out[..., :, :RING] = 0
-    out[..., :, -RING:] = 0
+    if not fresh:
+        out[..., :RING, :] = 0
+        out[..., -RING:, :] = 0
+        out[..., :, :RING] = 0
+        out[..., :, -RING:] = 0
     out[..., RING:-RING, RING:-RING] = f
+    return out
+
+
+def _runs(index: Tensor) -> list[tuple[int, int, int]]:
+    """The runs of consecutive values of a sorted index: ``(start, stop, offset in index)``."""
+    out: list[tuple[int, int, int]] = []
+    for k, i in enumerate(index.tolist()):
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1, out[-1][2])
+        else:
+            out.append((i, i + 1, k))
     return out
 
 
@@ -76,18 +144,27 @@ class PackedPsi:
     rows of the y layers and the columns of the x layers (elsewhere every ``a`` is 0 and
     ``psi`` stays 0 in the kernels).  In a 1040^2 block with 20-cell layers that is 8 % of
     the eight planes a checkpoint held; and the forward's segments update ``psi`` in place
-    instead of copying 8 planes each."""
+    instead of copying 8 planes each.
+
+    Copied a run of rows or columns (a layer) at a time: ``index_select`` / ``index_copy_``
+    of the 41 rows and columns took 1.0 + 3.0 / 0.2 + 0.6 ms a segment at 1040^2 float64
+    (one thread), copies of the runs' slices 0.24 + 0.36 / 0.2 + 0.35."""
 
     def __init__(self, psi: Tensor, p: Profiles) -> None:
         rows = ((p.ay_int != 0) | (p.ay_half != 0)).reshape(-1).nonzero().flatten()
         cols = ((p.ax_int != 0) | (p.ax_half != 0)).reshape(-1).nonzero().flatten()
-        self.rows, self.cols, self.shape = rows, cols, tuple(psi.shape)
-        self.row_part = psi.index_select(2, rows)
-        self.col_part = psi.index_select(3, cols)
+        self.rows, self.cols, self.shape = _runs(rows), _runs(cols), tuple(psi.shape)
+        b, c, ny, nx = psi.shape
+        self.row_part = psi.new_empty((b, c, rows.numel(), nx))
+        self.col_part = psi.new_empty((b, c, ny, cols.numel()))
+        for dim, runs, part in ((2, self.rows, self.row_part), (3, self.cols, self.col_part)):
+            for start, stop, at in runs:
+                part.narrow(dim, at, stop - start).copy_(psi.narrow(dim, start, stop - start))
 
     def into(self, out: Tensor) -> Tensor:
         """The full memory variables, written into ``out``, which must be 0 outside the layers'
         rows and columns (as the kernels leave memory variables that started there at 0)."""
-        out.index_copy_(2, self.rows, self.row_part)
-        out.index_copy_(3, self.cols, self.col_part)
+        for dim, runs, part in ((2, self.rows, self.row_part), (3, self.cols, self.col_part)):
+            for start, stop, at in runs:
+                out.narrow(dim, start, stop - start).copy_(part.narrow(dim, at, stop - start))
         return out
