@@ -40,6 +40,7 @@ from odecli.pde.elastic.reference import (
     VELOCITY_IMAGE,
     Materials,
 )
+from odecli.pde.elastic.scratch import ringed_base, zero_ring_, zeroed_pages
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Steps per pass and kernel thread: measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps,
@@ -84,19 +85,19 @@ def ringed(f: Tensor, in_place: bool) -> Tensor:
     kernels: where ``f`` is the inside of a contiguous ringed tensor (the propagator's fields
     and the passes' outputs are), that tensor itself (``in_place``: nothing keeps ``f``) or
     its copy (a segment's start, kept for the backward: a contiguous copy took 8.5 ms against
-    12.5 for padding the strided view, 3 planes at 1040^2 float64); else a padded copy."""
-    base = f._base
-    b, c, ny, nx = f.shape
-    if (base is None or not base.is_contiguous()
-            or tuple(base.shape) != (b, c, ny + 2 * RING, nx + 2 * RING)
-            or f.stride() != base.stride() or f.data_ptr() != base[..., RING:, RING:].data_ptr()):
+    12.5 for padding the strided view, 3 planes at 1040^2 float64), in huge pages
+    (:func:`~odecli.pde.elastic.scratch.zeroed_pages`); else a padded copy.
+
+    Why huge pages: a gradient's checkpoints keep every copy, so ``clone`` mostly faulted in
+    fresh 4 kB pages.  Measured with ``benchmarks/elastic_bench.py``'s own timing (a fresh
+    process, a warm-up, one gradient at 1040^2 float64, one thread, three alternating runs on
+    the loaded 2-core VM): 2.97-3.05 s against 3.00-3.09 s with ``clone``.  In a process that
+    has run several gradients the allocator reuses the freed checkpoints' memory and
+    ``clone`` was ~0.03 s a gradient faster (steady state, 6 gradients each way)."""
+    base = ringed_base(f)
+    if base is None:
         return torch.nn.functional.pad(f, (RING,) * 4).contiguous()
-    out = base if in_place else base.clone()
-    out[..., :RING, :] = 0
-    out[..., -RING:, :] = 0
-    out[..., :, :RING] = 0
-    out[..., :, -RING:] = 0
-    return out
+    return zero_ring_(base if in_place else zeroed_pages(base.shape, base).copy_(base))
 
 
 class RowIndex:

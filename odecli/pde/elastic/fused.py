@@ -56,6 +56,7 @@ from odecli.pde.elastic.scratch import (
     _reused,
     _reused_fresh,
     _reused_zeroed,
+    zero_ring_,
     zeroed_pages,
 )
 from odecli.threads import run_on_pool, split_rows
@@ -507,10 +508,7 @@ class FusedLoop:
             fill_ring_adjoint_(lr, prop.decomp, prop.comm, RING)
             if prop.timer is not None:
                 prop.timer.add(time.perf_counter() - start)
-        lr[..., :RING, :] = 0
-        lr[..., -RING:, :] = 0
-        lr[..., :, :RING] = 0
-        lr[..., :, -RING:] = 0
+        zero_ring_(lr)
 
     def _exchange(self, fr: Tensor, image) -> None:
         prop = self.prop

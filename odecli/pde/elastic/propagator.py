@@ -36,7 +36,13 @@ from torch import Tensor
 from odecli.pde.elastic import cuda_loop, ranks_pass
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
 from odecli.pde.elastic.forward_pass import materials_without_graph
-from odecli.pde.elastic.fused import FusedLoop, PackedPsi, native_available, zeroed_pages
+from odecli.pde.elastic.fused import (
+    FusedLoop,
+    PackedPsi,
+    native_available,
+    zeroed_pages,
+)
+from odecli.pde.elastic.materials_grad import fill_edges_, materials_with_adjoint
 from odecli.pde.elastic.pml import axis_coefficients
 from odecli.pde.elastic.reference import (
     N_PSI,
@@ -294,21 +300,17 @@ class ElasticPropagator:
     def padded_parameters(self, coefficient: Tensor) -> Tensor:
         """``(3, ny + 2, nx + 2)``: the neighbours' values in the one-cell ring, the edge node's
         past the grid (y first, then x: the corner is the clamped global node)."""
-        d = self.decomp
-        p = timed_halo(coefficient, d, self.comm, 1, 0.0, self.timer)
+        p = timed_halo(coefficient, self.decomp, self.comm, 1, 0.0, self.timer)
         # in place, a row or column each (a concatenation per side copied the planes); not
         # into the halo exchange's own output under autograd, which forbids that
         if p.requires_grad:
             p = p.clone()
-        if d.north is None:
-            p[:, 0] = p[:, 1]
-        if d.south is None:
-            p[:, -1] = p[:, -2]
-        if d.west is None:
-            p[:, :, 0] = p[:, :, 1]
-        if d.east is None:
-            p[:, :, -1] = p[:, :, -2]
-        return p
+        return fill_edges_(p, self._grid_sides())
+
+    def _grid_sides(self) -> tuple[bool, bool, bool, bool]:
+        """Whether the block's north, south, west, east sides are the grid's edges."""
+        d = self.decomp
+        return d.north is None, d.south is None, d.west is None, d.east is None
 
     # -------------------------------------------------------------------------- steps
 
@@ -393,8 +395,12 @@ class ElasticPropagator:
         # the layers only and the fields stepped in place (forward_pass.py)
         c_loop = (self.fused and not graph and coefficient.device.type == "cpu"
                   and self.loop_class is FusedLoop)
-        pick = materials_without_graph if c_loop else materials
-        m = pick(self.padded_parameters(coefficient), self.free_surface_here)
+        if graph and self.fused and self.loop_class is FusedLoop:  # materials_grad says why
+            exchanged = timed_halo(coefficient, self.decomp, self.comm, 1, 0.0, self.timer)
+            m = materials_with_adjoint(exchanged, self._grid_sides(), self.free_surface_here)
+        else:
+            pick = materials_without_graph if c_loop else materials
+            m = pick(self.padded_parameters(coefficient), self.free_surface_here)
         b = self.geom.nshots
         ny, nx = coefficient.shape[-2:]
         # the insides of ringed tensors, which the C kernels without a graph step in place
