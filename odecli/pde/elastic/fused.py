@@ -327,9 +327,9 @@ class FusedLoop:
         # allocation and an autograd sum of five planes each.
         cache = prop.__dict__.setdefault("_scratch", {})
         if "gm" not in cache:
-            cache["gm"] = ([zeroed_pages(t.shape, t) for t in self.mats],  # by, bx, lam2mu,
-                           None if self.surface is None  # lam, mu_xy
-                           else torch.zeros_like(self.surface))
+            # by, bx, lam2mu, lam, mu_xy in zeroed huge pages (as scratch._reused_fresh's)
+            cache["gm"] = ([zeroed_pages(t.shape, t) for t in self.mats],
+                           None if self.surface is None else torch.zeros_like(self.surface))
         gm, g_surface = cache["gm"]
         # compact stores: the buoyancy gradient's interior terms before their division by b
         graw = None
