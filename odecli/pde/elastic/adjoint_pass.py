@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from odecli.pde import native
-from odecli.pde.elastic.reference import RING
+from odecli.pde.elastic.reference import RING, STRESS_IMAGE, VELOCITY_IMAGE
+from odecli.pde.elastic.scratch import WRING, _reused
 from odecli.threads import available_cpus, run_on_pool, split_rows
 
 # Adjoint steps per pass: None, one per kernel thread (measured below); 0, one
@@ -275,3 +276,26 @@ class AdjointPass:
             run_on_pool([functools.partial(call, j0, j1, marks[t], marks[t - 1] if t else None)
                          for t, (j0, j1) in enumerate(parts)])
         del keep
+
+
+def run_passes(loop, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor, store_v: Tensor,
+               store_s: Tensor, gm: list[Tensor], gtr: Tensor | None, v0: Tensor | None,
+               graw: Tensor | None, scaled: bool = False) -> None:
+    """The adjoint steps ``t1 - 1`` down to ``t0`` of :meth:`FusedLoop.adjoint
+    <odecli.pde.elastic.fused.FusedLoop.adjoint>` in passes of :func:`pass_length` steps (one
+    rank, no free surface), the receivers' residuals and the point forces' gradient inside
+    them; the unscaled adjoint's rings cleared after each pass (the steps do not read them;
+    the scaled steps write none)."""
+    steps = pass_length(len(loop.pieces), scaled)
+    rings = _reused(loop.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, loop.nx + 2 * WRING), lv)
+    rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
+    run = AdjointPass(loop, lv, ls, lp, store_v, store_s, gm, rings, len(loop.pieces), v0, graw,
+                      scaled)
+    hi = t1
+    while hi > t0:
+        n = min(steps, hi - t0)
+        run.steps(hi, n, t0, gtr, t1)
+        hi -= n
+        if not scaled:
+            loop._exchange_adjoint(lv, VELOCITY_IMAGE)
+            loop._exchange_adjoint(ls, STRESS_IMAGE)

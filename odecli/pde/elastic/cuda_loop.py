@@ -56,8 +56,7 @@ from odecli.pde.elastic.reference import (
     Materials,
     Profiles,
 )
-
-WRING = 4  # the ring of the adjoint's scratch w (cuda_point.h), read two past the fields' ring
+from odecli.pde.elastic.scratch import WRING  # cuda_point.h's w has the C kernels' ring
 
 
 def launcher_for(like: Tensor, comm) -> tuple[object | None, str]:

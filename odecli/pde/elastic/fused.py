@@ -50,6 +50,7 @@ from odecli.pde.elastic.reference import (
 
 # cuda_loop takes the scratch helpers from here
 from odecli.pde.elastic.scratch import (
+    WRING,
     PackedPsi,
     _lend,
     _padded,
@@ -61,7 +62,6 @@ from odecli.pde.elastic.scratch import (
 )
 from odecli.threads import run_on_pool, split_rows
 
-WRING = 4  # the ring of the adjoint's scratch w (elastic.c), read two past the fields' ring
 _SUFFIX = {torch.float64: ("f64", ctypes.c_double), torch.float32: ("f32", ctypes.c_float)}
 
 
@@ -394,8 +394,8 @@ class FusedLoop:
         if passes:
             # compact stores: the velocities before the segment's first step, ringed
             v0 = None if self.compact is None else _padded(prop, "v0", v)
-            self._adjoint_passes(t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0, graw,
-                                 scaled)
+            adjoint_pass.run_passes(self, t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0,
+                                    graw, scaled)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():
             k = it - t0
             if gtr is not None:
@@ -442,27 +442,6 @@ class FusedLoop:
             prop.__dict__.pop("_scratch", None)
             return (*out, *gm, g_surface)
         return (*out, *[None] * (len(gm) + 1))
-
-    def _adjoint_passes(self, t0: int, t1: int, lv: Tensor, ls: Tensor, lp: Tensor,
-                        store_v: Tensor, store_s: Tensor, gm: list, gtr: Tensor | None,
-                        v0: Tensor | None, graw: Tensor | None, scaled: bool = False) -> None:
-        """The adjoint steps ``t1 - 1`` down to ``t0`` in passes of
-        :func:`adjoint_pass.pass_length` steps (one rank, no free surface), the receivers'
-        residuals and the point forces' gradient inside them; the adjoints' rings cleared
-        after each pass (the steps do not read them)."""
-        steps = adjoint_pass.pass_length(len(self.pieces), scaled)
-        rings = _reused(self.prop, "wrun", (steps, lv.shape[0], 2, 4, 8, self.nx + 2 * WRING), lv)
-        rings.fill_(float("nan"))  # zeroed by the kernel: a part it did not zero would show
-        run = adjoint_pass.AdjointPass(self, lv, ls, lp, store_v, store_s, gm, rings,
-                                       len(self.pieces), v0, graw, scaled)
-        hi = t1
-        while hi > t0:
-            n = min(steps, hi - t0)
-            run.steps(hi, n, t0, gtr, t1)
-            hi -= n
-            if not scaled:  # the scaled steps write no ring (one rank: nothing to send)
-                self._exchange_adjoint(lv, VELOCITY_IMAGE)
-                self._exchange_adjoint(ls, STRESS_IMAGE)
 
     def _source_gradient(self, lv: Tensor, gm: list, it: int) -> None:
         """Add step ``it``'s point forces' part of the buoyancy gradient (the force is

@@ -14,6 +14,8 @@ from torch import Tensor
 
 from odecli.pde.elastic.reference import RING, Profiles
 
+WRING = 4  # the ring of the adjoint's scratch w (elastic.c), read two past the fields' ring
+
 
 def zeroed_pages(shape: tuple, like: Tensor) -> Tensor:
     """A zeroed CPU tensor of ``shape`` in anonymous memory advised to huge pages (on Linux
