@@ -38,6 +38,56 @@ def build(setup: Setup):
     return EQUATIONS["elastic2d"].build(setup)
 
 
+def dot_product_sides(free_surface: bool, before_adjoint=None) -> tuple[float, float] | None:
+    """``(<F x, y>, <x, F^T y>)`` for the map F from a segment's starting velocities and
+    stresses to its traces and final fields (26x31, 40 steps, no sources: linear, CPML, every
+    receiver component), F^T the hand-written adjoint (:meth:`FusedLoop.adjoint`); None where
+    the fused kernels do not run.  ``before_adjoint()`` is called just before the adjoint."""
+    from odecli.parallel.comm import get_comm
+    from odecli.pde.elastic.fused import FusedLoop
+    from odecli.pde.elastic.reference import materials
+    from odecli.pde.sources import ricker
+
+    n, nt = (26, 31), 40
+    recs = [(0, 3), (0, 15), (12, 12), (25, 30), (7, 29), (20, 2)]
+    comps = ["vy", "vx", "pressure", "vy", "vx", "pressure"]
+    setup = elastic_setup(get_comm(), n, (10.0, 10.0), 0.001, nt, [[(12, 12, 0.0)]], recs,
+                          ricker(25.0, nt, 0.001), components=comps, width=5,
+                          free_surface=free_surface)
+    prop = build(setup)
+    if not prop.fused:
+        return None
+    y, x = torch.meshgrid(torch.arange(26.0, dtype=torch.float64),
+                          torch.arange(31.0, dtype=torch.float64), indexing="ij")
+    model = torch.stack([2400 + 10 * y, 1200 + 6 * x, 2000 + 5 * y])
+    prop.profiles(model[0])
+    loop = FusedLoop(prop, materials(prop.padded_parameters(model), free_surface),
+                     prop._profiles, 1)
+    gen = torch.Generator().manual_seed(3)
+    rand = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
+    v0, s0, psi0 = rand(1, 2, *n), rand(1, 3, *n), torch.zeros(1, 8, *n, dtype=torch.float64)
+    v1, s1, _, traces = loop.run(0, nt, v0, s0, psi0)
+    yv, ys, ytr = rand(1, 2, *n), rand(1, 3, *n), rand(1, len(recs), nt)
+    if before_adjoint is not None:
+        before_adjoint()
+    lv, ls, *_ = loop.adjoint(0, nt, v0, s0, psi0, (yv, ys, None, ytr))
+    return (float((v1 * yv).sum() + (s1 * ys).sum() + (traces * ytr).sum()),
+            float((v0 * lv).sum() + (s0 * ls).sum()))
+
+
+def record_inits(monkeypatch, cls, what) -> list:
+    """Record ``what(instance)`` for each instance of ``cls`` made (its ``__init__`` wrapped)."""
+    seen = []
+    init = cls.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(what(self))
+
+    monkeypatch.setattr(cls, "__init__", spy)
+    return seen
+
+
 def green_velocity(force: np.ndarray, dt: float, offsets: np.ndarray, direction: int,
                    component: int, vp: float, vs: float, rho: float,
                    shift: float = 0.5) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from elastic_setup import build, elastic_setup
+from elastic_setup import build, dot_product_sides, elastic_setup, record_inits
 from test_elastic_adjoint_run import gradient, problem
 
 from odecli.parallel.comm import get_comm
@@ -33,15 +33,7 @@ def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def scaled_runs(monkeypatch) -> list[bool]:
     """Record whether each adjoint pass driver ran the scaled kernel."""
-    seen = []
-    init = adjoint_pass.AdjointPass.__init__
-
-    def spy(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        seen.append(self.scaled)
-
-    monkeypatch.setattr(adjoint_pass.AdjointPass, "__init__", spy)
-    return seen
+    return record_inits(monkeypatch, adjoint_pass.AdjointPass, lambda run: run.scaled)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -88,32 +80,12 @@ def test_the_scaled_adjoint_passes_the_dot_product_test(monkeypatch):
     its traces and final fields (no sources: linear), F^T the scaled adjoint (so the adjoints'
     scaling at the segment's end and unscaling at its start are in the test), CPML on every
     side, every receiver component."""
-    from odecli.pde.elastic.fused import FusedLoop
-    from odecli.pde.elastic.reference import materials
-
-    n, nt = (26, 31), 40
-    recs = [(0, 3), (0, 15), (12, 12), (25, 30), (7, 29), (20, 2)]
-    comps = ["vy", "vx", "pressure", "vy", "vx", "pressure"]
-    setup = elastic_setup(get_comm(), n, (10.0, 10.0), 0.001, nt, [[(12, 12, 0.0)]], recs,
-                          ricker(25.0, nt, 0.001), components=comps, width=5)
-    prop = build(setup)
-    if not prop.fused:
+    seen = []
+    sides = dot_product_sides(False, lambda: seen.append(scaled_runs(monkeypatch)))
+    if sides is None:
         pytest.skip("no C compiler: the fused kernels do not run here")
-    y, x = torch.meshgrid(torch.arange(26.0, dtype=torch.float64),
-                          torch.arange(31.0, dtype=torch.float64), indexing="ij")
-    model = torch.stack([2400 + 10 * y, 1200 + 6 * x, 2000 + 5 * y])
-    prop.profiles(model[0])
-    loop = FusedLoop(prop, materials(prop.padded_parameters(model), False), prop._profiles, 1)
-    gen = torch.Generator().manual_seed(3)
-    rand = lambda *shape: torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
-    v0, s0, psi0 = rand(1, 2, *n), rand(1, 3, *n), torch.zeros(1, 8, *n, dtype=torch.float64)
-    v1, s1, _, traces = loop.run(0, nt, v0, s0, psi0)
-    yv, ys, ytr = rand(1, 2, *n), rand(1, 3, *n), rand(1, len(recs), nt)
-    seen = scaled_runs(monkeypatch)
-    lv, ls, *_ = loop.adjoint(0, nt, v0, s0, psi0, (yv, ys, None, ytr))
-    assert seen == [True]
-    forward = float((v1 * yv).sum() + (s1 * ys).sum() + (traces * ytr).sum())
-    backward = float((v0 * lv).sum() + (s0 * ls).sum())
+    assert seen == [[True]]
+    forward, backward = sides
     assert abs(forward - backward) <= 1e-12 * abs(forward), (forward, backward)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from elastic_setup import record_inits
 from test_elastic_adjoint_run import gradient, problem
 
 from odecli.pde.elastic import adjoint_pass
@@ -31,15 +32,7 @@ def relative(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compact_used(monkeypatch) -> list:
     """Record each adjoint pass's store layout (None: the five planes)."""
-    seen = []
-    init = adjoint_pass.AdjointPass.__init__
-
-    def spy(self, loop, *args, **kwargs):
-        seen.append(loop.compact)
-        init(self, loop, *args, **kwargs)
-
-    monkeypatch.setattr(adjoint_pass.AdjointPass, "__init__", spy)
-    return seen
+    return record_inits(monkeypatch, adjoint_pass.AdjointPass, lambda run: run.layout)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -116,8 +116,10 @@ static void derive_velocity_row_##sfx(long ny, long nx, long r, long shot, const
 DEFINE_DERIVE(double, f64)
 DEFINE_DERIVE(float, f32)
 
-#define DEFINE_ADJOINT_RUN(real, sfx)                                                              \
-void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j1,                \
+/* the parameters of elastic_adjoint_run_* (and, with two more, elastic_adjoint_scaled_run_*:
+ * adjoint_pass.AdjointPass passes the same) */
+#define ADJOINT_RUN_PARAMS(real)                                                                   \
+        long B, long ny, long nx, long n, long j0, long j1,                                       \
         int64_t *done, const int64_t *ahead, real *lv, real *ls, real *lp,                        \
         const real *buy, const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
         const real *const *store_v, const real *const *store_s, real *g_by, real *g_bx,           \
@@ -129,7 +131,10 @@ void elastic_adjoint_run_##sfx(long B, long ny, long nx, long n, long j0, long j
         const int64_t *rs_ptr, const int64_t *rs_at, const real *rs_val, long rs_count,           \
         const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val, \
         long src_count, real *g_src, const real *const *vprev, int compact, const int64_t *smap,  \
-        long sy, real *drow, real *gr_y, real *gr_x)                                               \
+        long sy, real *drow, real *gr_y, real *gr_x
+
+#define DEFINE_ADJOINT_RUN(real, sfx)                                                              \
+void elastic_adjoint_run_##sfx(ADJOINT_RUN_PARAMS(real))                                           \
 {                                                                                                  \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     const long cols = jlo + nx - jhi, cstride = 3 * (sy * nx + ny * cols);                         \

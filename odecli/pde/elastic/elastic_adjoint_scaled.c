@@ -44,6 +44,13 @@
 #define SCALED_LAG 8 /* rows step j + 1 works behind step j (>= SCALED_DEP; 12 measured alike) */
 #define SCALED_DEP 8  /* rows step j must be ahead (see above) */
 
+/* The staggered 4th-order differences of f at j (rows NX apart), as elastic.c's rows spell them
+ * out (the same expressions: the same bits): D- and D+ along y and x, unscaled. */
+#define D_MY(f, j, NX) (c1 * ((f)[j] - (f)[(j) - (NX)]) + c2 * ((f)[(j) + (NX)] - (f)[(j) - 2 * (NX)]))
+#define D_PY(f, j, NX) (c1 * ((f)[(j) + (NX)] - (f)[j]) + c2 * ((f)[(j) + 2 * (NX)] - (f)[(j) - (NX)]))
+#define D_MX(f, j) (c1 * ((f)[j] - (f)[(j) - 1]) + c2 * ((f)[(j) + 1] - (f)[(j) - 2]))
+#define D_PX(f, j) (c1 * ((f)[(j) + 1] - (f)[j]) + c2 * ((f)[(j) + 2] - (f)[(j) - 1]))
+
 #define DEFINE_SCALED_ROWS(real, sfx)                                                              \
 /* (1) off the layers: S1..S3 from the strain rates of the stored velocities vy, vx, then the    \
  * forward's velocity row with -dt on tau */                                                      \
@@ -55,18 +62,16 @@ static __attribute__((noinline)) void scaled_velocity_row_##sfx(long n, long NX,
 {                                                                                                  \
     const real c1 = (real)C1, c2 = (real)C2;                                                       \
     for (long j = 0; j < n; j++) {                                                                 \
-        const real dvy_dy = (c1 * (vy[j] - vy[j - NX]) + c2 * (vy[j + NX] - vy[j - 2 * NX])) * idy; \
-        const real dvx_dx = (c1 * (vx[j] - vx[j - 1]) + c2 * (vx[j + 1] - vx[j - 2])) * idx;       \
-        const real dvx_dy = (c1 * (vx[j + NX] - vx[j]) + c2 * (vx[j + 2 * NX] - vx[j - NX])) * idy; \
-        const real dvy_dx = (c1 * (vy[j + 1] - vy[j]) + c2 * (vy[j + 2] - vy[j - 1])) * idx;       \
+        /* the forward's strain rates of the stored velocities (its stress row's) */             \
+        const real dvy_dy = D_MY(vy, j, NX) * idy, dvx_dx = D_MX(vx, j) * idx;                     \
+        const real shear = D_PY(vx, j, NX) * idy + D_PX(vy, j) * idx;                              \
         const real Tyy = tyy[j], Txx = txx[j];                                                     \
         s1[j] += Tyy * dvy_dy + Txx * dvx_dx;                                                      \
         s2[j] += Tyy * dvx_dx + Txx * dvy_dy;                                                      \
-        s3[j] += txy[j] * (dvx_dy + dvy_dx);                                                       \
-        const real a = (c1 * (tyy[j + NX] - Tyy) + c2 * (tyy[j + 2 * NX] - tyy[j - NX])) * idy;    \
-        const real b = (c1 * (txy[j] - txy[j - 1]) + c2 * (txy[j + 1] - txy[j - 2])) * idx;        \
-        const real c = (c1 * (txx[j + 1] - Txx) + c2 * (txx[j + 2] - txx[j - 1])) * idx;           \
-        const real d = (c1 * (txy[j] - txy[j - NX]) + c2 * (txy[j + NX] - txy[j - 2 * NX])) * idy; \
+        s3[j] += txy[j] * shear;                                                                   \
+        /* the forward's velocity row on tau */                                                   \
+        const real a = D_PY(tyy, j, NX) * idy, b = D_MX(txy, j) * idx;                             \
+        const real c = D_PX(txx, j) * idx, d = D_MY(txy, j, NX) * idy;                             \
         uy[j] = uy[j] + (mdt * buy[j]) * (a + b);                                                  \
         ux[j] = ux[j] + (mdt * bux[j]) * (c + d);                                                  \
     }                                                                                              \
@@ -83,10 +88,8 @@ static __attribute__((noinline)) void scaled_stress_row_##sfx(long n, long NX,  
     for (long j = 0; j < n; j++) {                                                                 \
         gry[j] += uy[j] * (vny[j] - voy[j]);                                                       \
         grx[j] += ux[j] * (vnx[j] - vox[j]);                                                       \
-        const real dvy_dy = (c1 * (uy[j] - uy[j - NX]) + c2 * (uy[j + NX] - uy[j - 2 * NX])) * idy; \
-        const real dvx_dx = (c1 * (ux[j] - ux[j - 1]) + c2 * (ux[j + 1] - ux[j - 2])) * idx;       \
-        const real dvx_dy = (c1 * (ux[j + NX] - ux[j]) + c2 * (ux[j + 2 * NX] - ux[j - NX])) * idy; \
-        const real dvy_dx = (c1 * (uy[j + 1] - uy[j]) + c2 * (uy[j + 2] - uy[j - 1])) * idx;       \
+        const real dvy_dy = D_MY(uy, j, NX) * idy, dvx_dx = D_MX(ux, j) * idx;                     \
+        const real dvx_dy = D_PY(ux, j, NX) * idy, dvy_dx = D_PX(uy, j) * idx;                     \
         tyy[j] = tyy[j] + mdt * (lam[j] * dvx_dx + lam2mu[j] * dvy_dy);                            \
         txx[j] = txx[j] + mdt * (lam2mu[j] * dvx_dx + lam[j] * dvy_dy);                            \
         txy[j] = txy[j] + (mdt * muxy[j]) * (dvx_dy + dvy_dx);                                     \
@@ -256,21 +259,12 @@ static void zero_w_cols_##sfx(real *w0, long wp, long j0, long j1)              
     for (long p = 0; p < 4; p++)                                                                   \
         for (long j = j0; j < j1; j++) w0[p * wp + j] = 0;                                         \
 }                                                                                                  \
-void elastic_adjoint_scaled_run_##sfx(long B, long ny, long nx, long n, long j0, long j1,         \
-        int64_t *done, const int64_t *ahead, real *lv, real *ls, real *lp,                        \
-        const real *buy, const real *bux, const real *lam2mu, const real *lam, const real *muxy,  \
-        const real *const *store_v, const real *const *store_s, real *g_by_unused, real *g_bx_unused,  \
-        real *s1, real *s2, real *s3, real *w,                                                     \
-        const real *ayi, const real *byi, const real *ayh, const real *byh, const real *axi,      \
-        const real *bxi, const real *axh, const real *bxh, real dt, real idy, real idx,           \
-        long jlo, long jhi,                                                                        \
-        const int64_t *rv_ptr, const int64_t *rv_at, const real *rv_val, long rv_count,           \
-        const int64_t *rs_ptr, const int64_t *rs_at, const real *rs_val, long rs_count,           \
-        const int64_t *src_ptr, const int64_t *src_at, const int64_t *src_g, const real *src_val, \
-        long src_count, real *g_src, const real *const *vprev, int compact, const int64_t *smap,  \
-        long sy, real *drow, real *gr_y, real *gr_x, int convert_in, int convert_out)             \
+/* elastic_adjoint_run_*'s parameters: the sums S1..S3 go into g_lam2mu, g_lam, g_muxy, the   \
+ * buoyancies' (point forces' included) into gr_y, gr_x; g_by, g_bx, g_src are not used */       \
+void elastic_adjoint_scaled_run_##sfx(ADJOINT_RUN_PARAMS(real), int convert_in, int convert_out)  \
 {                                                                                                  \
-    (void)g_by_unused; (void)g_bx_unused; (void)compact; (void)g_src;                                             \
+    (void)g_by; (void)g_bx; (void)compact; (void)g_src;                                            \
+    real *s1 = g_lam2mu, *s2 = g_lam, *s3 = g_muxy;                                                \
     const unsigned fp_mode = elastic_flush_subnormals(); /* subnormals.c */                       \
     const long NX = nx + 4, plane = (ny + 4) * NX, pp = ny * nx, WX = nx + 8;                      \
     const long cols = jlo + nx - jhi, cstride = 3 * (sy * nx + ny * cols);                         \
