@@ -8,8 +8,8 @@
  * staggered differences' transposes are minus each other (D+^T = -D-).  The unscaled adjoint
  * (elastic_adjoint_run.c) instead writes the four weighted derivative adjoints of every point
  * to a ring w and gathers them back with the transposed stencils, twice a step: ~70 row
- * streams a point against ~50 here (its cost is those streams between L1 and L2,
- * adjoint_pass.pass_length).  In the layers the CPML's memory variables make the adjoint of a
+ * streams a point against ~50 here; what is left is bound by memory bandwidth
+ * (adjoint_pass.SCALED_STEPS_PER_THREAD says how two steps a pass share it).  In the layers the CPML's memory variables make the adjoint of a
  * corrected derivative e + a (lp + e) (lp <- b (lp + e)), so there the difference
  * Delta = a (lp + e) is written to the ring w and its transposed differences added as a
  * correction: rows within 2 of a y layer take every term, the other rows only the x terms of
@@ -19,7 +19,8 @@
  * caller (adjoint_pass.finish_scaled): S1 = sum tau_yy e_yy + tau_xx e_xx, S2 = sum tau_yy e_xx
  * + tau_xx e_yy, S3 = sum tau_xy e_xy (e the forward's corrected strain rates: the stored ones
  * in the layers, the forward's expressions on the stored velocities elsewhere), into the
- * g_lam2mu, g_lam, g_muxy arrays, and gr = sum u (v_new - v_old - force) into gr_y, gr_x; then
+ * g_lam2mu, g_lam, g_muxy arrays, and gr = sum u (v_new - v_old - force) + the point forces'
+ * own term src_val u b (the same step's two summed together) into gr_y, gr_x; then
  * g_lam2mu = dt (lam2mu S1 - lam S2) / det, g_lam = dt (lam2mu S2 - lam S1) / det
  * (det = lam2mu^2 - lam^2), g_muxy = dt S3 / mu_xy, g_b += gr / b^2.  C must be invertible
  * and well conditioned (mu > 0, vs < vp: adjoint_pass.scaled_ok), else the caller takes the
