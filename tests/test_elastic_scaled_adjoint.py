@@ -5,10 +5,11 @@ adjoint (``adjoint_pass.SCALED = False``), which tests/test_elastic.py checks ag
 float64 to 1e-12 relative per parameter, float32 to 2e-6 (measured: 2e-15 and 8e-7); point
 forces ``fy`` and ``fx`` and pressure sources, three shots with two sources each, receivers of
 every component, two time segments (the adjoints scaled and unscaled where the segments meet),
-one and two kernel threads, one step per thread and passes of three steps (the steps
-pipelined SCALED_LAG rows apart).  A fluid (vs = 0) or a stiffness too ill-conditioned to
-divide by takes the unscaled adjoint.  The check can fail: receivers' residuals added
-unscaled are seen."""
+one and two kernel threads, the default passes (two steps a thread) and passes of three steps
+(the steps pipelined SCALED_LAG rows apart).  Also against autograd through the reference
+(1e-12), the dot-product test, and float32 against float64 at a point force.  A fluid (vs = 0)
+or a stiffness too ill-conditioned to divide by takes the unscaled adjoint.  The check can
+fail: receivers' residuals added unscaled are seen."""
 
 from __future__ import annotations
 
