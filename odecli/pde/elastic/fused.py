@@ -5,11 +5,13 @@ a segment's backward (:meth:`FusedLoop.adjoint`) recomputes it storing five deri
 per step (on one rank without a free surface the compact stores instead, the new velocities
 and the CPML layers' derivatives, from which the adjoint pass derives the five:
 :class:`~odecli.pde.elastic.forward_pass.CompactStores`), then runs the adjoint steps back to
-the segment's start (each half step in two
-vectorised passes: the weighted derivative adjoints per point, then their gathers, on one thread
-in one sweep with their scratch in a ring of 8 rows; on one rank
-and thread without a free surface both halves in one sweep over the rows whose scratch stays
-in cache, ``elastic_adjoint_step``; on two threads a piece each, then the rows around the cut,
+the segment's start.  On one rank without a free surface they run in passes over the rows
+(:mod:`odecli.pde.elastic.adjoint_pass`), in scaled variables where the stiffness allows
+(``elastic_adjoint_scaled.c``: the forward's rows with -dt, the CPML as a correction);
+elsewhere each half step in two vectorised passes, the weighted derivative adjoints per point
+into a ring of rows, then their gathers, with the halo exchange and the image between them
+(``elastic_adjoint.c``; with the passes switched off, ``steps_per_pass = 0`` or
+``adjoint_pass.STEPS = 0``, one rank's steps take ``elastic_adjoint_step`` or, on two threads,
 ``elastic_adjoint_split``).  The adjoint's
 gradient equals autograd's through the reference to round-off (tests: 1e-12) and passes the
 dot-product test.  On one rank the forward runs several steps per pass over the rows
