@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from odecli.pde.elastic.reference import RING, Profiles
-from odecli.pde.elastic.scratch import PackedPsi, _lend, _padded, zero_ring_
+from odecli.pde.elastic.scratch import PackedPsi, ringed_for_reading, zero_ring_
 
 
 def _cleared(t: torch.Tensor) -> torch.Tensor:
@@ -51,17 +51,17 @@ def test_packed_memory_variables_come_back_where_they_were():
     assert torch.equal(packed.into(torch.zeros_like(psi)), psi_copy)
 
 
-def test_a_saved_tensor_is_lent_only_with_a_zero_ring():
+def test_a_saved_tensor_is_read_in_place_only_with_a_zero_ring():
     prop = types.SimpleNamespace()
     base = torch.zeros(1, 2, 8, 9, dtype=torch.float64)
     base[..., RING:-RING, RING:-RING] = torch.randn(1, 2, 4, 5, dtype=torch.float64)
     inside = base[..., RING:-RING, RING:-RING]
-    _lend(prop, "v0", inside)
-    assert _padded(prop, "v0", inside).data_ptr() == base.data_ptr()  # no copy
+    assert ringed_for_reading(prop, "v0", inside).data_ptr() == base.data_ptr()  # no copy
     other = base.clone()
     other[0, 0, 0, 0] = 1.0  # a ring that is not 0: copied, ring cleared, the tensor untouched
     inner = other[..., RING:-RING, RING:-RING]
-    _lend(prop, "v0", inner)
-    got = _padded(prop, "v0", inner)
+    got = ringed_for_reading(prop, "v0", inner)
     assert got.data_ptr() not in (base.data_ptr(), other.data_ptr())
     assert torch.equal(got, _cleared(other)) and float(other[0, 0, 0, 0]) == 1.0
+    # the scratch it copied into is its own: reading the first tensor again takes it in place
+    assert ringed_for_reading(prop, "v0", inside).data_ptr() == base.data_ptr()

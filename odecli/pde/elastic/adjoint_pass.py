@@ -6,7 +6,7 @@ What it was for: adjoint steps thought memory-bound (each reads and writes the a
 memory variables, parameters and gradient sums once), so ``n`` steps run together, each four
 rows behind the one before, would find those arrays in cache.  Measured, they do not gain
 (:func:`pass_length`): the step is bound by the traffic of its ~60 row streams between L1 and
-L2, not by memory, so the default pass is one step per kernel thread.  What it still gives:
+L2, not by memory, so its default pass is one step per kernel thread.  What it still gives:
 the receivers' residuals (what ``FusedLoop._record_adjoint`` adds before a step) and the point
 forces' buoyancy gradient (``FusedLoop._source_gradient`` after it) done inside the sweep, row
 by row, from tables built once per segment (no per-step torch indexing or ring clearing), and
@@ -220,7 +220,7 @@ class AdjointPass:
         self.g_src = gm[chan]
         self.scale = prop.dt / (prop.grid.dy * prop.grid.dx)
 
-    def steps(self, hi: int, n: int, t0: int, gtr: Tensor | None, t1: int | None = None) -> None:
+    def steps(self, hi: int, n: int, t0: int, gtr: Tensor | None, t1: int) -> None:
         """Adjoint steps ``hi - 1`` down to ``hi - n`` (of the segment ``t0 .. t1-1``), with
         the traces' adjoints ``gtr`` ``(B, receivers, segment steps)`` (None: none).  Scaled:
         the adjoints come in unscaled at the segment's end (``hi == t1``) and leave unscaled at

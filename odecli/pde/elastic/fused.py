@@ -54,11 +54,11 @@ from odecli.pde.elastic.reference import (
 from odecli.pde.elastic.scratch import (
     WRING,
     PackedPsi,
-    _lend,
     _padded,
     _reused,
     _reused_fresh,
     _reused_zeroed,
+    ringed_for_reading,
     zero_ring_,
     zeroed_pages,
 )
@@ -311,8 +311,6 @@ class FusedLoop:
                 work = _reused_zeroed(prop, "psi", tuple(psi.shape), v)
                 start = psi.into(work) if isinstance(psi, PackedPsi) else psi.clone()
                 self.run(t0, t1, v, s, start, own=True, stores=(store_v, store_s))
-            if self.compact is not None:  # v0 of the passes below: v's own ringed tensor
-                _lend(prop, "v0", v)
         # None: an output that nothing used (the last segment's fields and memory variables:
         # _Segment does not have autograd make zeros of 13 planes, then copied here); the
         # first segment's backward finds its scratch made now, zeroed (_reused_fresh)
@@ -395,7 +393,7 @@ class FusedLoop:
         scaled = passes and self.compact is not None and cache["scaled"]
         if passes:
             # compact stores: the velocities before the segment's first step, ringed
-            v0 = None if self.compact is None else _padded(prop, "v0", v)
+            v0 = None if self.compact is None else ringed_for_reading(prop, "v0", v)
             adjoint_pass.run_passes(self, t0, t1, lv, ls, lp, store_v, store_s, gm, gtr, v0,
                                     graw, scaled)
         for it in range(t1 - 1, t0 - 1, -1) if not passes else ():

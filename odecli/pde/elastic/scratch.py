@@ -1,5 +1,5 @@
 """Scratch memory of the elastic C loop's backward: tensors reused between the segments of one
-backward (:func:`_reused`), ringed copies in them (:func:`_padded`; or none, :func:`_lend`),
+backward (:func:`_reused`), ringed copies in them (:func:`_padded`; or none, :func:`ringed_for_reading`),
 zeroed huge-page memory for the stores a first pass keeps (:func:`zeroed_pages`), and a
 segment's starting CPML memory variables kept in the layers only (:class:`PackedPsi`).  Split
 from :mod:`odecli.pde.elastic.fused` for length."""
@@ -69,7 +69,6 @@ def _reused_fresh(prop, name: str, shape: tuple, like: Tensor) -> tuple[Tensor, 
     t = cache.get(name)
     if t is None or t.shape != shape or t.dtype != like.dtype or t.device != like.device:
         cache[name] = t = zeroed_pages(shape, like)
-        cache.setdefault("_lent", set()).discard(name)
         return t, True
     return t, False
 
@@ -109,22 +108,15 @@ def _ring_is_zero(t: Tensor) -> bool:
                                                  t[..., :, :RING], t[..., :, -RING:]))
 
 
-def _lend(prop, name: str, f: Tensor) -> None:
-    """Make ``f``'s ringed tensor the scratch ``name`` where its ring is 0, so that
-    :func:`_padded` of ``f`` there finds it in place (no copy); else drop a tensor lent
-    before, so that :func:`_padded` copies ``f`` into scratch of its own.  Only for scratch
-    that is read, never written: the lent tensor is the caller's (a segment's saved
-    velocities, ``v0`` of the compact stores' adjoint, whose copy took 10 x 4.4 ms a
-    gradient at 1040^2 float64)."""
-    cache = prop.__dict__.setdefault("_scratch", {})
-    lent = cache.setdefault("_lent", set())
+def ringed_for_reading(prop, name: str, f: Tensor) -> Tensor:
+    """``f`` with a zero ring, for kernels that only read it: ``f``'s own ringed tensor where
+    its ring is 0 (no copy: ``v0`` of the compact stores' adjoint, a segment's saved
+    velocities, whose copy took 10 x 4.4 ms a gradient at 1040^2 float64), else
+    :func:`_padded` into the scratch ``name``."""
     base = ringed_base(f)
     if base is not None and _ring_is_zero(base):
-        cache[name] = base
-        lent.add(name)
-    elif name in lent:
-        del cache[name]
-        lent.discard(name)
+        return base
+    return _padded(prop, name, f)
 
 
 def _padded(prop, name: str, f: Tensor | None, like: Tensor | None = None) -> Tensor:
