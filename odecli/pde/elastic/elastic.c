@@ -276,3 +276,6 @@ DEFINE_KERNELS(float, f32)
 
 /* the hand-written adjoint of these steps */
 #include "elastic_adjoint.c"
+
+/* the staggered parameters' adjoint (materials_grad.py) */
+#include "materials_adjoint.c"
