@@ -81,8 +81,10 @@ def test_the_check_can_fail(monkeypatch):
 def test_segments_kept_from_the_first_pass_give_the_recomputed_gradient(monkeypatch,
                                                                         source_type):
     """A store budget that keeps every segment's first-pass stores (none recomputed), one that
-    keeps the last only (today's), and the five planes: the kept compact stores give the
-    recomputed ones' gradient bit for bit (the same forward steps wrote them)."""
+    keeps the last two, and one that keeps the last only: the kept compact stores give the
+    recomputed ones' gradient bit for bit (the same forward steps wrote them).  Kept segments
+    save no start: the first of them a copy of its start velocities, the others the previous
+    segment's last store, which the mixed budget tells apart."""
     import odecli.pde.elastic.propagator as elastic_propagator
 
     prop, model, observed = problem(source_type, torch.float64)
@@ -92,15 +94,20 @@ def test_segments_kept_from_the_first_pass_give_the_recomputed_gradient(monkeypa
     monkeypatch.setattr(FusedLoop, "run", lambda self, *a, **k: (runs.append(k.get("stores")
                                                                                is not None),
                                                                   run(self, *a, **k))[1])
+    step_bytes = []  # one step's stores, as the forward reckons them
+    keep_from = elastic_propagator.keep_from
+    monkeypatch.setattr(elastic_propagator, "keep_from",
+                        lambda *a: (step_bytes.append(a[1]), keep_from(*a))[1])
     grads = {}
-    for budget in (0, 1 << 40):
-        prop.store_budget = budget
+    for budget, first_kept in ((0, 19), ("6 steps", 13), (1 << 40, 0)):
+        prop.store_budget = 6 * step_bytes[0] if budget == "6 steps" else budget
         runs.clear()
         grads[budget] = gradient(prop, model, observed)
         # the first passes that stored (the kept segments), then the recomputations
         assert runs.count(True) == 4, runs
-        assert prop._keep_from == (19 if budget == 0 else 0)
+        assert prop._keep_from == first_kept
     assert torch.equal(grads[0], grads[1 << 40])
-    assert elastic_propagator.keep_from(prop.segments, 100, 1200, True) == 7
-    assert elastic_propagator.keep_from(prop.segments, 100, 1199, True) == 13
-    assert elastic_propagator.keep_from(prop.segments, 100, None, False) == 19
+    assert torch.equal(grads[0], grads["6 steps"])
+    assert keep_from(prop.segments, 100, 1200, True) == 7
+    assert keep_from(prop.segments, 100, 1199, True) == 13
+    assert keep_from(prop.segments, 100, None, False) == 19

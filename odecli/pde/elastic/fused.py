@@ -289,7 +289,8 @@ class FusedLoop:
             return None, None, psi, traces
         return vr[inner], sr[inner], psi, traces
 
-    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor, psi: Tensor | PackedPsi,
+    def adjoint(self, t0: int, t1: int, v: Tensor, s: Tensor | None,
+                psi: Tensor | PackedPsi | None,
                 grads, stored: tuple[Tensor, Tensor] | None = None) -> tuple:
         """The segment's hand-written adjoint: the steps ``t0 .. t1-1`` recomputed from their
         start ``(v, s, psi)`` storing each step's derivative sums, then run backward from the
@@ -298,7 +299,8 @@ class FusedLoop:
         ``(by, bx, lam2mu, lam, mu_xy, surface)`` (surface None without a free surface): summed
         over all segments, returned by the first segment's (``t0 == 0``), None by the others
         (the backward runs the segments last to first).  ``stored``: the segment's stores,
-        written by its first pass (:meth:`store_buffers`): nothing to recompute."""
+        written by its first pass (:meth:`store_buffers`): nothing to recompute, and of the
+        start only ``v`` is read (with compact stores; ``s`` and ``psi`` may be None)."""
         prop = self.prop
         b = v.shape[0]
         ny, nx = self.ny, self.nx
@@ -315,8 +317,8 @@ class FusedLoop:
         # _Segment does not have autograd make zeros of 13 planes, then copied here); the
         # first segment's backward finds its scratch made now, zeroed (_reused_fresh)
         gv, gs, gpsi, gtr = grads
-        lv, ls = _padded(prop, "lv", gv, like=v), _padded(prop, "ls", gs, like=s)
-        lp, fresh = _reused_fresh(prop, "lp", tuple(psi.shape), v)
+        lv, ls = _padded(prop, "lv", gv, like=v), _padded(prop, "ls", gs, like=v, channels=3)
+        lp, fresh = _reused_fresh(prop, "lp", (b, N_PSI, ny, nx), v)
         if gpsi is None:
             if not fresh:
                 lp.zero_()

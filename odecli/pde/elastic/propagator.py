@@ -18,7 +18,8 @@ on one rank without a free surface the compact stores, the 2 velocities and the 
 derivatives, :class:`~odecli.pde.elastic.forward_pass.CompactStores`), not like ``nt``; on the
 fused path the last segment's first pass writes its stores into that buffer and its
 recomputation is skipped, and with compact stores the segments before it whose stores fit
-the store budget (:func:`keep_from`) keep theirs too.
+the store budget (:func:`keep_from`: all that fit in a quarter of the memory available) keep
+theirs too, and save no start of their own (nothing recomputes them).
 
 Sources (one kind per run, ``source_type``): ``pressure`` (explosive: ``-dt * amp * w(t) /
 (dy dx)`` added to both normal stresses, so a positive amplitude raises the pressure),
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from odecli.pde.elastic import cuda_loop, ranks_pass
 from odecli.pde.elastic.equation import RECEIVER_COMPONENTS, stability_limit
-from odecli.pde.elastic.forward_pass import materials_without_graph
+from odecli.pde.elastic.forward_pass import materials_without_graph, ringed
 from odecli.pde.elastic.fused import (
     FusedLoop,
     PackedPsi,
@@ -66,6 +67,14 @@ FIELDS = ("vy", "vx", "syy", "sxx", "sxy")
 MIN_POINTS_PER_THREAD = 50_000  # the channels of ``forward(..., return_field=True)``
 
 
+def _store_buffers(loop, prop, t0: int, t1: int, v: Tensor) -> tuple[Tensor, Tensor]:
+    """A kept segment's stores: the last segment's in the backward's reused buffers (the CUDA
+    loop keeps only those), the others' in their own."""
+    if t1 == prop.nt:
+        return loop.store_buffers(t0, t1, v)
+    return loop.store_buffers(t0, t1, v, fresh=True)
+
+
 class _Segment(torch.autograd.Function):
     """Steps ``t0 .. t1-1`` run without a graph; the backward recomputes them and runs the
     hand-written adjoint on the C kernels (:meth:`FusedLoop.adjoint`), or, off the fused path,
@@ -91,24 +100,47 @@ class _Segment(torch.autograd.Function):
             ctx.save_for_backward(v, s, psi, *mats)
             with torch.no_grad():
                 return prop._run_without_graph(t0, t1, v, s, psi, *materials)
-        # the C kernels' backward: psi kept where it can be non-zero, and updated in place
-        ctx.packed = PackedPsi(psi.detach(), prop._profiles)
-        ctx.save_for_backward(v, s, *mats)
-        ctx.stored = None
-        with torch.no_grad():
-            if prop.store_last_segment and (t1 == prop.nt or t0 >= prop._keep_from):
-                # the backward's first segment: its first pass writes the stores into the
-                # buffers that its recomputation would have filled (no more memory at the
-                # backward's peak), which it then skips; the segments before it that the
-                # store budget keeps (keep_from): into their own
-                loop = prop.loop_class(prop, Materials(*materials), prop._profiles, prop.threads)
-                ctx.stored = (loop.store_buffers(t0, t1, v) if t1 == prop.nt
-                              else loop.store_buffers(t0, t1, v, fresh=True))
+        ctx.stored, ctx.before = None, None
+        kept = prop.store_last_segment and (t1 == prop.nt or t0 >= prop._keep_from)
+        loop = (prop.loop_class(prop, Materials(*materials), prop._profiles, prop.threads)
+                if kept else None)
+        if kept and getattr(loop, "compact", None) is not None:
+            # compact stores kept: the backward recomputes nothing, and of the segment's start
+            # needs only the velocities before its first step (the adjoint's v0) -- the
+            # previous segment's last store where that one kept its stores too, else a copy
+            # -- so v, s and psi are stepped in place (no checkpoint of 13 planes' worth)
+            ctx.save_for_backward(*mats)
+            before = prop._last_store
+            with torch.no_grad():
+                if before is None:
+                    before = ringed(v.detach(), in_place=False)
+                ctx.before = before
+                ctx.stored = _store_buffers(loop, prop, t0, t1, v)
                 out = loop.run(t0, t1, v, s, psi.contiguous(), own=True, stores=ctx.stored,
-                               fields=True)
-            else:
-                out = prop._run_without_graph(t0, t1, v, s, psi.contiguous(), *materials,
-                                              own=True)
+                               fields=True, own_fields=True)
+            # v and s (the previous segment's outputs, the insides of ringed tensors) were
+            # stepped in place through raw pointers, and the outputs are new views of them:
+            # not marked dirty, which autograd refuses for views with several outputs, and
+            # not needed, since nothing else reads them (the previous segment's backward
+            # saves none of its outputs)
+            prop._last_store = ctx.stored[0][-1]
+        else:
+            prop._last_store = None
+            # the C kernels' backward: psi kept where it can be non-zero, updated in place
+            ctx.packed = PackedPsi(psi.detach(), prop._profiles)
+            ctx.save_for_backward(v, s, *mats)
+            with torch.no_grad():
+                if kept:
+                    # the backward's first segment: its first pass writes the stores into the
+                    # buffers that its recomputation would have filled (no more memory at the
+                    # backward's peak), which it then skips; the segments before it that the
+                    # store budget keeps (keep_from): into their own
+                    ctx.stored = _store_buffers(loop, prop, t0, t1, v)
+                    out = loop.run(t0, t1, v, s, psi.contiguous(), own=True,
+                                   stores=ctx.stored, fields=True)
+                else:
+                    out = prop._run_without_graph(t0, t1, v, s, psi.contiguous(), *materials,
+                                                  own=True)
         if out[2].data_ptr() == psi.data_ptr():
             ctx.mark_dirty(psi)
         return out
@@ -117,12 +149,17 @@ class _Segment(torch.autograd.Function):
     def backward(ctx, *grads):
         prop = ctx.prop
         if prop.fused:
-            v, s, *mats = ctx.saved_tensors
+            if ctx.before is not None:  # compact stores kept: the velocities before, alone
+                mats = list(ctx.saved_tensors)
+                v, s, psi = ctx.before[..., RING:-RING, RING:-RING], None, None
+            else:
+                v, s, *mats = ctx.saved_tensors
+                psi = ctx.packed
             if not ctx.has_surface:
                 mats.append(None)
             loop = prop.loop_class(prop, Materials(*mats), prop._profiles, prop.threads)
-            out = loop.adjoint(*ctx.span, v, s, ctx.packed, grads, stored=ctx.stored)
-            ctx.stored = None
+            out = loop.adjoint(*ctx.span, v, s, psi, grads, stored=ctx.stored)
+            ctx.stored = ctx.before = None
             return (None, None, None, *out)
         saved = [t.detach().requires_grad_(True) for t in ctx.saved_tensors]
         inputs = saved + ([] if ctx.has_surface else [None])
@@ -140,14 +177,13 @@ class _Segment(torch.autograd.Function):
 
 
 # The default store budget (keep_from), compact stores only (five planes a step would take
-# twice the memory for the same steps): the stores of half the steps, and at most a quarter of
-# the memory available when the forward starts (MemAvailable).  Measured at 1040^2 (1000^2 +
-# 20-cell CPML), 100 steps in 10 segments, float64, one thread, process CPU time, same run,
-# loaded 2-core VM: keeping the stores of no segment but the last 3.84-3.87 s, of 60 steps
-# 3.55-3.65 s, of all 3.38-3.46 s (writing them into fresh memory in the first pass costs most
-# of the recomputation it saves); the peak memory with all kept was 0.60x Deepwave's (2.8 GB),
-# over the 0.5x the issue allows, so half.
-STORE_STEPS_FRACTION = 0.5
+# twice the memory for the same steps): every step's stores that fit in a quarter of the
+# memory available when the forward starts (MemAvailable).  A kept segment saves no start
+# (_Segment), so keeping all costs less memory than the checkpoints it replaces plus half the
+# steps' stores did before.  Measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps in 10
+# segments, two threads, elastic_bench's worker, same run, quiet 2-core VM: half the steps kept
+# 1.20-1.28 s and 1.54 GB (float64), 0.68-0.69 s and 0.77 GB (float32); all kept 1.11-1.16 s
+# and 2.13 GB, 0.62 s and 1.07 GB -- 0.46x Deepwave's peak (0.5x allowed).
 STORE_MEMORY_FRACTION = 0.25
 
 
@@ -168,13 +204,10 @@ def keep_from(segments: list[tuple[int, int]], step_bytes: int, budget: int | No
     """The first step of the trailing segments whose first pass keeps its stores for the
     backward (their recomputation skipped), the last segment always (its stores lie in the
     buffers the recomputation would fill): the segments before it, last first, while their
-    stores together take at most ``budget`` bytes (None: those of
-    :data:`STORE_STEPS_FRACTION` of all steps and at most :data:`STORE_MEMORY_FRACTION` of the
+    stores together take at most ``budget`` bytes (None: :data:`STORE_MEMORY_FRACTION` of the
     memory available, with compact stores; none with the five planes)."""
     if budget is None:
-        steps = segments[-1][1] - segments[0][0]
-        budget = (int(min(STORE_STEPS_FRACTION * steps * step_bytes,
-                          STORE_MEMORY_FRACTION * available_memory())) if compact else 0)
+        budget = int(STORE_MEMORY_FRACTION * available_memory()) if compact else 0
     start = segments[-1][0]
     used = 0
     for t0, t1 in reversed(segments[:-1]):
@@ -197,6 +230,9 @@ class ElasticPropagator:
     # recomputation skipped); None: keep_from's default rule
     store_budget: int | None = None
     _keep_from = 1 << 62  # the first step of the segments kept (set by forward)
+    # the last velocity store of the segment just run forward, where it kept its compact stores
+    # (the next segment's velocities before its first step; _Segment)
+    _last_store: Tensor | None = None
 
     def __init__(self, grid: Grid, block: Block, decomp, comm, dt: float, nt: int,
                  geom: LocalGeometry, source_type: str, receiver_components: list[str],
@@ -428,6 +464,7 @@ class ElasticPropagator:
             loop = FusedLoop(self, m, self._profiles, self.threads)
             self._keep_from = keep_from(self.segments, loop.store_step_bytes(b, coefficient),
                                         self.store_budget, loop.compact is not None)
+        self._last_store = None
         for t0, t1 in spans:
             if graph and (len(self.segments) > 1 or self.fused):
                 v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
@@ -438,5 +475,6 @@ class ElasticPropagator:
                     v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True,
                                                             own_fields=c_loop)
             out.append(tr)
+        self._last_store = None  # the backward holds what it needs
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces

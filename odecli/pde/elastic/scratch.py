@@ -119,12 +119,16 @@ def ringed_for_reading(prop, name: str, f: Tensor) -> Tensor:
     return _padded(prop, name, f)
 
 
-def _padded(prop, name: str, f: Tensor | None, like: Tensor | None = None) -> Tensor:
+def _padded(prop, name: str, f: Tensor | None, like: Tensor | None = None,
+            channels: int | None = None) -> Tensor:
     """``f`` with a zero ring of width :data:`RING`, in a reused scratch tensor (nothing to do
     where ``f`` is that tensor's inside, as the adjoint returns it, with the ring cleared).
-    ``f`` None: zeros shaped like ``like`` (nothing to do where the scratch is made now)."""
+    ``f`` None: zeros shaped like ``like`` (nothing to do where the scratch is made now), with
+    ``channels`` channels where given."""
     src = like if f is None else f
     b, c, ny, nx = src.shape
+    if f is None and channels is not None:
+        c = channels
     out, fresh = _reused_fresh(prop, name, (b, c, ny + 2 * RING, nx + 2 * RING), src)
     if f is None:
         if not fresh:
