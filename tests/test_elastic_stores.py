@@ -98,14 +98,20 @@ def test_segments_kept_from_the_first_pass_give_the_recomputed_gradient(monkeypa
     keep_from = elastic_propagator.keep_from
     monkeypatch.setattr(elastic_propagator, "keep_from",
                         lambda *a: (step_bytes.append(a[1]), keep_from(*a))[1])
+    copies = []  # the kept segments' copies of their start velocities
+    ringed = elastic_propagator.ringed
+    monkeypatch.setattr(elastic_propagator, "ringed",
+                        lambda *a, **k: (copies.append(1), ringed(*a, **k))[1])
     grads = {}
     for budget, first_kept in ((0, 19), ("6 steps", 13), (1 << 40, 0)):
         prop.store_budget = 6 * step_bytes[0] if budget == "6 steps" else budget
         runs.clear()
+        copies.clear()
         grads[budget] = gradient(prop, model, observed)
         # the first passes that stored (the kept segments), then the recomputations
         assert runs.count(True) == 4, runs
         assert prop._keep_from == first_kept
+        assert len(copies) == 1  # the first kept segment's; the others read a store
     assert torch.equal(grads[0], grads[1 << 40])
     assert torch.equal(grads[0], grads["6 steps"])
     assert keep_from(prop.segments, 100, 1200, True) == 7

@@ -465,16 +465,18 @@ class ElasticPropagator:
             self._keep_from = keep_from(self.segments, loop.store_step_bytes(b, coefficient),
                                         self.store_budget, loop.compact is not None)
         self._last_store = None
-        for t0, t1 in spans:
-            if graph and (len(self.segments) > 1 or self.fused):
-                v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
-            elif graph:
-                v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
-            else:
-                with torch.no_grad():
-                    v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args, own=True,
-                                                            own_fields=c_loop)
-            out.append(tr)
-        self._last_store = None  # the backward holds what it needs
+        try:
+            for t0, t1 in spans:
+                if graph and (len(self.segments) > 1 or self.fused):
+                    v, s, psi, tr = _Segment.apply(self, t0, t1, v, s, psi, *args)
+                elif graph:
+                    v, s, psi, tr = self._run(t0, t1, v, s, psi, *args)
+                else:
+                    with torch.no_grad():
+                        v, s, psi, tr = self._run_without_graph(t0, t1, v, s, psi, *args,
+                                                                own=True, own_fields=c_loop)
+                out.append(tr)
+        finally:
+            self._last_store = None  # the backward holds what it needs
         traces = torch.cat(out, dim=-1)
         return (traces, torch.cat([v, s], dim=1)) if return_field else traces
