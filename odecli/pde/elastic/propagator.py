@@ -108,7 +108,7 @@ class _Segment(torch.autograd.Function):
             # compact stores kept: the backward recomputes nothing, and of the segment's start
             # needs only the velocities before its first step (the adjoint's v0) -- the
             # previous segment's last store where that one kept its stores too, else a copy
-            # -- so v, s and psi are stepped in place (no checkpoint of 13 planes' worth)
+            # -- so v, s and psi are stepped in place (no checkpoint: 5 planes and psi's layers)
             ctx.save_for_backward(*mats)
             before = prop._last_store
             with torch.no_grad():
