@@ -183,7 +183,12 @@ class _Segment(torch.autograd.Function):
 # steps' stores did before.  Measured at 1040^2 (1000^2 + 20-cell CPML), 100 steps in 10
 # segments, two threads, elastic_bench's worker, same run, quiet 2-core VM: half the steps kept
 # 1.20-1.28 s and 1.54 GB (float64), 0.68-0.69 s and 0.77 GB (float32); all kept 1.11-1.16 s
-# and 2.13 GB, 0.62 s and 1.07 GB -- 0.46x Deepwave's peak (0.5x allowed).
+# and 2.13 GB, 0.62 s and 1.07 GB -- 0.46x Deepwave's peak (0.5x allowed).  The five planes
+# kept within the same budget (shared by the ranks) were tried and not taken: writing them
+# into fresh memory costs most of the recomputation they save, for 2.4x a compact step's
+# memory -- 2 ranks at 2000^2, 50 steps: 3.52 -> 3.35-3.41 s (float64, 28 steps kept), 1.70 ->
+# 1.45 s (float32, all); one rank with a free surface at 1040^2, 100 steps, one thread: 2.64
+# -> 2.45 s, for ~4x the memory.  Compact stores there are the way.
 STORE_MEMORY_FRACTION = 0.25
 
 
