@@ -117,3 +117,16 @@ def test_segments_kept_from_the_first_pass_give_the_recomputed_gradient(monkeypa
     assert keep_from(prop.segments, 100, 1200, True) == 7
     assert keep_from(prop.segments, 100, 1199, True) == 13
     assert keep_from(prop.segments, 100, None, False) == 19
+
+
+def test_a_second_backward_through_kept_segments_says_why_it_cannot():
+    """Kept segments save no start, so a second backward (retain_graph) has nothing to
+    recompute from once the first freed their stores: a clear error, not a wrong gradient."""
+    prop, model, observed = problem("fy", torch.float64)
+    prop.store_budget = 1 << 40  # every segment keeps its stores
+    m = model.clone().requires_grad_(True)
+    loss = ((prop.forward(m) - observed) ** 2).sum()
+    loss.backward(retain_graph=True)
+    assert float(m.grad.abs().max()) > 0
+    with pytest.raises(RuntimeError, match="second backward"):
+        loss.backward()

@@ -100,7 +100,7 @@ class _Segment(torch.autograd.Function):
             ctx.save_for_backward(v, s, psi, *mats)
             with torch.no_grad():
                 return prop._run_without_graph(t0, t1, v, s, psi, *materials)
-        ctx.stored, ctx.before = None, None
+        ctx.stored, ctx.before, ctx.startless = None, None, False
         kept = prop.store_last_segment and (t1 == prop.nt or t0 >= prop._keep_from)
         loop = (prop.loop_class(prop, Materials(*materials), prop._profiles, prop.threads)
                 if kept else None)
@@ -110,6 +110,7 @@ class _Segment(torch.autograd.Function):
             # previous segment's last store where that one kept its stores too, else a copy
             # -- so v, s and psi are stepped in place (no checkpoint: 5 planes and psi's layers)
             ctx.save_for_backward(*mats)
+            ctx.startless = True
             before = prop._last_store
             with torch.no_grad():
                 if before is None:
@@ -149,7 +150,11 @@ class _Segment(torch.autograd.Function):
     def backward(ctx, *grads):
         prop = ctx.prop
         if prop.fused:
-            if ctx.before is not None:  # compact stores kept: the velocities before, alone
+            if ctx.startless and ctx.stored is None:  # its stores freed by a first backward
+                raise RuntimeError("elastic gradient: a second backward through the same "
+                                   "forward (retain_graph) is not supported; run the forward "
+                                   "again")
+            if ctx.startless:  # compact stores kept: the velocities before, alone
                 mats = list(ctx.saved_tensors)
                 v, s, psi = ctx.before[..., RING:-RING, RING:-RING], None, None
             else:
