@@ -238,3 +238,29 @@ def test_a_line_search_at_the_loss_floor_is_convergence_not_failure():
     out = _scripted_fit("lbfgs", None, fn)
     assert out.stop is Stop.NO_DECREASE and out.message == ""
     assert out.history["grad_norm"][-1] <= 1e-4 * out.history["grad_norm"][0]
+
+
+def test_a_signal_whose_exception_was_swallowed_stops_the_fit(monkeypatch):
+    """A signal recorded but swallowed on the way (raised inside a finaliser, as during an
+    import's lock callback): the next iteration raises it, so no rank fits on regardless."""
+    from odecli import interrupts
+
+    monkeypatch.setattr(interrupts, "_received", None)
+    x = torch.zeros(4, dtype=torch.float64)
+    space = Space(None, [False])
+    opt = make_optimizer(OptimizerSettings("adam", 0.1, 10, 0.0), [x], space)
+    objective = Quadratic(x)
+    real = objective.evaluate
+
+    def evaluate_then_signal(completed):
+        if completed == 2:  # the handler ran, and its exception was lost
+            try:
+                interrupts._raise(15, None)
+            except interrupts.Interrupted:
+                pass
+        return real(completed)
+
+    objective.evaluate = evaluate_then_signal
+    with pytest.raises(interrupts.Interrupted):
+        run_fit(objective, opt, space, FitSettings(10, 0.0), history_columns=("n_evals",))
+    assert objective.n_evals == 3  # the starting point, then iterations 1 and 2

@@ -31,6 +31,7 @@ import torch
 from odecli.app import faults
 from odecli.app.checkpoint import Saved
 from odecli.errors import OdecliError
+from odecli.interrupts import raise_if_interrupted
 from odecli.optim import Optimizer, Space, Vector
 from odecli.parallel.comm import failures_end_together
 
@@ -198,6 +199,9 @@ def run_fit(objective: Objective, opt: Optimizer, space: Space, settings: FitSet
         f, g = objective.evaluate(0)
         stop = _stop_test(None, f, record(f, g, 0), settings.tolerance, settings.gtol)
     while stop is None and done < n:
+        # a signal whose exception a finaliser swallowed (one arriving while an import's lock
+        # callback ran, say): raised here, so a rank that writes no output stops too
+        raise_if_interrupted()
         before = [p.detach().clone() for p in opt.params] if may_fail else None
         step = opt.step(f, g, lambda completed=done: objective.evaluate(completed))
         if not step.ok:
